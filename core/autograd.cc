@@ -1,0 +1,309 @@
+#include "core/autograd.h"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <queue>
+#include <unordered_map>
+
+#include "core/kernels.h"
+
+namespace braid::autograd {
+
+namespace {
+thread_local bool g_grad_enabled = true;
+thread_local std::vector<SavedTensorHooks> g_saved_hooks;
+thread_local int g_backward_depth = 0;
+thread_local std::vector<std::function<void()>> g_queued_callbacks;
+std::atomic<uint64_t> g_next_sequence{0};
+
+// Per thread: in-process tests run one rank per thread, each with its own strategy.
+struct EndHooks {
+  std::vector<std::pair<uint64_t, std::function<void()>>> hooks;
+  uint64_t next_id = 1;
+};
+EndHooks& GetEndHooks() {
+  thread_local EndHooks h;
+  return h;
+}
+}  // namespace
+
+bool GradEnabled() { return g_grad_enabled; }
+NoGradGuard::NoGradGuard() : prev_(g_grad_enabled) { g_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { g_grad_enabled = prev_; }
+
+Node::Node() : sequence_nr(g_next_sequence.fetch_add(1)) {}
+
+void AccumulateInto(Tensor& acc, const Tensor& g) {
+  if (!acc.defined()) {
+    acc = g.Detach().Clone();
+    return;
+  }
+  CheckSameShape("gradient accumulation", acc, g);
+  kernels::axpby.Get(acc.device())(1.0f, g, 1.0f, acc);
+}
+
+std::vector<Tensor> AccumulateGrad::Apply(std::vector<Tensor>&& grads) {
+  std::shared_ptr<TensorImpl> impl = var_.lock();
+  if (!impl || !grads[0].defined()) return {};
+  Tensor var(impl);
+  BRAID_CHECK(grads[0].shape() == var.shape())
+      << "gradient " << ShapeToString(grads[0].shape()) << " for " << var.DescribeForError();
+  Tensor g = var.grad();
+  if (!g.defined()) {
+    // Own the buffer: the incoming gradient may alias memory the graph still uses.
+    g = grads[0].Detach().Clone();
+  } else {
+    kernels::axpby.Get(g.device())(1.0f, grads[0], 1.0f, g);
+  }
+  var.set_grad(g);
+  // Copy: a hook may remove itself.
+  auto hooks = impl->post_accumulate_hooks;
+  for (auto& [id, hook] : hooks) hook(var);
+  return {};
+}
+
+Edge GradientEdge(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return Edge{};
+  if (t.grad_fn()) return Edge{t.grad_fn(), t.output_nr()};
+  TensorImpl* impl = t.impl();
+  if (!impl->grad_accumulator) {
+    impl->grad_accumulator = std::make_shared<AccumulateGrad>(t.impl_ptr());
+  }
+  return Edge{impl->grad_accumulator, 0};
+}
+
+SavedTensorHooksScope::SavedTensorHooksScope(SavedTensorHooks hooks) {
+  g_saved_hooks.push_back(std::move(hooks));
+}
+SavedTensorHooksScope::~SavedTensorHooksScope() { g_saved_hooks.pop_back(); }
+
+SavedTensor::SavedTensor(const Tensor& t) {
+  if (!t.defined()) return;
+  Tensor d = t.Detach();
+  if (!g_saved_hooks.empty() && g_saved_hooks.back().pack) {
+    packed_ = g_saved_hooks.back().pack(d);
+    unpack_ = g_saved_hooks.back().unpack;
+  } else {
+    plain_ = d;
+  }
+}
+
+Tensor SavedTensor::Get() const {
+  BRAID_CHECK(!released_) << "a saved tensor was used after its graph was freed: run backward "
+                             "with retain_graph=true to backward through a graph twice";
+  if (unpack_) return unpack_(packed_);
+  return plain_;
+}
+
+void SavedTensor::Reset() {
+  plain_ = Tensor();
+  packed_.reset();
+  released_ = true;
+}
+
+std::vector<Tensor> FunctionNode::Apply(std::vector<Tensor>&& grads) {
+  BRAID_CHECK(backward_ != nullptr)
+      << "backward through '" << name_
+      << "' a second time: its saved tensors were freed (use retain_graph=true)";
+  return backward_(grads);
+}
+
+namespace {
+// Per-output metadata needed to make zero gradients for outputs that got none.
+class RecordedNode final : public Node {
+ public:
+  RecordedNode(std::string name, BackwardFn bw, std::vector<std::pair<Shape, Device>> outs)
+      : name_(std::move(name)), backward_(std::move(bw)), outs_(std::move(outs)) {}
+  std::vector<Tensor> Apply(std::vector<Tensor>&& grads) override {
+    BRAID_CHECK(backward_ != nullptr)
+        << "backward through '" << name_
+        << "' a second time: its saved tensors were freed (use retain_graph=true)";
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (!grads[i].defined()) grads[i] = Tensor::Zeros(outs_[i].first, DType::kF32, outs_[i].second);
+    }
+    std::vector<Tensor> r = backward_(grads);
+    BRAID_CHECK(r.size() == next_edges.size())
+        << "backward of '" << name_ << "' returned " << r.size() << " gradients for "
+        << next_edges.size() << " inputs";
+    return r;
+  }
+  std::string name() const override { return name_; }
+  void ReleaseSaved() override { backward_ = nullptr; }
+
+ private:
+  std::string name_;
+  BackwardFn backward_;
+  std::vector<std::pair<Shape, Device>> outs_;
+};
+}  // namespace
+
+bool RecordFunction(const std::string& name, const std::vector<Tensor>& inputs,
+                    const std::vector<Tensor*>& outputs, BackwardFn backward) {
+  if (!g_grad_enabled) return false;
+  bool any = false;
+  for (const Tensor& t : inputs) any = any || (t.defined() && t.requires_grad());
+  if (!any) return false;
+  std::vector<std::pair<Shape, Device>> outs;
+  for (Tensor* o : outputs) outs.emplace_back(o->shape(), o->device());
+  auto node = std::make_shared<RecordedNode>(name, std::move(backward), std::move(outs));
+  node->num_outputs = int(outputs.size());
+  node->next_edges.reserve(inputs.size());
+  for (const Tensor& t : inputs) node->next_edges.push_back(GradientEdge(t));
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    TensorImpl* o = outputs[i]->impl();
+    o->requires_grad = true;
+    o->grad_fn = node;
+    o->output_nr = int(i);
+  }
+  return true;
+}
+
+std::vector<Tensor> ApplyFunction(
+    const std::string& name, const std::vector<Tensor>& inputs,
+    const std::function<std::vector<Tensor>(const std::vector<Tensor>&)>& forward,
+    BackwardFn backward) {
+  std::vector<Tensor> outs;
+  {
+    NoGradGuard ng;
+    std::vector<Tensor> detached;
+    for (const Tensor& t : inputs) detached.push_back(t.defined() ? t.Detach() : t);
+    outs = forward(detached);
+  }
+  std::vector<Tensor*> ptrs;
+  for (Tensor& o : outs) ptrs.push_back(&o);
+  RecordFunction(name, inputs, ptrs, std::move(backward));
+  return outs;
+}
+
+uint64_t AddEndOfBackwardHook(std::function<void()> fn) {
+  EndHooks& h = GetEndHooks();
+  uint64_t id = h.next_id++;
+  h.hooks.emplace_back(id, std::move(fn));
+  return id;
+}
+
+void RemoveEndOfBackwardHook(uint64_t id) {
+  EndHooks& h = GetEndHooks();
+  h.hooks.erase(std::remove_if(h.hooks.begin(), h.hooks.end(),
+                               [id](const auto& p) { return p.first == id; }),
+                h.hooks.end());
+}
+
+void QueueEndOfBackwardCallback(std::function<void()> fn) {
+  BRAID_CHECK(g_backward_depth > 0) << "QueueEndOfBackwardCallback outside a backward pass";
+  g_queued_callbacks.push_back(std::move(fn));
+}
+
+bool InBackward() { return g_backward_depth > 0; }
+
+void Backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+              bool retain_graph) {
+  BRAID_CHECK(roots.size() == grads.size()) << "one gradient seed per root";
+  NoGradGuard no_grad;  // no double backward: gradients are plain values
+  struct Pending {
+    std::vector<Tensor> grads;
+    int deps = 0;
+  };
+  std::unordered_map<Node*, Pending> pending;
+  std::unordered_map<Node*, std::shared_ptr<Node>> keep;  // nodes stay alive for the pass
+
+  std::vector<Edge> root_edges;
+  std::vector<Tensor> root_grads;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Tensor& r = roots[i];
+    BRAID_CHECK(r.defined() && r.requires_grad())
+        << "backward from " << r.DescribeForError()
+        << ", which does not require grad (no parameter or input that requires grad fed it)";
+    Tensor g = grads[i];
+    if (!g.defined()) {
+      BRAID_CHECK(r.numel() == 1) << "backward from non-scalar " << r.DescribeForError()
+                                  << " needs an explicit gradient";
+      g = Tensor::Full(r.shape(), 1.0f, DType::kF32, r.device());
+    }
+    CheckSameShape("backward seed", r, g);
+    root_edges.push_back(GradientEdge(r));
+    root_grads.push_back(g);
+  }
+
+  // Count dependencies: how many edges lead into each node from nodes reachable from roots.
+  std::vector<Node*> stack;
+  for (const Edge& e : root_edges) {
+    if (e.node && !keep.count(e.node.get())) {
+      keep[e.node.get()] = e.node;
+      stack.push_back(e.node.get());
+    }
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next_edges) {
+      if (!e.node) continue;
+      pending[e.node.get()].deps++;
+      if (!keep.count(e.node.get())) {
+        keep[e.node.get()] = e.node;
+        stack.push_back(e.node.get());
+      }
+    }
+  }
+
+  auto cmp = [](Node* a, Node* b) { return a->sequence_nr < b->sequence_nr; };
+  std::priority_queue<Node*, std::vector<Node*>, decltype(cmp)> ready(cmp);
+  auto add_grad = [&](const Edge& e, const Tensor& g) {
+    Pending& p = pending[e.node.get()];
+    if (p.grads.empty()) p.grads.resize(size_t(e.node->num_outputs));
+    Tensor& slot = p.grads[size_t(e.input_nr)];
+    if (!slot.defined()) {
+      slot = g;
+    } else {
+      Tensor sum = slot.Clone();
+      kernels::axpby.Get(sum.device())(1.0f, g, 1.0f, sum);
+      slot = sum;
+    }
+  };
+  for (size_t i = 0; i < root_edges.size(); ++i) {
+    if (root_edges[i].node) add_grad(root_edges[i], root_grads[i]);
+  }
+  for (const Edge& e : root_edges) {
+    if (e.node && pending[e.node.get()].deps == 0) {
+      pending[e.node.get()].deps = -1;  // queued
+      ready.push(e.node.get());
+    }
+  }
+
+  ++g_backward_depth;
+  std::vector<Node*> ran;
+  while (!ready.empty()) {
+    Node* n = ready.top();
+    ready.pop();
+    Pending& p = pending[n];
+    std::vector<Tensor> in = std::move(p.grads);
+    if (in.empty()) in.resize(size_t(n->num_outputs));
+    std::vector<Tensor> out = n->Apply(std::move(in));
+    ran.push_back(n);
+    for (size_t i = 0; i < n->next_edges.size(); ++i) {
+      const Edge& e = n->next_edges[i];
+      if (!e.node) continue;
+      if (i < out.size() && out[i].defined()) add_grad(e, out[i]);
+      Pending& q = pending[e.node.get()];
+      if (--q.deps == 0) {
+        q.deps = -1;
+        ready.push(e.node.get());
+      }
+    }
+  }
+  if (!retain_graph) {
+    for (Node* n : ran) n->ReleaseSaved();
+  }
+  // End-of-backward: persistent hooks, then callbacks queued during this pass.
+  auto hooks = GetEndHooks().hooks;  // copy: a hook may remove itself
+  for (auto& [id, fn] : hooks) fn();
+  while (!g_queued_callbacks.empty()) {
+    auto cbs = std::move(g_queued_callbacks);
+    g_queued_callbacks.clear();
+    for (auto& cb : cbs) cb();
+  }
+  --g_backward_depth;
+}
+
+}  // namespace braid::autograd

@@ -1,0 +1,71 @@
+// Communicator (process group): the collectives strategies use. Implementations: the
+// in-process one here (ranks as threads, for tests), Gloo and NCCL in backends/.
+//
+// Every call returns a Work handle at once; the operation may run on the communicator's own
+// thread so that strategies overlap communication with compute. Every Wait has a timeout, and a
+// timeout is an error naming the operation, its sequence number and the ranks that did not come.
+#ifndef BRAID_CORE_COMMUNICATOR_H_
+#define BRAID_CORE_COMMUNICATOR_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/tensor.h"
+
+namespace braid {
+
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+const char* ReduceOpName(ReduceOp op);
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until done or the timeout (the communicator's default when infinite is not given).
+  virtual absl::Status Wait() = 0;
+  virtual bool IsCompleted() = 0;
+};
+
+// A finished Work carrying `status`, for synchronous implementations.
+std::shared_ptr<Work> CompletedWork(absl::Status status = absl::OkStatus());
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;  // "inprocess", "gloo", "nccl"
+
+  // In place on every rank.
+  virtual std::shared_ptr<Work> AllReduce(Tensor& t, ReduceOp op) = 0;
+  // input: the concatenation of size() blocks, block r of counts[r] elements (empty counts:
+  // equal blocks); output gets this rank's reduced block.
+  virtual std::shared_ptr<Work> ReduceScatter(const Tensor& input, Tensor& output, ReduceOp op,
+                                              const std::vector<int64_t>& counts = {}) = 0;
+  // output = concatenation of every rank's input, rank order (counts as above).
+  virtual std::shared_ptr<Work> AllGather(const Tensor& input, Tensor& output,
+                                          const std::vector<int64_t>& counts = {}) = 0;
+  virtual std::shared_ptr<Work> Broadcast(Tensor& t, int root) = 0;
+  // The result lands in t on root; other ranks' t is left unspecified.
+  virtual std::shared_ptr<Work> Reduce(Tensor& t, int root, ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> Send(const Tensor& t, int dst, int tag) = 0;
+  virtual std::shared_ptr<Work> Recv(Tensor& t, int src, int tag) = 0;
+  virtual std::shared_ptr<Work> Barrier() = 0;
+
+  // A communicator over a subset of this one's ranks (given in this group's numbering, every
+  // member passing the same list). Ranks not in the list must also call it and get nullptr.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> NewGroup(const std::vector<int>& ranks) = 0;
+
+  void set_timeout(absl::Duration t) { timeout_ = t; }
+  absl::Duration timeout() const { return timeout_; }
+
+ protected:
+  absl::Duration timeout_ = absl::Minutes(5);
+};
+
+}  // namespace braid
+
+#endif  // BRAID_CORE_COMMUNICATOR_H_

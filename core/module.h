@@ -1,0 +1,112 @@
+// Module: a node of the model tree with named parameters, buffers and children, and the
+// forward/backward hook points strategies attach to. A model never knows which strategy trains
+// it; strategies see it only through this interface.
+#ifndef BRAID_CORE_MODULE_H_
+#define BRAID_CORE_MODULE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/tensor.h"
+
+namespace braid {
+
+class Module {
+ public:
+  using Hook = std::function<void(Module&)>;
+  using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+  explicit Module(std::string type_name) : type_name_(std::move(type_name)) {}
+  virtual ~Module();
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // Runs hooks around Forward. Call modules through this, never Forward directly.
+  Tensor operator()(const Tensor& x);
+  virtual Tensor Forward(const Tensor& x) = 0;
+
+  const std::string& type_name() const { return type_name_; }
+
+  // Tree. Names are dotted paths from the module this is called on: "h.0.attn.c_attn.weight".
+  NamedTensors NamedParameters() const;
+  std::vector<Tensor> Parameters() const;
+  NamedTensors NamedBuffers() const;
+  std::vector<std::pair<std::string, Module*>> NamedChildren() const;
+  // This module first (name ""), then every descendant depth-first in registration order.
+  std::vector<std::pair<std::string, Module*>> NamedModules();
+  int64_t NumParameters() const;
+
+  // Parameters and buffers by name; the layout is the model's (PyTorch's for Braid's models).
+  std::map<std::string, Tensor> StateDict() const;
+  // Copies values in (converting dtype, crossing devices). With strict, missing or unexpected
+  // names and shape mismatches are errors naming every offending key.
+  absl::Status LoadStateDict(const std::map<std::string, Tensor>& state, bool strict = true);
+
+  void Train(bool on = true);
+  void Eval() { Train(false); }
+  bool is_training() const { return training_; }
+  void ZeroGrad();
+
+  // A block is the unit strategies bucket, shard, recompute and pipeline (one transformer layer).
+  bool is_block() const { return is_block_; }
+  std::vector<std::pair<std::string, Module*>> NamedBlocks();
+
+  // Hook points. Forward hooks run before/after Forward. Backward hooks: pre-backward when the
+  // gradient of this module's output arrives; post-backward when every parameter of this module
+  // (recursively) that got a gradient this pass has it accumulated in .grad, or at the end of the
+  // backward pass when some never get one. Each returns an id for RemoveHook.
+  uint64_t AddForwardPreHook(Hook h);
+  uint64_t AddForwardHook(Hook h);
+  uint64_t AddBackwardPreHook(Hook h);
+  uint64_t AddBackwardHook(Hook h);
+  void RemoveHook(uint64_t id);
+
+ protected:
+  // Called from subclass constructors. The tensor becomes a leaf that requires grad.
+  Tensor RegisterParameter(const std::string& name, Tensor t);
+  Tensor RegisterBuffer(const std::string& name, Tensor t);
+  template <typename M>
+  M* RegisterModule(const std::string& name, std::unique_ptr<M> m) {
+    M* raw = m.get();
+    AddChild(name, std::unique_ptr<Module>(std::move(m)));
+    return raw;
+  }
+  void set_block(bool b) { is_block_ = b; }
+  // Direct access to a registered parameter by its local name (subclasses keep Tensor handles
+  // too, but LoadStateDict may replace storage; it copies in place, so handles stay valid).
+  Tensor param(const std::string& name) const;
+
+ private:
+  void AddChild(const std::string& name, std::unique_ptr<Module> m);
+  void CollectParams(const std::string& prefix, NamedTensors* out, bool buffers) const;
+  void InstallBackwardTracking();
+  void FirePostBackward();
+
+  std::string type_name_;
+  std::vector<std::pair<std::string, Tensor>> params_;
+  std::vector<std::pair<std::string, Tensor>> buffers_;
+  std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
+  bool training_ = true;
+  bool is_block_ = false;
+
+  struct HookEntry {
+    uint64_t id;
+    Hook fn;
+  };
+  std::vector<HookEntry> fwd_pre_, fwd_post_, bwd_pre_, bwd_post_;
+  // Backward tracking state (only when backward hooks exist).
+  bool tracking_installed_ = false;
+  std::vector<std::pair<Tensor, uint64_t>> tracked_params_;  // param, its hook id
+  int pending_params_ = 0;
+  bool post_fired_ = true;
+};
+
+}  // namespace braid
+
+#endif  // BRAID_CORE_MODULE_H_

@@ -1,0 +1,68 @@
+// Optimizer interface and Braid's two built-in optimizers. An optimizer steps whatever tensors
+// it is given, including flat shards of a flat parameter buffer (ZeRO): all it needs of each is
+// the tensor and its .grad of the same shape.
+#ifndef BRAID_CORE_OPTIMIZER_H_
+#define BRAID_CORE_OPTIMIZER_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/tensor.h"
+
+namespace braid {
+
+struct ParamGroup {
+  std::vector<Tensor> params;
+  float lr = 1e-3f;
+  float weight_decay = 0.0f;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual std::string name() const = 0;
+  // One update of every parameter that has a gradient; parameters without one are skipped.
+  virtual void Step() = 0;
+  void ZeroGrad();
+  // Sets every group's learning rate (LR schedules call this before Step).
+  void SetLearningRate(float lr);
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+
+  // State keyed "<param name or index>.<slot>" plus "step"; moves between processes with the
+  // same parameter layout.
+  virtual std::map<std::string, Tensor> StateDict() const = 0;
+  virtual absl::Status LoadStateDict(const std::map<std::string, Tensor>& state) = 0;
+
+ protected:
+  explicit Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {}
+  std::vector<ParamGroup> groups_;
+};
+
+struct AdamWOptions {
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+};
+std::unique_ptr<Optimizer> MakeAdamW(std::vector<ParamGroup> groups, AdamWOptions opts = {});
+
+struct SgdOptions {
+  float momentum = 0.0f, dampening = 0.0f;
+  bool nesterov = false;
+};
+std::unique_ptr<Optimizer> MakeSgd(std::vector<ParamGroup> groups, SgdOptions opts = {});
+
+// Learning-rate schedules: the rate for a 0-based step.
+class LrSchedule {
+ public:
+  virtual ~LrSchedule() = default;
+  virtual float At(int64_t step) const = 0;
+};
+std::unique_ptr<LrSchedule> ConstantLr(float lr);
+// Linear warm-up from 0 over `warmup` steps, then cosine decay to min_lr at `total` steps.
+std::unique_ptr<LrSchedule> WarmupCosineLr(float max_lr, float min_lr, int64_t warmup, int64_t total);
+
+}  // namespace braid
+
+#endif  // BRAID_CORE_OPTIMIZER_H_

@@ -1,0 +1,72 @@
+// Strategy: how a model is trained across ranks and devices (single, DDP, ZeRO, pipeline, ...).
+// A strategy owns one training step: gradient synchronisation, the optimizer step and where
+// parameters live. It attaches to the model only through Module's and autograd's hook points,
+// so models never know which strategy trains them. docs/WRITING_A_STRATEGY.md walks through it.
+#ifndef BRAID_CORE_STRATEGY_H_
+#define BRAID_CORE_STRATEGY_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/communicator.h"
+#include "core/module.h"
+#include "core/optimizer.h"
+#include "core/tensor.h"
+
+namespace braid {
+
+struct Batch {
+  Tensor inputs;
+  Tensor targets;
+};
+
+// Computes the mean loss of `batch` under `model` (forward + loss), as a scalar.
+using LossFn = std::function<Tensor(Module& model, const Batch& batch)>;
+// Builds the optimizer over the parameters the strategy decided to step (named, so the factory
+// can group them, e.g. no weight decay for biases).
+using OptimizerFactory =
+    std::function<std::unique_ptr<Optimizer>(const std::vector<std::pair<std::string, Tensor>>&)>;
+
+struct StrategyContext {
+  Communicator* comm = nullptr;  // world group; size 1 for single-process runs
+  Device device = Device::CPU();
+  // Free-form options from the config's strategy section ("bucket_cap_mb" -> "25").
+  std::map<std::string, std::string> options;
+};
+
+struct StepStats {
+  float loss = 0;           // mean over micro-batches (this rank)
+  double forward_s = 0;     // time in forward + loss
+  double backward_s = 0;    // time in backward (including overlapped communication)
+  double comm_exposed_s = 0;  // communication the step waited for after backward
+  double optimizer_s = 0;
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  virtual std::string name() const = 0;
+  // Called once before training. The strategy may move, shard or wrap parameters, and builds
+  // its optimizer with `make_optimizer`.
+  virtual absl::Status Setup(Module& model, const OptimizerFactory& make_optimizer,
+                             const StrategyContext& ctx) = 0;
+  // One optimisation step over the micro-batches of this rank (gradient accumulation when there
+  // are several): the result equals one step on their concatenation.
+  virtual absl::StatusOr<StepStats> TrainStep(const std::vector<Batch>& micro_batches,
+                                              const LossFn& loss) = 0;
+  virtual Optimizer* optimizer() = 0;
+  // The full model state (gathered if sharded), named as the model names it.
+  virtual absl::StatusOr<std::map<std::string, Tensor>> FullStateDict() = 0;
+};
+
+using StrategyFactory = std::function<std::unique_ptr<Strategy>()>;
+
+}  // namespace braid
+
+#endif  // BRAID_CORE_STRATEGY_H_

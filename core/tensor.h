@@ -1,0 +1,157 @@
+// Tensor: a typed, shaped, contiguous view of device storage, with autograd state.
+//
+// Tensors are handles: copying one aliases the same data. Every tensor is contiguous, so a view
+// is (storage, offset, shape); views exist for reshape, a range along the first dimension and a
+// flat range of a flat buffer (the last is what ZeRO-style flat parameter buffers are built on).
+#ifndef BRAID_CORE_TENSOR_H_
+#define BRAID_CORE_TENSOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "core/device.h"
+#include "core/dtype.h"
+
+namespace braid {
+
+namespace autograd {
+class Node;
+}
+
+using Shape = std::vector<int64_t>;
+std::string ShapeToString(const Shape& s);
+int64_t NumElements(const Shape& s);
+
+// Raw device memory owned by one allocator. Shared by all views of it.
+class Storage {
+ public:
+  Storage(size_t bytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_;
+  size_t bytes_;
+  Device device_;
+};
+
+class Tensor;
+using GradHook = std::function<void(Tensor& param)>;
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  int64_t offset = 0;  // in elements
+  Shape shape;
+  DType dtype = DType::kF32;
+  // Autograd state.
+  bool requires_grad = false;
+  std::shared_ptr<TensorImpl> grad;  // accumulated gradient of a leaf
+  std::shared_ptr<autograd::Node> grad_fn;
+  int output_nr = 0;
+  std::shared_ptr<autograd::Node> grad_accumulator;  // leaves only, made on first use
+  std::vector<std::pair<uint64_t, GradHook>> post_accumulate_hooks;
+  std::string name;  // parameters carry their state-dict name, for error messages
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // Creation. Memory comes from the device's allocator; Empty leaves it uninitialised.
+  static Tensor Empty(const Shape& shape, DType dtype = DType::kF32, Device device = Device::CPU());
+  static Tensor Zeros(const Shape& shape, DType dtype = DType::kF32, Device device = Device::CPU());
+  static Tensor Full(const Shape& shape, float value, DType dtype = DType::kF32,
+                     Device device = Device::CPU());
+  template <typename T>
+  static Tensor FromVector(const std::vector<T>& values, const Shape& shape,
+                           Device device = Device::CPU());
+  static Tensor Scalar(float v, Device device = Device::CPU()) { return Full({}, v, DType::kF32, device); }
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl_->shape; }
+  int ndim() const { return int(impl_->shape.size()); }
+  int64_t size(int dim) const;  // negative counts from the end
+  int64_t numel() const { return NumElements(impl_->shape); }
+  size_t nbytes() const { return size_t(numel()) * SizeOf(impl_->dtype); }
+  DType dtype() const { return impl_->dtype; }
+  Device device() const { return impl_->storage->device(); }
+  void* raw_data() const {
+    return static_cast<char*>(impl_->storage->data()) + impl_->offset * SizeOf(impl_->dtype);
+  }
+  template <typename T>
+  T* data() const {
+    BRAID_CHECK(impl_->dtype == DTypeOf<T>::value)
+        << "tensor " << DescribeForError() << " accessed as " << DTypeName(DTypeOf<T>::value);
+    return static_cast<T*>(raw_data());
+  }
+  const std::shared_ptr<Storage>& storage() const { return impl_->storage; }
+  int64_t storage_offset() const { return impl_->offset; }
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool SameAs(const Tensor& o) const { return impl_ == o.impl_; }
+
+  // Views, sharing storage. Differentiable when autograd is recording.
+  Tensor Reshape(const Shape& shape) const;  // one -1 is inferred
+  Tensor Slice(int64_t begin, int64_t end) const;  // rows [begin, end) of dimension 0
+  Tensor FlatRange(int64_t offset, int64_t numel, const Shape& shape = {}) const;
+  // Same storage, no autograd history: never differentiable.
+  Tensor Detach() const;
+
+  // Copies (new storage).
+  Tensor Clone() const;
+  Tensor To(Device device) const;
+  Tensor To(DType dtype) const;
+  // In-place: copies src's values (converting dtype, crossing devices) into this tensor.
+  void CopyFrom(const Tensor& src);
+  void Fill(float value);
+  void Zero() { Fill(0.0f); }
+
+  // Host copies of the values, converted; for tests, I/O and small reads.
+  std::vector<float> ToFloatVector() const;
+  template <typename T>
+  std::vector<T> ToVector() const;
+  float item() const;  // one element, as float
+
+  // Autograd.
+  bool requires_grad() const { return impl_->requires_grad; }
+  Tensor& set_requires_grad(bool r);
+  bool is_leaf() const { return impl_->grad_fn == nullptr; }
+  Tensor grad() const { return Tensor(impl_->grad); }
+  void set_grad(const Tensor& g) { impl_->grad = g.impl_; }
+  void ZeroGrad() { impl_->grad.reset(); }
+  const std::shared_ptr<autograd::Node>& grad_fn() const { return impl_->grad_fn; }
+  int output_nr() const { return impl_->output_nr; }
+  // Reverse-mode from this tensor; a scalar needs no gradient argument.
+  void Backward(const Tensor& grad = Tensor(), bool retain_graph = false) const;
+  // Called after a backward pass has added into this leaf's .grad (once per backward pass).
+  // Returns an id for RemoveHook.
+  uint64_t RegisterPostAccumulateGradHook(GradHook hook);
+  void RemoveHook(uint64_t id);
+
+  const std::string& name() const { return impl_->name; }
+  Tensor& set_name(const std::string& n) {
+    impl_->name = n;
+    return *this;
+  }
+  std::string DescribeForError() const;  // "'h.0.attn.c_attn.weight' f32[768,256] on cpu:0"
+  std::string ToString(int max_values = 8) const;
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+// Checks a shape at an API boundary (user-facing shape errors are fatal with the op's name).
+void CheckSameShape(const char* op, const Tensor& a, const Tensor& b);
+
+}  // namespace braid
+
+#endif  // BRAID_CORE_TENSOR_H_

