@@ -1,0 +1,771 @@
+#include "core/config/config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/check.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace braid::config {
+namespace {
+
+namespace pb = google::protobuf;
+
+// ---------------------------------------------------------------------------------------------
+// Parsing
+
+std::string KnownFields(const pb::Descriptor* d) {
+  std::vector<std::string> names;
+  for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
+  return absl::StrJoin(names, ", ");
+}
+
+// The text of line `line` (0-based) of `text`.
+std::string LineOf(const std::string& text, int line) {
+  std::vector<std::string> lines = absl::StrSplit(text, '\n');
+  return line >= 0 && line < static_cast<int>(lines.size()) ? lines[line] : std::string();
+}
+
+// The protobuf tokenizer's columns advance a tab to the next multiple of 8; this maps one back
+// to a byte offset in the line.
+size_t ByteOffsetOfColumn(const std::string& line, int column) {
+  int col = 0;
+  size_t i = 0;
+  for (; i < line.size() && col < column; ++i) col = line[i] == '\t' ? (col / 8 + 1) * 8 : col + 1;
+  return i;
+}
+
+int ColumnOfByteOffset(const std::string& line, size_t offset) {
+  int col = 0;
+  for (size_t i = 0; i < offset && i < line.size(); ++i) {
+    col = line[i] == '\t' ? (col / 8 + 1) * 8 : col + 1;
+  }
+  return col;
+}
+
+bool IsIdentChar(char c) { return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+// The text parser reports a position but not the field it was parsing. The field is the
+// identifier that ends at the position (unknown or repeated field name) or the one before the
+// ':' preceding it (bad value); empty if neither.
+std::string FieldNear(const std::string& line, size_t pos) {
+  pos = std::min(pos, line.size());
+  auto skip_space = [&] {
+    while (pos > 0 && absl::ascii_isspace(static_cast<unsigned char>(line[pos - 1]))) --pos;
+  };
+  if (pos == 0 || !IsIdentChar(line[pos - 1])) {
+    skip_space();
+    if (pos == 0 || line[pos - 1] != ':') return "";
+    --pos;
+    skip_space();
+  }
+  size_t end = pos;
+  while (pos > 0 && IsIdentChar(line[pos - 1])) --pos;
+  return line.substr(pos, end - pos);
+}
+
+class TextErrorCollector : public pb::io::ErrorCollector {
+ public:
+  TextErrorCollector(const std::string& text, const std::string& origin)
+      : text_(text), origin_(origin) {}
+
+  void AddError(int line, pb::io::ColumnNumber column, const std::string& message) override {
+    const std::string line_text = LineOf(text_, line);
+    const size_t offset = ByteOffsetOfColumn(line_text, column);
+    // Protobuf names the unknown field and its message type; add what would have been valid.
+    const std::string kPrefix = "Message type \"", kMiddle = "\" has no field named \"";
+    size_t middle = message.find(kMiddle);
+    if (absl::StartsWith(message, kPrefix) && middle != std::string::npos) {
+      std::string type = message.substr(kPrefix.size(), middle - kPrefix.size());
+      std::string field = message.substr(middle + kMiddle.size());
+      field = field.substr(0, field.find('"'));
+      // Protobuf points after the name (at the next token for a message field); editors want
+      // the name's start.
+      size_t end = offset;
+      while (end > 0 && absl::ascii_isspace(static_cast<unsigned char>(line_text[end - 1]))) --end;
+      if (end >= field.size() && line_text.compare(end - field.size(), field.size(), field) == 0) {
+        column = ColumnOfByteOffset(line_text, end - field.size());
+      }
+      const std::string where = absl::StrCat(origin_, ":", line + 1, ":", column + 1, ": ");
+      const pb::Descriptor* d = pb::DescriptorPool::generated_pool()->FindMessageTypeByName(type);
+      errors_.push_back(absl::StrCat(where, "unknown field \"", field, "\" in ", type,
+                                     d ? absl::StrCat(" (known fields: ", KnownFields(d), ")") : "",
+                                     "; remove it or fix its spelling"));
+      return;
+    }
+    const std::string where = absl::StrCat(origin_, ":", line + 1, ":", column + 1, ": ");
+    const std::string field = FieldNear(line_text, offset);
+    if (!field.empty() && message.find(absl::StrCat("\"", field, "\"")) == std::string::npos) {
+      errors_.push_back(absl::StrCat(where, "field \"", field, "\": ", message));
+    } else {
+      errors_.push_back(absl::StrCat(where, message));
+    }
+  }
+
+  void AddWarning(int line, pb::io::ColumnNumber column, const std::string& message) override {}
+
+  std::string Errors() const { return absl::StrJoin(errors_, "; "); }
+
+ private:
+  const std::string& text_;
+  const std::string& origin_;
+  std::vector<std::string> errors_;
+};
+
+// Resolves a dotted path of field names ("optimizer.params") from TrainConfig; null if a part is
+// not a message field.
+const pb::Descriptor* DescriptorAt(const std::string& path) {
+  const pb::Descriptor* d = TrainConfig::descriptor();
+  if (path.empty()) return d;
+  for (const std::string& part : std::vector<std::string>(absl::StrSplit(path, '.'))) {
+    const pb::FieldDescriptor* f = d->FindFieldByName(part);
+    for (int i = 0; f == nullptr && i < d->field_count(); ++i) {
+      if (d->field(i)->json_name() == part) f = d->field(i);
+    }
+    if (f == nullptr || f->message_type() == nullptr) return nullptr;
+    d = f->message_type();
+  }
+  return d;
+}
+
+// " at line L, column C" if `"key":` occurs exactly once in `text` (protobuf's JSON errors carry
+// no position; an ambiguous key gets none rather than a wrong one).
+std::string JsonKeyPosition(const std::string& text, const std::vector<std::string>& keys) {
+  int found = 0;
+  size_t at = 0;
+  for (const std::string& key : keys) {
+    const std::string quoted = absl::StrCat("\"", key, "\"");
+    for (size_t p = text.find(quoted); p != std::string::npos; p = text.find(quoted, p + 1)) {
+      size_t q = p + quoted.size();
+      while (q < text.size() && absl::ascii_isspace(static_cast<unsigned char>(text[q]))) ++q;
+      if (q < text.size() && text[q] == ':') {
+        ++found;
+        at = p;
+      }
+    }
+  }
+  if (found != 1) return "";
+  int line = 1 + static_cast<int>(std::count(text.begin(), text.begin() + at, '\n'));
+  size_t line_start = text.rfind('\n', at);
+  size_t column = at - (line_start == std::string::npos ? 0 : line_start + 1) + 1;
+  return absl::StrCat(":", line, ":", column);
+}
+
+std::vector<std::string> NameAndJsonName(const std::string& path, const std::string& name) {
+  std::vector<std::string> names = {name};
+  if (const pb::Descriptor* d = DescriptorAt(path)) {
+    if (const pb::FieldDescriptor* f = d->FindFieldByName(name)) {
+      if (f->json_name() != name) names.push_back(f->json_name());
+    }
+  }
+  return names;
+}
+
+// Rewrites protobuf's JSON errors, "(optimizer.params) bogus: Cannot find field." and
+// "(optimizer.params.lr): invalid value \"x\" for type TYPE_DOUBLE", to name the file, the full
+// field path, and where possible the position and the valid fields.
+std::string DescribeJsonError(const std::string& text, const std::string& origin,
+                              const std::string& message) {
+  std::string path, rest = message;
+  if (absl::StartsWith(rest, "(")) {
+    size_t close = rest.find(')');
+    if (close != std::string::npos) {
+      path = rest.substr(1, close - 1);
+      rest = rest.substr(close + 1);
+      if (absl::StartsWith(rest, ":")) rest = rest.substr(1);
+      rest = std::string(absl::StripLeadingAsciiWhitespace(rest));
+    }
+  }
+  // A repeated key of an `optional` scalar collides in its synthetic oneof "_<name>".
+  const std::string kOneof = "oneof field '_";
+  size_t oneof = rest.find(kOneof);
+  if (oneof != std::string::npos && absl::StrContains(rest, "is already set")) {
+    std::string field = rest.substr(oneof + kOneof.size());
+    field = field.substr(0, field.find('\''));
+    return absl::StrCat(origin, ": field \"", path.empty() ? field : absl::StrCat(path, ".", field),
+                        "\" is given more than once");
+  }
+  const std::string kCannotFind = ": Cannot find field.";
+  if (absl::EndsWith(rest, kCannotFind)) {
+    std::string field = rest.substr(0, rest.size() - kCannotFind.size());
+    const pb::Descriptor* d = DescriptorAt(path);
+    return absl::StrCat(origin, JsonKeyPosition(text, {field}), ": unknown field \"",
+                        path.empty() ? field : absl::StrCat(path, ".", field), "\"",
+                        d ? absl::StrCat(" (known fields", path.empty() ? "" : " of " + path, ": ",
+                                         KnownFields(d), ")")
+                          : "",
+                        "; remove it or fix its spelling");
+  }
+  if (!path.empty()) {
+    // Map entries come as "strategy.options[0].value": report the map itself.
+    std::string field_path = path.substr(0, path.find('['));
+    std::string position;
+    if (field_path == path) {
+      size_t dot = path.rfind('.');
+      std::string parent = dot == std::string::npos ? "" : path.substr(0, dot);
+      std::string leaf = dot == std::string::npos ? path : path.substr(dot + 1);
+      position = JsonKeyPosition(text, NameAndJsonName(parent, leaf));
+    }
+    static const std::pair<const char*, const char*> kTypes[] = {
+        {"for type TYPE_DOUBLE", "(expected a number)"},
+        {"for type TYPE_FLOAT", "(expected a number)"},
+        {"for type TYPE_INT32", "(expected a 32-bit integer)"},
+        {"for type TYPE_INT64", "(expected an integer)"},
+        {"for type TYPE_UINT64", "(expected a non-negative integer)"},
+        {"for type TYPE_UINT32", "(expected a non-negative integer)"},
+        {"for type TYPE_BOOL", "(expected true or false)"},
+        {"for type TYPE_STRING", "(expected a string)"},
+    };
+    for (const auto& [from, to] : kTypes) {
+      size_t p = rest.find(from);
+      if (p != std::string::npos) rest.replace(p, std::string(from).size(), to);
+    }
+    return absl::StrCat(origin, position, ": field \"", field_path, "\": ", rest);
+  }
+  return absl::StrCat(origin, ": ", message);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation
+
+constexpr int kDefaultMicroBatch = 16;
+constexpr int kDefaultSteps = 200;
+constexpr double kDefaultLr = 1e-3;
+constexpr double kDefaultBeta1 = 0.9, kDefaultBeta2 = 0.95;
+constexpr double kDefaultEps = 1e-8;
+constexpr double kDefaultAdamWWeightDecay = 0.1;
+constexpr uint64_t kDefaultSeed = 1234;
+constexpr int kDefaultPrintEvery = 10;
+
+const std::vector<std::string> kOptimizers = {"AdamW", "SGD"};
+const std::vector<std::string> kSchedulers = {"Constant", "WarmupCosine"};
+const std::vector<std::string> kModels = {"gpt-mini", "gpt2-124m", "mlp"};
+const std::vector<std::string> kDatasets = {"moby-dick", "mnist", "tokens"};
+const std::vector<std::string> kSamplers = {"random", "sequential"};
+const std::vector<std::string> kTokenDtypes = {"u8", "u16"};
+
+// The GPT presets' shapes, only to check overrides against (models/gpt owns the real ones).
+struct GptShape {
+  int n_layer, n_head, n_embd, block_size, vocab_size;
+};
+GptShape PresetShape(const std::string& model) {
+  if (model == "gpt2-124m") return {12, 12, 768, 1024, 50257};
+  return {4, 4, 256, 128, 256};  // gpt-mini
+}
+
+std::string Quoted(const std::string& s) { return absl::StrCat("\"", s, "\""); }
+
+std::string Num(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+class Checker {
+ public:
+  void Error(std::string message) { errors_.push_back(std::move(message)); }
+  bool ok() const { return errors_.empty(); }
+  absl::Status Status() const {
+    if (errors_.empty()) return absl::OkStatus();
+    if (errors_.size() == 1) return absl::InvalidArgumentError(errors_[0]);
+    return absl::InvalidArgumentError(absl::StrCat(
+        errors_.size(), " problems in the training config: ", absl::StrJoin(errors_, "; ")));
+  }
+
+  // Replaces `*value` by its canonical spelling from `known` (case-insensitive), or `fallback`
+  // when empty; false (and an error listing the known names) if it matches none.
+  bool Name(std::string* value, const std::string& field, const std::vector<std::string>& known,
+            const std::string& fallback) {
+    if (value->empty()) {
+      *value = fallback;
+      return true;
+    }
+    for (const std::string& k : known) {
+      if (absl::EqualsIgnoreCase(*value, k)) {
+        *value = k;
+        return true;
+      }
+    }
+    Error(absl::StrCat(field, " ", Quoted(*value),
+                       " is unknown; known: ", absl::StrJoin(known, ", ")));
+    return false;
+  }
+
+  bool Positive(const std::string& field, int64_t v) {
+    if (v >= 1) return true;
+    Error(absl::StrCat(field, " (", v, ") must be >= 1"));
+    return false;
+  }
+  bool NonNegative(const std::string& field, int64_t v) {
+    if (v >= 0) return true;
+    Error(absl::StrCat(field, " (", v, ") must be >= 0"));
+    return false;
+  }
+  bool PositiveReal(const std::string& field, double v) {
+    if (std::isfinite(v) && v > 0) return true;
+    Error(absl::StrCat(field, " (", Num(v), ") must be a finite number > 0"));
+    return false;
+  }
+  bool NonNegativeReal(const std::string& field, double v) {
+    if (std::isfinite(v) && v >= 0) return true;
+    Error(absl::StrCat(field, " (", Num(v), ") must be a finite number >= 0"));
+    return false;
+  }
+  bool UnitInterval(const std::string& field, double v) {  // [0, 1)
+    if (v >= 0 && v < 1) return true;
+    Error(absl::StrCat(field, " (", Num(v), ") must be in [0, 1)"));
+    return false;
+  }
+
+ private:
+  std::vector<std::string> errors_;
+};
+
+bool Has(const std::vector<std::string>& features, const std::string& name) {
+  return std::find(features.begin(), features.end(), name) != features.end();
+}
+
+void RequireFeature(Checker& c, const std::vector<std::string>& features,
+                    const std::string& section, const std::string& feature) {
+  if (Has(features, feature)) return;
+  c.Error(absl::StrCat(
+      section, " is not available yet: no plugin provides it (it needs the feature ",
+      Quoted(feature),
+      "; available features: ", features.empty() ? "none" : absl::StrJoin(features, ", "),
+      "); remove the section or load a plugin that provides it"));
+}
+
+void CheckBatch(Checker& c, TrainConfig* cfg, int dp) {
+  bool has_total = cfg->has_train_batch_size();
+  bool has_micro = cfg->has_train_micro_batch_size_per_gpu();
+  bool has_accum = cfg->has_gradient_accumulation_steps();
+  bool ok = true;
+  if (has_total) ok &= c.Positive("train_batch_size", cfg->train_batch_size());
+  if (has_micro)
+    ok &= c.Positive("train_micro_batch_size_per_gpu", cfg->train_micro_batch_size_per_gpu());
+  if (has_accum)
+    ok &= c.Positive("gradient_accumulation_steps", cfg->gradient_accumulation_steps());
+  if (!ok) return;
+
+  const int64_t total = cfg->train_batch_size();
+  int64_t micro = cfg->train_micro_batch_size_per_gpu();
+  int64_t accum = cfg->gradient_accumulation_steps();
+  const std::string kTotal = absl::StrCat("train_batch_size (", total, ")");
+  const std::string kMicro = absl::StrCat("train_micro_batch_size_per_gpu (", micro, ")");
+  const std::string kAccum = absl::StrCat("gradient_accumulation_steps (", accum, ")");
+  const std::string kDp = absl::StrCat("data-parallel size (", dp, ")");
+
+  if (has_total && has_micro && has_accum) {
+    if (total != micro * accum * dp) {
+      c.Error(absl::StrCat(kTotal, " != ", kMicro, " × ", kAccum, " × ", kDp, " = ",
+                           micro * accum * dp));
+    }
+    return;
+  }
+  if (has_total && !has_micro) {
+    if (!has_accum) accum = 1;
+    if (total % (accum * dp) != 0) {
+      c.Error(absl::StrCat(kTotal, " is not divisible by ", has_accum ? kAccum + " × " : "", kDp,
+                           " = ", accum * dp,
+                           "; set train_micro_batch_size_per_gpu and gradient_accumulation_steps "
+                           "so that their product times the data-parallel size equals it"));
+      return;
+    }
+    micro = total / (accum * dp);
+  } else if (has_total) {  // micro given, accumulation derived
+    if (total % (micro * dp) != 0) {
+      c.Error(absl::StrCat(kTotal, " is not divisible by ", kMicro, " × ", kDp, " = ", micro * dp));
+      return;
+    }
+    accum = total / (micro * dp);
+  } else {
+    if (!has_micro) micro = kDefaultMicroBatch;
+    if (!has_accum) accum = 1;
+  }
+  const int64_t product = micro * accum * dp;
+  if (product > std::numeric_limits<int32_t>::max()) {
+    c.Error(absl::StrCat("train_batch_size = train_micro_batch_size_per_gpu (", micro,
+                         ") × gradient_accumulation_steps (", accum, ") × ", kDp, " = ", product,
+                         " is too large"));
+    return;
+  }
+  cfg->set_train_batch_size(static_cast<int32_t>(product));
+  cfg->set_train_micro_batch_size_per_gpu(static_cast<int32_t>(micro));
+  cfg->set_gradient_accumulation_steps(static_cast<int32_t>(accum));
+}
+
+void CheckOptimizer(Checker& c, TrainConfig* cfg) {
+  OptimizerConfig* opt = cfg->mutable_optimizer();
+  if (!c.Name(opt->mutable_type(), "optimizer.type", kOptimizers, "AdamW")) return;
+  OptimizerParams* p = opt->mutable_params();
+  const bool adamw = opt->type() == "AdamW";
+  const std::string only = adamw ? " applies to SGD only" : " applies to AdamW only";
+  const std::string type = absl::StrCat(" (optimizer.type is ", Quoted(opt->type()), ")");
+
+  if (!p->has_lr()) p->set_lr(kDefaultLr);
+  c.PositiveReal("optimizer.params.lr", p->lr());
+  if (p->has_weight_decay()) {
+    c.NonNegativeReal("optimizer.params.weight_decay", p->weight_decay());
+  } else {
+    p->set_weight_decay(adamw ? kDefaultAdamWWeightDecay : 0.0);
+  }
+  if (adamw) {
+    if (p->has_momentum()) c.Error("optimizer.params.momentum" + only + type);
+    if (p->has_nesterov()) c.Error("optimizer.params.nesterov" + only + type);
+    if (p->betas_size() == 0) {
+      p->add_betas(kDefaultBeta1);
+      p->add_betas(kDefaultBeta2);
+    } else if (p->betas_size() != 2) {
+      std::vector<std::string> values;
+      for (double b : p->betas()) values.push_back(Num(b));
+      c.Error(absl::StrCat("optimizer.params.betas has ", p->betas_size(), " value(s) [",
+                           absl::StrJoin(values, ", "), "]; it needs exactly 2 (beta1, beta2)"));
+    } else {
+      c.UnitInterval("optimizer.params.betas[0]", p->betas(0));
+      c.UnitInterval("optimizer.params.betas[1]", p->betas(1));
+    }
+    if (!p->has_eps()) p->set_eps(kDefaultEps);
+    c.PositiveReal("optimizer.params.eps", p->eps());
+  } else {
+    if (p->betas_size() > 0) c.Error("optimizer.params.betas" + only + type);
+    if (p->has_eps()) c.Error("optimizer.params.eps" + only + type);
+    if (!p->has_momentum()) p->set_momentum(0.0);
+    if (!p->has_nesterov()) p->set_nesterov(false);
+    c.UnitInterval("optimizer.params.momentum", p->momentum());
+    if (p->nesterov() && !(p->momentum() > 0)) {
+      c.Error(absl::StrCat("optimizer.params.nesterov needs optimizer.params.momentum > 0 (it is ",
+                           Num(p->momentum()), ")"));
+    }
+  }
+}
+
+void CheckScheduler(Checker& c, TrainConfig* cfg) {
+  SchedulerConfig* s = cfg->mutable_scheduler();
+  if (!c.Name(s->mutable_type(), "scheduler.type", kSchedulers, "Constant")) return;
+  SchedulerParams* p = s->mutable_params();
+  if (s->type() == "Constant") {
+    std::vector<std::string> set;
+    if (p->has_warmup_num_steps()) set.push_back("warmup_num_steps");
+    if (p->has_total_num_steps()) set.push_back("total_num_steps");
+    if (p->has_warmup_max_lr()) set.push_back("warmup_max_lr");
+    if (p->has_warmup_min_lr()) set.push_back("warmup_min_lr");
+    if (p->has_min_lr()) set.push_back("min_lr");
+    if (!set.empty()) {
+      c.Error(absl::StrCat("scheduler.params ", absl::StrJoin(set, ", "),
+                           " apply to scheduler.type \"WarmupCosine\" only (the type is "
+                           "\"Constant\"); remove them or change the type"));
+    }
+    return;
+  }
+  // WarmupCosine.
+  if (!p->has_warmup_num_steps()) p->set_warmup_num_steps(0);
+  if (!p->has_total_num_steps()) {
+    if (cfg->steps() < 1) return;  // reported with steps
+    p->set_total_num_steps(cfg->steps());
+  }
+  if (!p->has_warmup_min_lr()) p->set_warmup_min_lr(0.0);
+  if (!p->has_min_lr()) p->set_min_lr(0.0);
+  bool steps_ok = c.NonNegative("scheduler.params.warmup_num_steps", p->warmup_num_steps());
+  steps_ok &= c.Positive("scheduler.params.total_num_steps", p->total_num_steps());
+  if (steps_ok && p->warmup_num_steps() > p->total_num_steps()) {
+    c.Error(absl::StrCat("scheduler.params.warmup_num_steps (", p->warmup_num_steps(),
+                         ") > scheduler.params.total_num_steps (", p->total_num_steps(), ")"));
+  }
+
+  // The optimizer's lr and the peak rate are one number; two different values would leave it
+  // unclear which one the user meant.
+  const OptimizerParams& opt = cfg->optimizer().params();
+  if (!(std::isfinite(opt.lr()) && opt.lr() > 0)) return;  // reported with the optimizer
+  if (!p->has_warmup_max_lr()) {
+    p->set_warmup_max_lr(opt.lr());
+  } else if (p->warmup_max_lr() != opt.lr()) {
+    c.Error(absl::StrCat("scheduler.params.warmup_max_lr (", Num(p->warmup_max_lr()),
+                         ") != optimizer.params.lr (", Num(opt.lr()),
+                         "): they are the same peak rate; give one of them"));
+    return;
+  }
+  const double max_lr = p->warmup_max_lr();
+  for (const auto& [name, v] : {std::make_pair("warmup_min_lr", p->warmup_min_lr()),
+                                std::make_pair("min_lr", p->min_lr())}) {
+    if (c.NonNegativeReal(absl::StrCat("scheduler.params.", name), v) && v > max_lr) {
+      c.Error(absl::StrCat("scheduler.params.", name, " (", Num(v),
+                           ") > the peak rate scheduler.params.warmup_max_lr (", Num(max_lr), ")"));
+    }
+  }
+}
+
+void CheckFeatures(Checker& c, TrainConfig* cfg, const std::vector<std::string>& features) {
+  if (cfg->fp16().enabled()) {
+    RequireFeature(c, features, "fp16", kFeatureFp16);
+    Fp16Config* f = cfg->mutable_fp16();
+    if (f->has_loss_scale()) c.NonNegativeReal("fp16.loss_scale", f->loss_scale());
+    if (f->has_initial_scale_power() &&
+        (f->initial_scale_power() < 0 || f->initial_scale_power() > 63)) {
+      c.Error(absl::StrCat("fp16.initial_scale_power (", f->initial_scale_power(),
+                           ") must be in [0, 63]"));
+    }
+    if (f->has_loss_scale_window()) c.Positive("fp16.loss_scale_window", f->loss_scale_window());
+    if (f->has_hysteresis()) c.Positive("fp16.hysteresis", f->hysteresis());
+    if (f->has_min_loss_scale()) c.PositiveReal("fp16.min_loss_scale", f->min_loss_scale());
+    if (!f->has_loss_scale()) f->set_loss_scale(0);
+    if (!f->has_initial_scale_power()) f->set_initial_scale_power(16);
+    if (!f->has_loss_scale_window()) f->set_loss_scale_window(1000);
+    if (!f->has_hysteresis()) f->set_hysteresis(2);
+    if (!f->has_min_loss_scale()) f->set_min_loss_scale(1);
+  }
+  if (cfg->bf16().enabled()) RequireFeature(c, features, "bf16", kFeatureBf16);
+  if (cfg->fp16().enabled() && cfg->bf16().enabled()) {
+    c.Error("fp16.enabled and bf16.enabled are both true; enable at most one");
+  }
+
+  const ZeroOptimizationConfig& z = cfg->zero_optimization();
+  if (z.stage() < 0 || z.stage() > 3) {
+    c.Error(absl::StrCat("zero_optimization.stage (", z.stage(), ") must be 0, 1, 2 or 3"));
+  } else if (z.stage() > 0) {
+    RequireFeature(c, features, absl::StrCat("zero_optimization (stage ", z.stage(), ")"),
+                   ZeroFeatureName(z.stage()));
+  }
+  if (z.has_reduce_bucket_size())
+    c.Positive("zero_optimization.reduce_bucket_size", z.reduce_bucket_size());
+  if (z.has_allgather_bucket_size()) {
+    c.Positive("zero_optimization.allgather_bucket_size", z.allgather_bucket_size());
+  }
+
+  if (cfg->has_activation_checkpointing()) {
+    RequireFeature(c, features, "activation_checkpointing", kFeatureActivationCheckpointing);
+    const ActivationCheckpointingConfig& a = cfg->activation_checkpointing();
+    if (a.has_number_checkpoints()) {
+      c.Positive("activation_checkpointing.number_checkpoints", a.number_checkpoints());
+    }
+  }
+}
+
+void CheckModelAndData(Checker& c, TrainConfig* cfg) {
+  ModelConfig* m = cfg->mutable_model();
+  DataConfig* d = cfg->mutable_data();
+  const bool model_ok = c.Name(m->mutable_name(), "model.name", kModels, "gpt-mini");
+  const bool data_ok = c.Name(d->mutable_dataset(), "data.dataset", kDatasets, "moby-dick");
+  const bool gpt = m->name() != "mlp";
+
+  struct Override {
+    const char* name;
+    bool has;
+    int32_t value;
+  };
+  const Override overrides[] = {
+      {"n_layer", m->has_n_layer(), m->n_layer()},
+      {"n_head", m->has_n_head(), m->n_head()},
+      {"n_embd", m->has_n_embd(), m->n_embd()},
+      {"block_size", m->has_block_size(), m->block_size()},
+      {"vocab_size", m->has_vocab_size(), m->vocab_size()},
+  };
+  bool shape_ok = true;
+  for (const Override& o : overrides) {
+    if (o.has) shape_ok &= c.Positive(absl::StrCat("model.", o.name), o.value);
+  }
+  if (model_ok && !gpt) {
+    for (const char* name : {"n_head", "block_size", "vocab_size"}) {
+      for (const Override& o : overrides) {
+        if (o.has && std::string(o.name) == name) {
+          c.Error(absl::StrCat("model.", name,
+                               " does not apply to model \"mlp\" (it takes n_layer "
+                               "and n_embd only)"));
+        }
+      }
+    }
+  }
+  GptShape shape = PresetShape(m->name());
+  if (m->has_n_head()) shape.n_head = m->n_head();
+  if (m->has_n_embd()) shape.n_embd = m->n_embd();
+  if (m->has_vocab_size()) shape.vocab_size = m->vocab_size();
+  if (model_ok && gpt && shape_ok && shape.n_embd % shape.n_head != 0) {
+    c.Error(absl::StrCat("model.n_embd (", shape.n_embd, ") is not a multiple of model.n_head (",
+                         shape.n_head, ") for model ", Quoted(m->name())));
+  }
+
+  if (!data_ok) return;
+  if (model_ok) {
+    const bool data_for_gpt = d->dataset() != "mnist";
+    if (gpt != data_for_gpt) {
+      c.Error(absl::StrCat("model.name ", Quoted(m->name()), " cannot train on data.dataset ",
+                           Quoted(d->dataset()), ": ",
+                           gpt ? "GPT models take token data (\"moby-dick\" or \"tokens\")"
+                               : "\"mlp\" takes \"mnist\""));
+    }
+  }
+  c.Name(d->mutable_sampler(), "data.sampler", kSamplers, "random");
+  if (!d->has_seed()) d->set_seed(kDefaultSeed);
+
+  if (d->dataset() == "mnist") {
+    if (!d->token_dtype().empty()) {
+      c.Error(absl::StrCat("data.token_dtype (", Quoted(d->token_dtype()),
+                           ") does not apply to data.dataset \"mnist\" (it has no tokens)"));
+    }
+  } else if (d->dataset() == "moby-dick") {
+    if (!d->token_dtype().empty() && d->token_dtype() != "u8") {
+      c.Error(absl::StrCat("data.token_dtype (", Quoted(d->token_dtype()),
+                           ") must be \"u8\" for data.dataset \"moby-dick\" (one token per byte)"));
+    }
+    d->set_token_dtype("u8");
+    if (model_ok && gpt && shape_ok && shape.vocab_size < 256) {
+      c.Error(absl::StrCat("model.vocab_size (", shape.vocab_size,
+                           ") < 256: data.dataset \"moby-dick\" has one token per byte value"));
+    }
+  } else {  // tokens
+    c.Name(d->mutable_token_dtype(), "data.token_dtype", kTokenDtypes, "u16");
+    if (d->path().empty()) {
+      c.Error("data.path is empty: data.dataset \"tokens\" needs the token file's path");
+    }
+  }
+}
+
+void CheckRun(Checker& c, TrainConfig* cfg, int dp) {
+  if (!cfg->has_steps()) cfg->set_steps(kDefaultSteps);
+  c.Positive("steps", cfg->steps());
+  if (!cfg->has_gradient_clipping()) cfg->set_gradient_clipping(0);
+  c.NonNegativeReal("gradient_clipping", cfg->gradient_clipping());
+
+  StrategyConfig* s = cfg->mutable_strategy();
+  if (s->name().empty()) {
+    if (!s->path().empty()) {
+      c.Error(absl::StrCat("strategy.path (", Quoted(s->path()),
+                           ") is set but strategy.name is "
+                           "not; name the strategy that the plugin registers"));
+    }
+    s->set_name("single");
+  }
+  if (s->name() == "single" && dp > 1) {
+    c.Error(
+        absl::StrCat("strategy.name \"single\" trains one process, but the data-parallel size "
+                     "is ",
+                     dp, "; set strategy.name to a data-parallel strategy"));
+  }
+
+  std::string* device = cfg->mutable_device();
+  if (device->empty()) *device = "cpu";
+  if (*device == "cuda") *device = "cuda:0";
+  int index = 0;
+  if (*device != "cpu" &&
+      !(absl::StartsWith(*device, "cuda:") && absl::SimpleAtoi(device->substr(5), &index) &&
+        index >= 0 && device->substr(5) == absl::StrCat(index))) {
+    c.Error(absl::StrCat("device ", Quoted(*device),
+                         " is unknown; known: \"cpu\", \"cuda\", \"cuda:N\" (N = 0, 1, ...)"));
+  }
+  if (!cfg->has_threads()) cfg->set_threads(1);
+  c.Positive("threads", cfg->threads());
+  if (!cfg->has_seed()) cfg->set_seed(kDefaultSeed);
+
+  LogConfig* log = cfg->mutable_log();
+  if (!log->has_print_every()) log->set_print_every(kDefaultPrintEvery);
+  c.Positive("log.print_every", log->print_every());
+}
+
+}  // namespace
+
+// -------------------------------------------------------------------------------------------------
+// Public API
+
+absl::StatusOr<TrainConfig> ParseTextConfig(const std::string& text, const std::string& origin) {
+  TrainConfig cfg;
+  pb::TextFormat::Parser parser;
+  TextErrorCollector errors(text, origin);
+  parser.RecordErrorsTo(&errors);
+  parser.AllowUnknownField(false);
+  if (!parser.ParseFromString(text, &cfg)) {
+    std::string message = errors.Errors();
+    if (message.empty())
+      message = absl::StrCat(origin, ": not a valid text-format training config");
+    return absl::InvalidArgumentError(message);
+  }
+  return cfg;
+}
+
+absl::StatusOr<TrainConfig> ParseJsonConfig(const std::string& text, const std::string& origin) {
+  TrainConfig cfg;
+  pb::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  auto status = pb::util::JsonStringToMessage(text, &cfg, options);
+  if (!status.ok()) {
+    std::string message(status.message().data(), status.message().size());
+    return absl::InvalidArgumentError(DescribeJsonError(text, origin, message));
+  }
+  return cfg;
+}
+
+absl::StatusOr<TrainConfig> LoadConfigFile(const std::string& path) {
+  const std::string lower = absl::AsciiStrToLower(path);
+  const bool json = absl::EndsWith(lower, ".json");
+  const bool text = absl::EndsWith(lower, ".pbtxt") || absl::EndsWith(lower, ".textproto") ||
+                    absl::EndsWith(lower, ".txt");
+  if (!json && !text) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config file ", Quoted(path),
+        ": unknown extension; use .json for JSON or .pbtxt, .textproto or .txt for text format"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("config file ", Quoted(path), " cannot be read"));
+  }
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  if (in.bad()) {
+    return absl::DataLossError(absl::StrCat("config file ", Quoted(path), ": read error"));
+  }
+  return json ? ParseJsonConfig(contents.str(), path) : ParseTextConfig(contents.str(), path);
+}
+
+std::string ConfigToText(const TrainConfig& cfg) {
+  std::string out;
+  pb::TextFormat::PrintToString(cfg, &out);
+  return out;
+}
+
+std::string ConfigToJson(const TrainConfig& cfg) {
+  std::string out;
+  pb::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;  // DeepSpeed's snake_case names
+  auto status = pb::util::MessageToJsonString(cfg, &out, options);
+  BRAID_CHECK(status.ok()) << "printing a TrainConfig as JSON: " << status.ToString();
+  return out;
+}
+
+std::string ZeroFeatureName(int stage) { return absl::StrCat("zero", stage); }
+
+absl::Status ValidateConfig(TrainConfig* cfg, int data_parallel_size,
+                            const std::vector<std::string>& available_features) {
+  if (data_parallel_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data-parallel size (", data_parallel_size, ") must be >= 1"));
+  }
+  // A schedule's peak rate given alone sets the optimizer's rate (they are one number).
+  const SchedulerConfig& sched = cfg->scheduler();
+  if (absl::EqualsIgnoreCase(sched.type(), "WarmupCosine") && sched.params().has_warmup_max_lr() &&
+      !cfg->optimizer().params().has_lr()) {
+    cfg->mutable_optimizer()->mutable_params()->set_lr(sched.params().warmup_max_lr());
+  }
+  Checker c;
+  CheckBatch(c, cfg, data_parallel_size);
+  CheckRun(c, cfg, data_parallel_size);
+  CheckOptimizer(c, cfg);
+  CheckScheduler(c, cfg);
+  CheckFeatures(c, cfg, available_features);
+  CheckModelAndData(c, cfg);
+  return c.Status();
+}
+
+}  // namespace braid::config

@@ -1,0 +1,546 @@
+#include "core/config/config.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+
+namespace braid::config {
+namespace {
+
+using ::google::protobuf::util::MessageDifferencer;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+TrainConfig Text(const std::string& text) {
+  auto cfg = ParseTextConfig(text, "test.pbtxt");
+  EXPECT_TRUE(cfg.ok()) << cfg.status();
+  return cfg.ok() ? *cfg : TrainConfig();
+}
+
+// The message of ValidateConfig on `text`, "" if it passes.
+std::string ValidationError(const std::string& text, int dp = 1,
+                            const std::vector<std::string>& features = {}) {
+  TrainConfig cfg = Text(text);
+  absl::Status st = ValidateConfig(&cfg, dp, features);
+  return st.ok() ? "" : std::string(st.message());
+}
+
+std::string TextError(const std::string& text) {
+  auto cfg = ParseTextConfig(text, "my.pbtxt");
+  EXPECT_FALSE(cfg.ok()) << "parsed: " << cfg->ShortDebugString();
+  return cfg.ok() ? "" : std::string(cfg.status().message());
+}
+
+std::string JsonError(const std::string& json) {
+  auto cfg = ParseJsonConfig(json, "ds.json");
+  EXPECT_FALSE(cfg.ok()) << "parsed: " << cfg->ShortDebugString();
+  return cfg.ok() ? "" : std::string(cfg.status().message());
+}
+
+// ---- Round trips ---------------------------------------------------------------------------
+
+constexpr char kFullText[] = R"pb(
+  train_micro_batch_size_per_gpu: 8
+  gradient_accumulation_steps: 4
+  steps: 500
+  optimizer {
+    type: "AdamW"
+    params {
+      lr: 6e-4
+      betas: [ 0.9, 0.95 ]
+      eps: 1e-8
+      weight_decay: 0.1
+    }
+  }
+  scheduler {
+    type: "WarmupCosine"
+    params { warmup_num_steps: 50 total_num_steps: 500 min_lr: 6e-5 }
+  }
+  gradient_clipping: 1.0
+  fp16 { enabled: false loss_scale: 0 }
+  zero_optimization { stage: 0 overlap_comm: true reduce_bucket_size: 500000000 }
+  model { name: "gpt-mini" n_layer: 2 block_size: 64 }
+  data { dataset: "tokens" path: "/data/tok.bin" sampler: "sequential" seed: 7 token_dtype: "u16" }
+  strategy {
+    name: "ddp"
+    options { key: "bucket_cap_mb" value: "25" }
+  }
+  device: "cuda:1"
+  threads: 2
+  init_from: "in.safetensors"
+  save_to: "out.safetensors"
+  log { dir: "runs/a" metrics_file: "m.jsonl" print_every: 5 quiet: true }
+  seed: 42
+)pb";
+
+TEST(ConfigParse, TextRoundTrip) {
+  TrainConfig cfg = Text(kFullText);
+  EXPECT_EQ(cfg.train_micro_batch_size_per_gpu(), 8);
+  EXPECT_FALSE(cfg.has_train_batch_size());
+  EXPECT_DOUBLE_EQ(cfg.optimizer().params().lr(), 6e-4);
+  ASSERT_EQ(cfg.optimizer().params().betas_size(), 2);
+  EXPECT_DOUBLE_EQ(cfg.optimizer().params().betas(1), 0.95);
+  EXPECT_EQ(cfg.zero_optimization().reduce_bucket_size(), 500000000);
+  EXPECT_EQ(cfg.strategy().options().at("bucket_cap_mb"), "25");
+  EXPECT_EQ(cfg.data().seed(), 7u);
+  EXPECT_TRUE(cfg.log().quiet());
+  // Explicit zeros survive (presence), so they are not mistaken for "use the default".
+  EXPECT_TRUE(cfg.fp16().has_loss_scale());
+
+  auto again = ParseTextConfig(ConfigToText(cfg), "printed");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(MessageDifferencer::Equals(cfg, *again)) << ConfigToText(*again);
+
+  // And through JSON.
+  auto via_json = ParseJsonConfig(ConfigToJson(cfg), "printed.json");
+  ASSERT_TRUE(via_json.ok()) << via_json.status() << "\n" << ConfigToJson(cfg);
+  EXPECT_TRUE(MessageDifferencer::Equals(cfg, *via_json)) << ConfigToJson(cfg);
+}
+
+// A DeepSpeed config as users have them.
+constexpr char kDeepSpeedJson[] = R"({
+  "train_batch_size": 32,
+  "train_micro_batch_size_per_gpu": 16,
+  "gradient_accumulation_steps": 2,
+  "steps": 100,
+  "optimizer": {
+    "type": "AdamW",
+    "params": {"lr": 0.001, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+  },
+  "scheduler": {
+    "type": "WarmupCosine",
+    "params": {"warmup_num_steps": 10, "total_num_steps": 100, "warmup_min_lr": 0}
+  },
+  "gradient_clipping": 1.0,
+  "fp16": {"enabled": false},
+  "bf16": {"enabled": false},
+  "zero_optimization": {"stage": 0, "contiguous_gradients": true}
+})";
+
+TEST(ConfigParse, DeepSpeedJsonRoundTrip) {
+  auto cfg = ParseJsonConfig(kDeepSpeedJson, "ds.json");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->train_batch_size(), 32);
+  EXPECT_EQ(cfg->gradient_accumulation_steps(), 2);
+  EXPECT_EQ(cfg->optimizer().type(), "AdamW");
+  ASSERT_EQ(cfg->optimizer().params().betas_size(), 2);
+  EXPECT_DOUBLE_EQ(cfg->optimizer().params().betas(0), 0.9);
+  EXPECT_DOUBLE_EQ(cfg->optimizer().params().betas(1), 0.95);
+  EXPECT_DOUBLE_EQ(cfg->optimizer().params().eps(), 1e-8);
+  EXPECT_EQ(cfg->scheduler().params().warmup_num_steps(), 10);
+  EXPECT_TRUE(cfg->scheduler().params().has_warmup_min_lr());
+  EXPECT_DOUBLE_EQ(cfg->gradient_clipping(), 1.0);
+  EXPECT_TRUE(cfg->zero_optimization().contiguous_gradients());
+
+  const std::string json = ConfigToJson(*cfg);
+  EXPECT_THAT(json, HasSubstr("\"train_micro_batch_size_per_gpu\""));  // DeepSpeed's spelling
+  auto again = ParseJsonConfig(json, "printed.json");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(MessageDifferencer::Equals(*cfg, *again)) << json;
+
+  // A disabled precision section and stage 0 need no plugin.
+  EXPECT_TRUE(ValidateConfig(&*cfg, 1, {}).ok());
+}
+
+TEST(ConfigParse, JsonAcceptsCamelCaseNames) {
+  auto cfg = ParseJsonConfig(R"({"trainMicroBatchSizePerGpu": 4, "log": {"printEvery": 3}})", "x");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->train_micro_batch_size_per_gpu(), 4);
+  EXPECT_EQ(cfg->log().print_every(), 3);
+}
+
+// ---- Parse errors --------------------------------------------------------------------------
+
+TEST(ConfigParse, TextUnknownFieldNamesFileLineAndField) {
+  EXPECT_THAT(TextError("steps: 3\nfoo: 2\n"),
+              AllOf(HasSubstr("my.pbtxt:2:1:"), HasSubstr("unknown field \"foo\""),
+                    HasSubstr("known fields: train_batch_size")));
+  EXPECT_THAT(TextError("\toptimizer {\n\t\tparams {\n\t\t}\n\t\tschedule {}\n\t}\n"),
+              AllOf(HasSubstr("my.pbtxt:4:17:"), HasSubstr("\"schedule\"")));
+  EXPECT_THAT(TextError("optimizer {\n  params { bogus: 1 }\n}\n"),
+              AllOf(HasSubstr("my.pbtxt:2:12:"), HasSubstr("\"bogus\""),
+                    HasSubstr("braid.config.OptimizerParams"), HasSubstr("lr, betas")));
+}
+
+TEST(ConfigParse, TextWrongTypeNamesField) {
+  EXPECT_THAT(TextError("steps: 3\nsteps2: 1"), HasSubstr("steps2"));
+  EXPECT_THAT(TextError("\nsteps: \"abc\""),
+              AllOf(HasSubstr("my.pbtxt:2:8:"), HasSubstr("field \"steps\""),
+                    HasSubstr("Expected integer")));
+  EXPECT_THAT(TextError("model { name: 5 }"),
+              AllOf(HasSubstr("my.pbtxt:1:"), HasSubstr("field \"name\""), HasSubstr("string")));
+  EXPECT_THAT(TextError("optimizer {\n\tparams {\n\t\tlr: true\n\t}\n}"),
+              AllOf(HasSubstr("my.pbtxt:3:"), HasSubstr("field \"lr\""), HasSubstr("double")));
+  EXPECT_THAT(TextError("fp16 { enabled: maybe }"), HasSubstr("field \"enabled\""));
+  EXPECT_THAT(TextError("steps: 3000000000"), HasSubstr("field \"steps\""));
+  EXPECT_THAT(TextError("steps: 1\nsteps: 2"),
+              AllOf(HasSubstr("my.pbtxt:2:"), HasSubstr("\"steps\"")));
+  EXPECT_THAT(TextError("optimizer {"), HasSubstr("my.pbtxt:1:"));
+}
+
+TEST(ConfigParse, JsonUnknownFieldNamesFilePositionAndPath) {
+  EXPECT_THAT(JsonError("{\n  \"steps\": 3,\n  \"wall_clock_breakdown\": false\n}"),
+              AllOf(HasSubstr("ds.json:3:3:"), HasSubstr("unknown field \"wall_clock_breakdown\""),
+                    HasSubstr("known fields: train_batch_size")));
+  EXPECT_THAT(JsonError(R"({"optimizer": {"params": {"lr": 1, "torch_adam": true}}})"),
+              AllOf(HasSubstr("ds.json:1:"), HasSubstr("\"optimizer.params.torch_adam\""),
+                    HasSubstr("known fields of optimizer.params: lr, betas")));
+}
+
+TEST(ConfigParse, JsonWrongTypeNamesFieldPath) {
+  EXPECT_THAT(JsonError("{\n \"optimizer\": {\"params\": {\"lr\": \"fast\"}}}"),
+              AllOf(HasSubstr("ds.json:2:"), HasSubstr("field \"optimizer.params.lr\""),
+                    HasSubstr("\"fast\""), HasSubstr("expected a number")));
+  EXPECT_THAT(
+      JsonError(R"({"fp16": {"enabled": "auto"}})"),
+      AllOf(HasSubstr("ds.json"), HasSubstr("\"fp16.enabled\""), HasSubstr("true or false")));
+  EXPECT_THAT(JsonError(R"({"steps": 1.5})"), AllOf(HasSubstr("\"steps\""), HasSubstr("integer")));
+  EXPECT_THAT(JsonError(R"({"model": {"name": 5}})"),
+              AllOf(HasSubstr("\"model.name\""), HasSubstr("expected a string")));
+  EXPECT_THAT(JsonError(R"({"strategy": {"options": {"bucket_cap_mb": 25}}})"),
+              AllOf(HasSubstr("\"strategy.options\""), HasSubstr("expected a string")));
+  EXPECT_THAT(JsonError(R"({"steps": 3} trailing)"), HasSubstr("ds.json"));
+  EXPECT_THAT(
+      JsonError(R"({"log": {"print_every": 1, "print_every": 2}})"),
+      AllOf(HasSubstr("ds.json"), HasSubstr("\"log.print_every\" is given more than once")));
+}
+
+// ---- Defaults and derived values -----------------------------------------------------------
+
+TEST(ConfigValidate, EmptyConfigIsTheReferenceRun) {
+  TrainConfig cfg;
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  // Values from REFERENCE_RUN.md.
+  EXPECT_EQ(cfg.train_micro_batch_size_per_gpu(), 16);
+  EXPECT_EQ(cfg.gradient_accumulation_steps(), 1);
+  EXPECT_EQ(cfg.train_batch_size(), 16);
+  EXPECT_EQ(cfg.optimizer().type(), "AdamW");
+  const OptimizerParams& p = cfg.optimizer().params();
+  EXPECT_DOUBLE_EQ(p.lr(), 1e-3);
+  ASSERT_EQ(p.betas_size(), 2);
+  EXPECT_DOUBLE_EQ(p.betas(0), 0.9);
+  EXPECT_DOUBLE_EQ(p.betas(1), 0.95);
+  EXPECT_DOUBLE_EQ(p.eps(), 1e-8);
+  EXPECT_DOUBLE_EQ(p.weight_decay(), 0.1);
+  EXPECT_EQ(cfg.scheduler().type(), "Constant");
+  EXPECT_DOUBLE_EQ(cfg.gradient_clipping(), 0.0);
+  EXPECT_EQ(cfg.model().name(), "gpt-mini");
+  EXPECT_EQ(cfg.data().dataset(), "moby-dick");
+  EXPECT_EQ(cfg.data().sampler(), "random");
+  EXPECT_EQ(cfg.data().seed(), 1234u);
+  EXPECT_EQ(cfg.data().token_dtype(), "u8");
+  EXPECT_EQ(cfg.strategy().name(), "single");
+  EXPECT_EQ(cfg.device(), "cpu");
+  EXPECT_EQ(cfg.threads(), 1);
+  EXPECT_GT(cfg.steps(), 0);
+  EXPECT_GT(cfg.log().print_every(), 0);
+}
+
+struct BatchCase {
+  const char* text;
+  int dp;
+  int total, micro, accum;
+};
+
+TEST(ConfigValidate, DerivesBatchSizes) {
+  const BatchCase cases[] = {
+      {"", 2, 32, 16, 1},
+      {"train_batch_size: 64", 2, 64, 32, 1},
+      {"train_batch_size: 64 gradient_accumulation_steps: 2", 2, 64, 16, 2},
+      {"train_batch_size: 64 train_micro_batch_size_per_gpu: 16", 1, 64, 16, 4},
+      {"train_batch_size: 64 train_micro_batch_size_per_gpu: 16", 2, 64, 16, 2},
+      {"train_micro_batch_size_per_gpu: 8 gradient_accumulation_steps: 4", 2, 64, 8, 4},
+      {"train_micro_batch_size_per_gpu: 8", 4, 32, 8, 1},
+      {"gradient_accumulation_steps: 3", 1, 48, 16, 3},
+      // Consistent for dp 2 (and not for dp 1; see below).
+      {"train_batch_size: 64 train_micro_batch_size_per_gpu: 16 gradient_accumulation_steps: 2", 2,
+       64, 16, 2},
+  };
+  for (const BatchCase& c : cases) {
+    SCOPED_TRACE(testing::Message() << c.text << " dp=" << c.dp);
+    TrainConfig cfg = Text(c.text);
+    if (c.dp > 1) cfg.mutable_strategy()->set_name("ddp");
+    absl::Status st = ValidateConfig(&cfg, c.dp, {});
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(cfg.train_batch_size(), c.total);
+    EXPECT_EQ(cfg.train_micro_batch_size_per_gpu(), c.micro);
+    EXPECT_EQ(cfg.gradient_accumulation_steps(), c.accum);
+  }
+}
+
+TEST(ConfigValidate, RejectsInconsistentBatchSizes) {
+  const std::string all3 =
+      "train_batch_size: 64 train_micro_batch_size_per_gpu: 16 gradient_accumulation_steps: 2 ";
+  EXPECT_EQ(ValidationError(all3, 1),
+            "train_batch_size (64) != train_micro_batch_size_per_gpu (16) × "
+            "gradient_accumulation_steps (2) × data-parallel size (1) = 32");
+  EXPECT_EQ(ValidationError("train_batch_size: 32 train_micro_batch_size_per_gpu: 16 "
+                            "gradient_accumulation_steps: 2 strategy { name: \"ddp\" }",
+                            2),
+            "train_batch_size (32) != train_micro_batch_size_per_gpu (16) × "
+            "gradient_accumulation_steps (2) × data-parallel size (2) = 64");
+  EXPECT_THAT(ValidationError("train_batch_size: 48 train_micro_batch_size_per_gpu: 16 "
+                              "strategy { name: \"ddp\" }",
+                              2),
+              AllOf(HasSubstr("train_batch_size (48)"), HasSubstr("not divisible"),
+                    HasSubstr("train_micro_batch_size_per_gpu (16)"),
+                    HasSubstr("data-parallel size (2) = 32")));
+  EXPECT_THAT(ValidationError("train_batch_size: 30 strategy { name: \"ddp\" }", 4),
+              AllOf(HasSubstr("train_batch_size (30)"), HasSubstr("data-parallel size (4)")));
+  EXPECT_THAT(
+      ValidationError("train_batch_size: 30 gradient_accumulation_steps: 4"),
+      AllOf(HasSubstr("train_batch_size (30)"), HasSubstr("gradient_accumulation_steps (4)")));
+}
+
+TEST(ConfigValidate, RejectsNonPositiveValuesNamingTheField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"optimizer { params { lr: 0 } }", "optimizer.params.lr (0)"},
+      {"optimizer { params { lr: -0.1 } }", "optimizer.params.lr (-0.1)"},
+      {"optimizer { params { eps: 0 } }", "optimizer.params.eps (0)"},
+      {"optimizer { params { weight_decay: -1 } }", "optimizer.params.weight_decay (-1)"},
+      {"train_batch_size: 0", "train_batch_size (0)"},
+      {"train_micro_batch_size_per_gpu: -2", "train_micro_batch_size_per_gpu (-2)"},
+      {"gradient_accumulation_steps: 0", "gradient_accumulation_steps (0)"},
+      {"steps: 0", "steps (0)"},
+      {"steps: -5", "steps (-5)"},
+      {"threads: 0", "threads (0)"},
+      {"log { print_every: 0 }", "log.print_every (0)"},
+      {"gradient_clipping: -1", "gradient_clipping (-1)"},
+      {"model { n_layer: 0 }", "model.n_layer (0)"},
+      {"scheduler { type: \"WarmupCosine\" params { total_num_steps: 0 } }",
+       "scheduler.params.total_num_steps (0)"},
+      {"zero_optimization { reduce_bucket_size: -1 }", "zero_optimization.reduce_bucket_size (-1)"},
+  };
+  for (const auto& [text, expected] : cases) {
+    EXPECT_THAT(ValidationError(text), HasSubstr(expected)) << text;
+  }
+}
+
+TEST(ConfigValidate, RejectsUnknownNamesListingTheKnownOnes) {
+  EXPECT_THAT(ValidationError("optimizer { type: \"Lamb\" }"),
+              AllOf(HasSubstr("optimizer.type \"Lamb\" is unknown"), HasSubstr("AdamW, SGD")));
+  EXPECT_THAT(ValidationError("scheduler { type: \"OneCycle\" }"),
+              AllOf(HasSubstr("scheduler.type \"OneCycle\""), HasSubstr("Constant, WarmupCosine")));
+  EXPECT_THAT(ValidationError("model { name: \"gpt3\" }"),
+              AllOf(HasSubstr("model.name \"gpt3\""), HasSubstr("gpt-mini, gpt2-124m, mlp")));
+  EXPECT_THAT(ValidationError("data { dataset: \"cifar\" }"),
+              AllOf(HasSubstr("data.dataset \"cifar\""), HasSubstr("moby-dick, mnist, tokens")));
+  EXPECT_THAT(ValidationError("data { sampler: \"shuffle\" }"),
+              AllOf(HasSubstr("data.sampler \"shuffle\""), HasSubstr("random, sequential")));
+  EXPECT_THAT(ValidationError("data { dataset: \"tokens\" path: \"t.bin\" token_dtype: \"u32\" }"),
+              AllOf(HasSubstr("data.token_dtype \"u32\""), HasSubstr("u8, u16")));
+  EXPECT_THAT(ValidationError("device: \"tpu\""), HasSubstr("device \"tpu\" is unknown"));
+  EXPECT_THAT(ValidationError("device: \"cuda:x\""), HasSubstr("device \"cuda:x\""));
+  EXPECT_THAT(ValidationError("device: \"cuda:-1\""), HasSubstr("device \"cuda:-1\""));
+}
+
+TEST(ConfigValidate, NamesAreCaseInsensitiveAndStoredCanonical) {
+  TrainConfig cfg = Text(R"pb(optimizer { type: "adamw" }
+                              scheduler { type: "warmupcosine" }
+                              model { name: "GPT-Mini" }
+                              device: "cuda")pb");
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  EXPECT_EQ(cfg.optimizer().type(), "AdamW");
+  EXPECT_EQ(cfg.scheduler().type(), "WarmupCosine");
+  EXPECT_EQ(cfg.model().name(), "gpt-mini");
+  EXPECT_EQ(cfg.device(), "cuda:0");
+}
+
+TEST(ConfigValidate, Betas) {
+  EXPECT_THAT(ValidationError("optimizer { params { betas: [1.0, 0.9] } }"),
+              AllOf(HasSubstr("optimizer.params.betas[0] (1)"), HasSubstr("[0, 1)")));
+  EXPECT_THAT(ValidationError("optimizer { params { betas: [0.9, -0.1] } }"),
+              HasSubstr("optimizer.params.betas[1] (-0.1)"));
+  EXPECT_THAT(ValidationError("optimizer { params { betas: 0.9 } }"),
+              AllOf(HasSubstr("optimizer.params.betas has 1 value"), HasSubstr("exactly 2")));
+  EXPECT_THAT(ValidationError("optimizer { params { betas: [0.9, 0.99, 0.999] } }"),
+              HasSubstr("betas has 3 value"));
+  EXPECT_EQ(ValidationError("optimizer { params { betas: [0, 0.999] } }"), "");
+}
+
+TEST(ConfigValidate, OptimizerParamsBelongToTheirOptimizer) {
+  EXPECT_THAT(ValidationError("optimizer { type: \"SGD\" params { betas: [0.9, 0.9] } }"),
+              AllOf(HasSubstr("optimizer.params.betas applies to AdamW only")));
+  EXPECT_THAT(ValidationError("optimizer { params { momentum: 0.9 } }"),
+              HasSubstr("optimizer.params.momentum applies to SGD only"));
+  EXPECT_THAT(ValidationError("optimizer { type: \"SGD\" params { nesterov: true } }"),
+              HasSubstr("nesterov needs optimizer.params.momentum > 0"));
+  EXPECT_THAT(ValidationError("optimizer { type: \"SGD\" params { momentum: 1.0 } }"),
+              HasSubstr("optimizer.params.momentum (1)"));
+
+  TrainConfig cfg = Text("optimizer { type: \"SGD\" params { momentum: 0.9 nesterov: true } }");
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  EXPECT_DOUBLE_EQ(cfg.optimizer().params().weight_decay(), 0.0);
+  EXPECT_EQ(cfg.optimizer().params().betas_size(), 0);
+}
+
+TEST(ConfigValidate, Scheduler) {
+  TrainConfig cfg = Text(R"pb(steps: 300
+                              optimizer { params { lr: 6e-4 } }
+                              scheduler {
+                                type: "WarmupCosine"
+                                params { warmup_num_steps: 30 }
+                              })pb");
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  const SchedulerParams& p = cfg.scheduler().params();
+  EXPECT_EQ(p.total_num_steps(), 300);
+  EXPECT_DOUBLE_EQ(p.warmup_max_lr(), 6e-4);
+  EXPECT_DOUBLE_EQ(p.min_lr(), 0.0);
+  EXPECT_DOUBLE_EQ(p.warmup_min_lr(), 0.0);
+
+  // The peak rate alone sets the optimizer's rate.
+  cfg = Text("scheduler { type: \"WarmupCosine\" params { warmup_max_lr: 3e-4 } }");
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  EXPECT_DOUBLE_EQ(cfg.optimizer().params().lr(), 3e-4);
+
+  EXPECT_THAT(
+      ValidationError("optimizer { params { lr: 1e-3 } } "
+                      "scheduler { type: \"WarmupCosine\" params { warmup_max_lr: 3e-4 } }"),
+      AllOf(HasSubstr("scheduler.params.warmup_max_lr (0.0003)"),
+            HasSubstr("optimizer.params.lr (0.001)")));
+  EXPECT_THAT(ValidationError("steps: 100 scheduler { type: \"WarmupCosine\" "
+                              "params { warmup_num_steps: 200 } }"),
+              HasSubstr("scheduler.params.warmup_num_steps (200) > "
+                        "scheduler.params.total_num_steps (100)"));
+  EXPECT_THAT(ValidationError("scheduler { type: \"WarmupCosine\" params { min_lr: 0.01 } }"),
+              HasSubstr("scheduler.params.min_lr (0.01) > the peak rate"));
+  EXPECT_THAT(ValidationError("scheduler { params { warmup_num_steps: 10 min_lr: 0 } }"),
+              AllOf(HasSubstr("warmup_num_steps, min_lr"), HasSubstr("\"WarmupCosine\" only")));
+}
+
+TEST(ConfigValidate, SectionsWithoutAPluginAreNotAvailableYet) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"fp16 { enabled: true }", "fp16 is not available yet: no plugin provides it"},
+      {"bf16 { enabled: true }", "bf16 is not available yet: no plugin provides it"},
+      {"zero_optimization { stage: 2 }",
+       "zero_optimization (stage 2) is not available yet: no plugin provides it"},
+      {"activation_checkpointing { }",
+       "activation_checkpointing is not available yet: no plugin provides it"},
+  };
+  for (const auto& [text, expected] : cases) {
+    EXPECT_THAT(ValidationError(text), HasSubstr(expected)) << text;
+    // Another feature does not help.
+    EXPECT_THAT(ValidationError(text, 1, {"something_else"}), HasSubstr(expected)) << text;
+  }
+  EXPECT_EQ(ValidationError("fp16 { enabled: true }", 1, {kFeatureFp16}), "");
+  EXPECT_EQ(ValidationError("bf16 { enabled: true }", 1, {kFeatureBf16}), "");
+  EXPECT_EQ(ValidationError("activation_checkpointing { partition_activations: true }", 1,
+                            {kFeatureActivationCheckpointing}),
+            "");
+  EXPECT_EQ(ValidationError("zero_optimization { stage: 2 } strategy { name: \"zero\" }", 2,
+                            {ZeroFeatureName(2)}),
+            "");
+  EXPECT_THAT(ValidationError("zero_optimization { stage: 3 }", 1, {ZeroFeatureName(2)}),
+              HasSubstr("zero_optimization (stage 3) is not available yet"));
+  // Disabled or stage 0 sections need nothing.
+  EXPECT_EQ(ValidationError("fp16 { enabled: false loss_scale: 128 } bf16 { enabled: false } "
+                            "zero_optimization { stage: 0 }"),
+            "");
+  EXPECT_THAT(ValidationError("zero_optimization { stage: 4 }"),
+              HasSubstr("zero_optimization.stage (4) must be 0, 1, 2 or 3"));
+  EXPECT_THAT(ValidationError("fp16 { enabled: true } bf16 { enabled: true }", 1,
+                              {kFeatureFp16, kFeatureBf16}),
+              HasSubstr("enable at most one"));
+
+  TrainConfig cfg = Text("fp16 { enabled: true initial_scale_power: 12 }");
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {kFeatureFp16}).ok());
+  EXPECT_EQ(cfg.fp16().initial_scale_power(), 12);
+  EXPECT_DOUBLE_EQ(cfg.fp16().loss_scale(), 0.0);  // dynamic, DeepSpeed's default
+}
+
+TEST(ConfigValidate, ModelAndData) {
+  EXPECT_THAT(ValidationError("model { n_embd: 250 }"),
+              AllOf(HasSubstr("model.n_embd (250)"), HasSubstr("model.n_head (4)")));
+  EXPECT_THAT(ValidationError("model { n_head: 5 }"),
+              AllOf(HasSubstr("model.n_embd (256)"), HasSubstr("model.n_head (5)")));
+  EXPECT_EQ(ValidationError("model { n_head: 8 n_layer: 2 }"), "");
+  EXPECT_THAT(ValidationError("model { name: \"mlp\" }"),
+              AllOf(HasSubstr("model.name \"mlp\""), HasSubstr("data.dataset \"moby-dick\"")));
+  EXPECT_THAT(ValidationError("data { dataset: \"mnist\" }"),
+              AllOf(HasSubstr("model.name \"gpt-mini\""), HasSubstr("data.dataset \"mnist\"")));
+  EXPECT_EQ(ValidationError("model { name: \"mlp\" n_layer: 2 n_embd: 128 } "
+                            "data { dataset: \"mnist\" }"),
+            "");
+  EXPECT_THAT(ValidationError("model { name: \"mlp\" block_size: 8 } data { dataset: \"mnist\" }"),
+              HasSubstr("model.block_size does not apply to model \"mlp\""));
+  EXPECT_THAT(ValidationError("model { vocab_size: 100 }"),
+              AllOf(HasSubstr("model.vocab_size (100)"), HasSubstr("moby-dick")));
+  EXPECT_THAT(ValidationError("data { token_dtype: \"u16\" }"),
+              HasSubstr("data.token_dtype (\"u16\") must be \"u8\""));
+  EXPECT_THAT(ValidationError("data { dataset: \"tokens\" }"), HasSubstr("data.path is empty"));
+  EXPECT_THAT(
+      ValidationError("model { name: \"mlp\" } data { dataset: \"mnist\" token_dtype: \"u8\" }"),
+      HasSubstr("data.token_dtype (\"u8\") does not apply"));
+
+  TrainConfig cfg = Text("model { name: \"gpt2-124m\" } data { dataset: \"tokens\" path: \"x\" }");
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  EXPECT_EQ(cfg.data().token_dtype(), "u16");
+}
+
+TEST(ConfigValidate, Strategy) {
+  EXPECT_THAT(ValidationError("", 2),
+              AllOf(HasSubstr("strategy.name \"single\""), HasSubstr("data-parallel size is 2")));
+  EXPECT_EQ(ValidationError("strategy { name: \"ddp\" }", 2), "");
+  EXPECT_THAT(ValidationError("strategy { path: \"/p/libx.so\" }"),
+              AllOf(HasSubstr("strategy.path (\"/p/libx.so\")"), HasSubstr("strategy.name")));
+  EXPECT_EQ(ValidationError("strategy { name: \"mine\" path: \"/p/libx.so\" }"), "");
+}
+
+TEST(ConfigValidate, ReportsEveryProblemAtOnce) {
+  EXPECT_THAT(ValidationError("steps: 0 optimizer { params { lr: 0 } } threads: 0"),
+              AllOf(HasSubstr("3 problems"), HasSubstr("steps (0)"),
+                    HasSubstr("optimizer.params.lr (0)"), HasSubstr("threads (0)")));
+}
+
+TEST(ConfigValidate, RejectsBadDataParallelSize) {
+  TrainConfig cfg;
+  EXPECT_THAT(std::string(ValidateConfig(&cfg, 0, {}).message()),
+              HasSubstr("data-parallel size (0)"));
+}
+
+// ---- Files -----------------------------------------------------------------------------------
+
+std::string WriteTemp(const std::string& name, const std::string& contents) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  std::string path = std::string(dir ? dir : "/tmp") + "/" + name;
+  std::ofstream(path) << contents;
+  return path;
+}
+
+TEST(ConfigFile, LoadsByExtension) {
+  auto json = LoadConfigFile(WriteTemp("ds.json", kDeepSpeedJson));
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->train_batch_size(), 32);
+  auto text = LoadConfigFile(WriteTemp("run.textproto", "steps: 7"));
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ(text->steps(), 7);
+  auto pbtxt = LoadConfigFile(WriteTemp("run.PBTXT", "steps: 8"));
+  ASSERT_TRUE(pbtxt.ok()) << pbtxt.status();
+  EXPECT_EQ(pbtxt->steps(), 8);
+  // Text-format content in a .json file is parsed as JSON, and fails as such.
+  EXPECT_FALSE(LoadConfigFile(WriteTemp("wrong.json", "steps: 7")).ok());
+}
+
+TEST(ConfigFile, ErrorsNameTheFile) {
+  const std::string bad = WriteTemp("bad.txt", "steps: 1\noptimiser { }\n");
+  auto cfg = LoadConfigFile(bad);
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_THAT(std::string(cfg.status().message()),
+              AllOf(HasSubstr(bad + ":2:1:"), HasSubstr("\"optimiser\"")));
+
+  auto missing = LoadConfigFile("/nonexistent/run.json");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("/nonexistent/run.json"));
+
+  auto yaml = LoadConfigFile(WriteTemp("run.yaml", "steps: 1"));
+  EXPECT_THAT(std::string(yaml.status().message()),
+              AllOf(HasSubstr("run.yaml"), HasSubstr(".json"), HasSubstr(".pbtxt")));
+}
+
+}  // namespace
+}  // namespace braid::config
