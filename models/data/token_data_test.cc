@@ -1,0 +1,227 @@
+#include "models/data/token_data.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "models/data/find_data.h"
+
+namespace braid::data {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  const char* t = std::getenv("TEST_TMPDIR");
+  return std::string(t != nullptr ? t : "/tmp") + "/" + name;
+}
+
+void WriteBytes(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
+}
+
+// Tokens equal to their position, so a window's first token tells where it starts.
+std::shared_ptr<const TokenFile> Counting(int n) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = i;
+  return std::make_shared<const TokenFile>(TokenFile::FromTokens(t, TokenType::kU16));
+}
+
+TEST(TokenFile, ReadsU8AndLittleEndianU16) {
+  const std::string path = TempPath("tokens.bin");
+  WriteBytes(path, {0x01, 0x02, 0xff, 0x00});
+  auto u8 = TokenFile::Open(path, TokenType::kU8);
+  ASSERT_TRUE(u8.ok()) << u8.status();
+  ASSERT_EQ(u8->size(), 4);
+  EXPECT_EQ((*u8)[0], 1);
+  EXPECT_EQ((*u8)[2], 255);
+  auto u16 = TokenFile::Open(path, TokenType::kU16);
+  ASSERT_TRUE(u16.ok()) << u16.status();
+  ASSERT_EQ(u16->size(), 2);
+  EXPECT_EQ((*u16)[0], 0x0201);
+  EXPECT_EQ((*u16)[1], 0x00ff);
+  int32_t out[2];
+  u16->Copy(0, 2, out);
+  EXPECT_EQ(out[0], 0x0201);
+  EXPECT_EQ(out[1], 0x00ff);
+
+  // Moving keeps the mapping valid.
+  TokenFile moved = std::move(*u8);
+  EXPECT_EQ(moved.size(), 4);
+  EXPECT_EQ(moved[1], 2);
+}
+
+TEST(TokenFile, ErrorsNameTheFile) {
+  auto missing = TokenFile::Open(TempPath("no_such_tokens.bin"));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("no_such_tokens.bin"), absl::string_view::npos);
+
+  const std::string odd = TempPath("odd.bin");
+  WriteBytes(odd, {1, 2, 3});
+  auto u16 = TokenFile::Open(odd, TokenType::kU16);
+  ASSERT_FALSE(u16.ok());
+  EXPECT_NE(u16.status().message().find("odd.bin"), absl::string_view::npos);
+  EXPECT_NE(u16.status().message().find("u16"), absl::string_view::npos);
+
+  const std::string empty = TempPath("empty.bin");
+  WriteBytes(empty, {});
+  EXPECT_FALSE(TokenFile::Open(empty).ok());
+}
+
+TEST(RandomWindowSampler, WindowsFollowTheReferenceDefinition) {
+  auto data = Counting(5000);
+  const int64_t B = 4, T = 8;
+  auto sampler = RandomWindowSampler::Create(data, B, T, /*base_seed=*/1234, /*rank=*/1);
+  ASSERT_TRUE(sampler.ok()) << sampler.status();
+  // SplitMix64(1234 + 1).Next() mod (5000 - 8), eight draws, from an independent Python
+  // implementation; the second batch continues the same stream.
+  const int64_t expected[2][4] = {{3586, 659, 2470, 689}, {135, 1733, 2809, 3599}};
+  for (int step = 0; step < 2; ++step) {
+    Batch batch = sampler->Next();
+    ASSERT_EQ(batch.inputs.shape(), (Shape{B, T}));
+    ASSERT_EQ(batch.targets.shape(), (Shape{B, T}));
+    ASSERT_EQ(batch.inputs.dtype(), DType::kI32);
+    ASSERT_EQ(batch.targets.dtype(), DType::kI32);
+    const int32_t* x = batch.inputs.data<int32_t>();
+    const int32_t* y = batch.targets.data<int32_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < T; ++t) {
+        EXPECT_EQ(x[b * T + t], expected[step][b] + t) << "step " << step << " b " << b;
+        EXPECT_EQ(y[b * T + t], expected[step][b] + t + 1) << "step " << step << " b " << b;
+      }
+    }
+  }
+  // Rank 0 draws from seed 1234: a different stream.
+  auto rank0 = RandomWindowSampler::Create(data, B, T, 1234, 0);
+  ASSERT_TRUE(rank0.ok());
+  EXPECT_EQ(rank0->NextStarts(), (std::vector<int64_t>{2395, 2852, 4954, 1587}));
+}
+
+TEST(RandomWindowSampler, RestoredStateResumesStream) {
+  auto data = Counting(300);
+  auto a = RandomWindowSampler::Create(data, 3, 10, 5, 0);
+  ASSERT_TRUE(a.ok());
+  a->Next();
+  auto b = RandomWindowSampler::Create(data, 3, 10, 99, 0);
+  ASSERT_TRUE(b.ok());
+  b->set_rng_state(a->rng_state());
+  EXPECT_EQ(a->NextStarts(), b->NextStarts());
+}
+
+TEST(RandomWindowSampler, EveryStartIsReachableAndWindowsFit) {
+  // N - T = 3 possible starts; the last window's target ends exactly at the last token.
+  auto data = Counting(11);
+  auto s = RandomWindowSampler::Create(data, 5, 8, 0, 0);
+  ASSERT_TRUE(s.ok());
+  std::set<int64_t> seen;
+  for (int i = 0; i < 50; ++i) {
+    Batch batch = s->Next();
+    const int32_t* y = batch.targets.data<int32_t>();
+    for (int b = 0; b < 5; ++b) {
+      seen.insert(y[b * 8] - 1);
+      EXPECT_LE(y[b * 8 + 7], 10);
+    }
+  }
+  EXPECT_EQ(seen, (std::set<int64_t>{0, 1, 2}));
+}
+
+TEST(RandomWindowSampler, RejectsDataShorterThanAWindow) {
+  auto s = RandomWindowSampler::Create(Counting(8), 1, 8, 0, 0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("at least 9"), absl::string_view::npos) << s.status();
+  EXPECT_FALSE(RandomWindowSampler::Create(Counting(100), 0, 8, 0, 0).ok());
+}
+
+TEST(RandomWindowSampler, ReferenceRunOnMobyDick) {
+  auto path = FindDataFile(kMobyDickText);
+  if (!path.ok()) GTEST_SKIP() << "Moby Dick not installed: " << path.status().message();
+  auto file = TokenFile::Open(*path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ(file->size(), 1204997);
+  auto data = std::make_shared<const TokenFile>(std::move(*file));
+  auto s = RandomWindowSampler::Create(data, 16, 128, 1234, 0);
+  ASSERT_TRUE(s.ok());
+  Batch batch = s->Next();
+  // Starts from the independent Python implementation, and the text at the first one.
+  const int64_t starts[16] = {151852, 720308, 301984, 1141392, 1071645, 816146, 269845, 1198766,
+                              833379, 658589, 627279, 1175582, 1054149, 452073, 153143, 754508};
+  const int32_t* x = batch.inputs.data<int32_t>();
+  const int32_t* y = batch.targets.data<int32_t>();
+  for (int b = 0; b < 16; ++b) {
+    EXPECT_EQ(x[b * 128], (*data)[starts[b]]) << b;
+    EXPECT_EQ(y[b * 128 + 127], (*data)[starts[b] + 128]) << b;
+  }
+  const std::string text = "e scowl, Captain Pel";
+  for (size_t i = 0; i < text.size(); ++i) EXPECT_EQ(x[i], uint8_t(text[i])) << i;
+}
+
+// Start positions of the rows of the batches a rank reads in one pass.
+std::vector<int32_t> FirstTokens(SequentialLoader& l, int batches, int64_t B, int64_t T) {
+  std::vector<int32_t> starts;
+  for (int i = 0; i < batches; ++i) {
+    Batch batch = l.Next();
+    const int32_t* x = batch.inputs.data<int32_t>();
+    const int32_t* y = batch.targets.data<int32_t>();
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < T; ++t) {
+        EXPECT_EQ(x[b * T + t], x[b * T] + t);
+        EXPECT_EQ(y[b * T + t], x[b * T] + t + 1);
+      }
+      starts.push_back(x[b * T]);
+    }
+  }
+  return starts;
+}
+
+TEST(SequentialLoader, RanksReadDisjointChunksAndWrapTogether) {
+  const int64_t B = 2, T = 5;
+  auto data = Counting(100);
+  for (int world : {1, 2, 3}) {
+    std::set<int32_t> covered;
+    for (int rank = 0; rank < world; ++rank) {
+      auto l = SequentialLoader::Create(data, B, T, rank, world);
+      ASSERT_TRUE(l.ok()) << l.status();
+      const int64_t per_pass = 99 / (world * B * T);
+      ASSERT_EQ(l->batches_per_pass(), per_pass);
+      std::vector<int32_t> pass1 = FirstTokens(*l, int(per_pass), B, T);
+      // Batch k of rank r starts at (k*W + r)*B*T; row b at that + b*T.
+      for (int64_t k = 0; k < per_pass; ++k) {
+        for (int64_t b = 0; b < B; ++b) {
+          EXPECT_EQ(pass1[k * B + b], (k * world + rank) * B * T + b * T)
+              << "world " << world << " rank " << rank << " batch " << k;
+        }
+      }
+      for (int32_t s : pass1) {
+        for (int t = 0; t < T; ++t) {
+          EXPECT_TRUE(covered.insert(s + t).second)
+              << "position " << s + t << " read twice (world " << world << ")";
+        }
+      }
+      // The next pass repeats the first exactly.
+      EXPECT_EQ(l->step(), 0);
+      EXPECT_EQ(FirstTokens(*l, int(per_pass), B, T), pass1);
+    }
+    // Together the ranks cover the file up to the skipped tail.
+    const int64_t used = (99 / (world * B * T)) * world * B * T;
+    EXPECT_EQ(int64_t(covered.size()), used);
+    EXPECT_EQ(*covered.rbegin(), used - 1);
+  }
+}
+
+TEST(SequentialLoader, UsesTheLastTokenWhenItFitsExactly) {
+  // 31 = 3*2*5 + 1 tokens: one batch per rank, rank 2's last target is token 30.
+  auto data = Counting(31);
+  auto l = SequentialLoader::Create(data, 2, 5, 2, 3);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->batches_per_pass(), 1);
+  Batch b = l->Next();
+  EXPECT_EQ(b.targets.data<int32_t>()[9], 30);
+  EXPECT_EQ(l->position(), 20);  // wrapped back to its start
+  EXPECT_FALSE(SequentialLoader::Create(Counting(30), 2, 5, 2, 3).ok());
+  EXPECT_FALSE(SequentialLoader::Create(data, 2, 5, 3, 3).ok());
+}
+
+}  // namespace
+}  // namespace braid::data
