@@ -14,11 +14,17 @@ namespace braid {
 // folders given here (the training program adds its runfiles' plugin folders).
 std::vector<std::string> PluginSearchPath(const std::vector<std::string>& extra = {});
 
-// Loads "name" (found as lib<name>.so or braid_<name>.so ... on the search path; see plugin.cc)
-// or an explicit path to a .so. Loading the same file twice is a no-op. Errors name the file,
-// the folders searched, and the reason (not found, dlopen's message, missing entry point,
-// ABI version mismatch, registration failure).
-absl::Status LoadPlugin(const std::string& name_or_path, const std::vector<std::string>& search_path);
+// Loads a plugin given either
+//   - a name ("ddp": letters, digits, '_', '-'): for each folder D of `search_path` in order,
+//     D/libbraid_<name>.so then D/<name>/libbraid_<name>.so (the file the braid_plugin macro
+//     of core/plugin.bzl builds, in the plugins/<name>/ layout); the first that exists wins, or
+//   - a path (anything containing '/' or ending in ".so"), relative to the working directory.
+// Loading the same file twice (by name or path, through symlinks too) is a no-op. Errors name
+// the file (or the name and every path tried), and the reason: not found, dlopen's message, a
+// missing entry point, an ABI version mismatch, or a failed registration. Plugins are never
+// unloaded: their factories and kernels stay referenced for the life of the process.
+absl::Status LoadPlugin(const std::string& name_or_path,
+                        const std::vector<std::string>& search_path);
 
 // Makes sure strategy `name` is registered, loading plugin `name` from the search path if not.
 absl::Status EnsureStrategy(const std::string& name, const std::vector<std::string>& search_path);

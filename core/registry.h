@@ -27,6 +27,12 @@ class Registry {
   bool HasStrategy(const std::string& name) const;
   std::vector<std::string> StrategyNames() const;
 
+  // LoadPlugin brackets a plugin's register call with these (on one thread): AddStrategy calls
+  // in between that keep the default origin are attributed to `plugin`, and their errors are
+  // handed back so that the load fails saying why, even if the plugin ignored them.
+  void BeginPluginRegistration(const std::string& plugin);
+  std::vector<std::string> EndPluginRegistration();
+
  private:
   Registry() = default;
   struct Entry {

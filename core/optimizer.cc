@@ -1,0 +1,288 @@
+#include "core/optimizer.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/kernels.h"
+
+namespace braid {
+
+void Optimizer::ZeroGrad() {
+  for (ParamGroup& g : groups_) {
+    for (Tensor& p : g.params) p.ZeroGrad();
+  }
+}
+
+void Optimizer::SetLearningRate(float lr) {
+  for (ParamGroup& g : groups_) g.lr = lr;
+}
+
+namespace {
+
+constexpr char kStepKey[] = "step";
+
+// Per-parameter state tensors ("slots", named as PyTorch names them), allocated on a parameter's
+// device the first time it is stepped, and the state dict built from them. One step counter for
+// the whole optimizer: every parameter of a training step has a gradient in Braid's strategies.
+class SlottedOptimizer : public Optimizer {
+ protected:
+  SlottedOptimizer(std::vector<ParamGroup> groups, std::vector<std::string> slot_names)
+      : Optimizer(std::move(groups)), slot_names_(std::move(slot_names)) {}
+
+  // Grows the state to match param_groups() (callers may add parameters after construction).
+  void SyncState() {
+    state_.resize(groups_.size());
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      state_[g].resize(groups_[g].params.size(), std::vector<Tensor>(slot_names_.size()));
+    }
+  }
+
+  bool HasState(size_t g, size_t i) const { return state_[g][i][0].defined(); }
+
+  Tensor& Slot(size_t g, size_t i, size_t slot) {
+    Tensor& s = state_[g][i][slot];
+    if (!s.defined()) {
+      const Tensor& p = groups_[g].params[i];
+      s = Tensor::Zeros(p.shape(), DType::kF32, p.device());
+    }
+    return s;
+  }
+
+  // The parameter's gradient, checked against it; undefined when it has none this step.
+  static Tensor GradOf(const Tensor& p, const char* optimizer) {
+    Tensor grad = p.grad();
+    if (!grad.defined()) return grad;
+    BRAID_CHECK(p.dtype() == DType::kF32 && grad.dtype() == DType::kF32)
+        << optimizer << " steps f32 parameters with f32 gradients; got parameter "
+        << p.DescribeForError() << " with gradient " << grad.DescribeForError();
+    BRAID_CHECK(grad.shape() == p.shape() && grad.device() == p.device())
+        << optimizer << ": gradient " << grad.DescribeForError() << " does not match parameter "
+        << p.DescribeForError();
+    return grad;
+  }
+
+  // A parameter's key: its name when that names it alone among this optimizer's parameters,
+  // otherwise "<group>.<index>" (flat shards and unnamed tensors).
+  std::vector<std::vector<std::string>> Keys() const {
+    std::map<std::string, int> uses;
+    for (const ParamGroup& g : groups_) {
+      for (const Tensor& p : g.params) uses[p.name()]++;
+    }
+    std::vector<std::vector<std::string>> keys(groups_.size());
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+        const std::string& n = groups_[g].params[i].name();
+        keys[g].push_back(!n.empty() && uses[n] == 1 ? n : absl::StrCat(g, ".", i));
+      }
+    }
+    return keys;
+  }
+
+ public:
+  std::map<std::string, Tensor> StateDict() const override {
+    std::map<std::string, Tensor> out;
+    out[kStepKey] = Tensor::FromVector(std::vector<int64_t>{step_}, {});
+    auto keys = Keys();
+    for (size_t g = 0; g < state_.size(); ++g) {
+      for (size_t i = 0; i < state_[g].size(); ++i) {
+        for (size_t s = 0; s < slot_names_.size(); ++s) {
+          if (state_[g][i][s].defined()) {
+            out[absl::StrCat(keys[g][i], ".", slot_names_[s])] = state_[g][i][s];
+          }
+        }
+      }
+    }
+    return out;
+  }
+
+  absl::Status LoadStateDict(const std::map<std::string, Tensor>& state) override {
+    SyncState();
+    auto keys = Keys();
+    std::vector<std::string> missing, unexpected, mismatched;
+    std::map<std::string, bool> known;  // every key this optimizer could have
+    auto step_it = state.find(kStepKey);
+    if (step_it == state.end()) {
+      missing.push_back(kStepKey);
+    } else if (!step_it->second.defined() || step_it->second.numel() != 1) {
+      mismatched.push_back(absl::StrCat(kStepKey, " (must hold one number)"));
+    }
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+        const Tensor& p = groups_[g].params[i];
+        std::vector<std::string> absent;
+        for (const std::string& slot : slot_names_) {
+          std::string key = absl::StrCat(keys[g][i], ".", slot);
+          known[key] = true;
+          auto it = state.find(key);
+          if (it == state.end()) {
+            absent.push_back(key);
+          } else if (!it->second.defined() || it->second.shape() != p.shape()) {
+            mismatched.push_back(absl::StrCat(
+                key, " (parameter ", ShapeToString(p.shape()), ", given ",
+                it->second.defined() ? ShapeToString(it->second.shape()) : "undefined", ")"));
+          }
+        }
+        // A parameter never stepped has no state at all; partial state is a broken dict.
+        if (absent.size() != slot_names_.size()) {
+          missing.insert(missing.end(), absent.begin(), absent.end());
+        }
+      }
+    }
+    for (const auto& [key, t] : state) {
+      if (key != kStepKey && !known.count(key)) unexpected.push_back(key);
+    }
+    if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
+      std::string msg = absl::StrCat("cannot load ", name(), " state:");
+      if (!missing.empty())
+        absl::StrAppend(&msg, " missing keys: ", absl::StrJoin(missing, ", "), ";");
+      if (!unexpected.empty()) {
+        absl::StrAppend(&msg, " unexpected keys: ", absl::StrJoin(unexpected, ", "), ";");
+      }
+      if (!mismatched.empty()) {
+        absl::StrAppend(&msg, " mismatched: ", absl::StrJoin(mismatched, ", "), ";");
+      }
+      absl::StrAppend(&msg, " keys are '<parameter name or group.index>.<",
+                      absl::StrJoin(slot_names_, "|"),
+                      ">' and 'step', for the same parameters "
+                      "in the same groups");
+      return absl::InvalidArgumentError(msg);
+    }
+    const Tensor& step = step_it->second;
+    step_ = step.dtype() == DType::kI64 ? step.To(Device::CPU()).ToVector<int64_t>()[0]
+                                        : int64_t(step.item());
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+        for (size_t s = 0; s < slot_names_.size(); ++s) {
+          auto it = state.find(absl::StrCat(keys[g][i], ".", slot_names_[s]));
+          if (it == state.end()) {
+            state_[g][i][s] = Tensor();
+          } else {
+            Slot(g, i, s).CopyFrom(it->second);
+          }
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ protected:
+  int64_t step_ = 0;
+
+ private:
+  std::vector<std::string> slot_names_;
+  std::vector<std::vector<std::vector<Tensor>>> state_;  // [group][param][slot]
+};
+
+class AdamW final : public SlottedOptimizer {
+ public:
+  AdamW(std::vector<ParamGroup> groups, AdamWOptions opts)
+      : SlottedOptimizer(std::move(groups), {"exp_avg", "exp_avg_sq"}), opts_(opts) {}
+
+  std::string name() const override { return "AdamW"; }
+
+  void Step() override {
+    SyncState();
+    ++step_;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const ParamGroup& group = groups_[g];
+      kernels::AdamWParams params{group.lr,  opts_.beta1,        opts_.beta2,
+                                  opts_.eps, group.weight_decay, step_};
+      for (size_t i = 0; i < group.params.size(); ++i) {
+        Tensor p = group.params[i];
+        Tensor grad = GradOf(p, "AdamW");
+        if (!grad.defined()) continue;
+        kernels::adamw.Get(p.device())(p, grad, Slot(g, i, 0), Slot(g, i, 1), params);
+      }
+    }
+  }
+
+ private:
+  AdamWOptions opts_;
+};
+
+class Sgd final : public SlottedOptimizer {
+ public:
+  Sgd(std::vector<ParamGroup> groups, SgdOptions opts)
+      : SlottedOptimizer(std::move(groups), {"momentum_buffer"}), opts_(opts) {}
+
+  std::string name() const override { return "SGD"; }
+
+  void Step() override {
+    SyncState();
+    ++step_;
+    const bool momentum = opts_.momentum != 0.0f;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const ParamGroup& group = groups_[g];
+      for (size_t i = 0; i < group.params.size(); ++i) {
+        Tensor p = group.params[i];
+        Tensor grad = GradOf(p, "SGD");
+        if (!grad.defined()) continue;
+        kernels::SgdParams params{group.lr,
+                                  opts_.momentum,
+                                  opts_.dampening,
+                                  group.weight_decay,
+                                  opts_.nesterov,
+                                  /*first_step=*/momentum && !HasState(g, i)};
+        Tensor none;
+        kernels::sgd.Get(p.device())(p, grad, momentum ? Slot(g, i, 0) : none, params);
+      }
+    }
+  }
+
+ private:
+  SgdOptions opts_;
+};
+
+class Constant final : public LrSchedule {
+ public:
+  explicit Constant(float lr) : lr_(lr) {}
+  float At(int64_t) const override { return lr_; }
+
+ private:
+  float lr_;
+};
+
+class WarmupCosine final : public LrSchedule {
+ public:
+  WarmupCosine(float max_lr, float min_lr, int64_t warmup, int64_t total)
+      : max_(max_lr), min_(min_lr), warmup_(warmup), total_(total) {}
+
+  float At(int64_t step) const override {
+    if (step < warmup_) return float(double(max_) * double(step) / double(warmup_));
+    if (step >= total_) return min_;
+    double progress = double(step - warmup_) / double(total_ - warmup_);
+    return float(min_ + 0.5 * (double(max_) - min_) * (1.0 + std::cos(M_PI * progress)));
+  }
+
+ private:
+  float max_, min_;
+  int64_t warmup_, total_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> MakeAdamW(std::vector<ParamGroup> groups, AdamWOptions opts) {
+  BRAID_CHECK(opts.beta1 >= 0 && opts.beta1 < 1 && opts.beta2 >= 0 && opts.beta2 < 1)
+      << "AdamW betas must be in [0, 1): got " << opts.beta1 << ", " << opts.beta2;
+  return std::make_unique<AdamW>(std::move(groups), opts);
+}
+
+std::unique_ptr<Optimizer> MakeSgd(std::vector<ParamGroup> groups, SgdOptions opts) {
+  BRAID_CHECK(!opts.nesterov || (opts.momentum > 0 && opts.dampening == 0))
+      << "SGD with Nesterov momentum needs momentum > 0 and dampening 0 (got momentum "
+      << opts.momentum << ", dampening " << opts.dampening << ")";
+  return std::make_unique<Sgd>(std::move(groups), opts);
+}
+
+std::unique_ptr<LrSchedule> ConstantLr(float lr) { return std::make_unique<Constant>(lr); }
+
+std::unique_ptr<LrSchedule> WarmupCosineLr(float max_lr, float min_lr, int64_t warmup,
+                                           int64_t total) {
+  BRAID_CHECK(warmup >= 0 && total >= warmup)
+      << "WarmupCosineLr needs 0 <= warmup <= total, got warmup " << warmup << ", total " << total;
+  return std::make_unique<WarmupCosine>(max_lr, min_lr, warmup, total);
+}
+
+}  // namespace braid

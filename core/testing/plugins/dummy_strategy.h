@@ -1,0 +1,35 @@
+// A strategy that does nothing, for the test plugins.
+#ifndef BRAID_CORE_TESTING_PLUGINS_DUMMY_STRATEGY_H_
+#define BRAID_CORE_TESTING_PLUGINS_DUMMY_STRATEGY_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/strategy.h"
+
+namespace braid::testing {
+
+class DummyStrategy : public Strategy {
+ public:
+  explicit DummyStrategy(std::string name) : name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+  absl::Status Setup(Module&, const OptimizerFactory&, const StrategyContext&) override {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<StepStats> TrainStep(const std::vector<Batch>&, const LossFn&) override {
+    return StepStats{};
+  }
+  Optimizer* optimizer() override { return nullptr; }
+  absl::StatusOr<std::map<std::string, Tensor>> FullStateDict() override {
+    return std::map<std::string, Tensor>{};
+  }
+
+ private:
+  std::string name_;
+};
+
+}  // namespace braid::testing
+
+#endif  // BRAID_CORE_TESTING_PLUGINS_DUMMY_STRATEGY_H_

@@ -1,0 +1,118 @@
+// The "single" strategy: the whole model on one device in one process, no communication.
+// Gradient accumulation scales each micro-batch's loss by 1/k, so with equal micro-batches the
+// step equals one step on their concatenation.
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "core/autograd.h"
+#include "core/ops.h"
+#include "core/plugin_api.h"
+#include "core/registry.h"
+#include "core/strategy.h"
+
+namespace braid {
+namespace {
+
+double Seconds(absl::Time from) { return absl::ToDoubleSeconds(absl::Now() - from); }
+
+// Moves `t`'s values to `device` in place: every handle to it (the model's included) follows.
+void MoveTo(const Tensor& t, Device device) {
+  if (t.device() == device) return;
+  Tensor moved = t.Detach().To(device);
+  t.impl()->storage = moved.storage();
+  t.impl()->offset = 0;
+  t.impl()->grad.reset();
+}
+
+class SingleStrategy final : public Strategy {
+ public:
+  std::string name() const override { return "single"; }
+
+  absl::Status Setup(Module& model, const OptimizerFactory& make_optimizer,
+                     const StrategyContext& ctx) override {
+    if (ctx.comm != nullptr && ctx.comm->size() != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("strategy 'single' trains on one rank but the world has ", ctx.comm->size(),
+                       " ranks; use a data-parallel strategy (e.g. ddp) or launch one process"));
+    }
+    if (!ctx.options.empty()) {
+      std::vector<std::string> keys;
+      for (const auto& [k, v] : ctx.options) keys.push_back(k);
+      return absl::InvalidArgumentError(absl::StrCat("strategy 'single' takes no options; remove ",
+                                                     absl::StrJoin(keys, ", "),
+                                                     " from the strategy section"));
+    }
+    if (!make_optimizer) {
+      return absl::InvalidArgumentError("strategy 'single': no optimizer factory given");
+    }
+    for (const auto& [n, p] : model.NamedParameters()) MoveTo(p, ctx.device);
+    for (const auto& [n, b] : model.NamedBuffers()) MoveTo(b, ctx.device);
+    optimizer_ = make_optimizer(model.NamedParameters());
+    if (optimizer_ == nullptr) {
+      return absl::InvalidArgumentError("strategy 'single': the optimizer factory returned null");
+    }
+    model_ = &model;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<StepStats> TrainStep(const std::vector<Batch>& micro_batches,
+                                      const LossFn& loss_fn) override {
+    if (model_ == nullptr) {
+      return absl::FailedPreconditionError("strategy 'single': TrainStep before Setup");
+    }
+    if (micro_batches.empty()) {
+      return absl::InvalidArgumentError("strategy 'single': TrainStep got no micro-batches");
+    }
+    StepStats stats;
+    optimizer_->ZeroGrad();
+    const float scale = 1.0f / float(micro_batches.size());
+    double loss_sum = 0;
+    for (size_t i = 0; i < micro_batches.size(); ++i) {
+      absl::Time start = absl::Now();
+      Tensor loss = loss_fn(*model_, micro_batches[i]);
+      if (!loss.defined() || loss.numel() != 1 || !loss.requires_grad()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "strategy 'single': the loss of micro-batch ", i, " is ", loss.DescribeForError(),
+            loss.defined() && !loss.requires_grad() ? " and depends on no trainable parameter" : "",
+            "; the loss function must return a scalar computed from the model's parameters"));
+      }
+      loss_sum += loss.item();
+      stats.forward_s += Seconds(start);
+      start = absl::Now();
+      ops::Scale(loss, scale).Backward();
+      stats.backward_s += Seconds(start);
+    }
+    absl::Time start = absl::Now();
+    optimizer_->Step();
+    stats.optimizer_s = Seconds(start);
+    stats.loss = float(loss_sum / double(micro_batches.size()));
+    return stats;
+  }
+
+  Optimizer* optimizer() override { return optimizer_.get(); }
+
+  absl::StatusOr<std::map<std::string, Tensor>> FullStateDict() override {
+    if (model_ == nullptr) {
+      return absl::FailedPreconditionError("strategy 'single': FullStateDict before Setup");
+    }
+    return model_->StateDict();
+  }
+
+ private:
+  Module* model_ = nullptr;
+  std::unique_ptr<Optimizer> optimizer_;
+};
+
+}  // namespace
+}  // namespace braid
+
+BRAID_PLUGIN(registry) {
+  absl::Status s =
+      registry->AddStrategy("single", [] { return std::make_unique<braid::SingleStrategy>(); });
+  return s.ok() ? 0 : 1;
+}
