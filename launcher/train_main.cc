@@ -1,0 +1,112 @@
+// The training program: reads a config, trains, reports. Usually started by //launcher, which
+// sets RANK / WORLD_SIZE; runs on its own as a single process too.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "backends/cpu/cpu_backend.h"
+#include "core/check.h"
+#include "core/config/config.h"
+#include "launcher/trainer.h"
+#include "tools/cpp/runfiles/runfiles.h"
+
+ABSL_FLAG(std::string, config, "",
+          "training config (.pbtxt/.textproto/.txt text format, or .json); empty = the reference "
+          "run (gpt-mini on Moby Dick)");
+ABSL_FLAG(int, steps, 0, "override the config's steps (> 0)");
+ABSL_FLAG(int, threads, 0, "override the config's threads (> 0)");
+ABSL_FLAG(std::string, strategy, "", "override the config's strategy name");
+ABSL_FLAG(std::string, init_from, "", "override: start from these safetensors weights");
+ABSL_FLAG(std::string, save_to, "", "override: write the final weights here (safetensors)");
+ABSL_FLAG(std::string, log_dir, "",
+          "folder for metrics.jsonl and train.log (default: the config's log.dir, else "
+          "runs/<model>-<time> in the workspace)");
+ABSL_FLAG(bool, print_config, false, "print the effective config (text format) and exit");
+
+namespace {
+
+using bazel::tools::cpp::runfiles::Runfiles;
+
+int EnvInt(const char* name, int def) {
+  const char* v = std::getenv(name);
+  int out;
+  return v && absl::SimpleAtoi(v, &out) ? out : def;
+}
+
+absl::Status Run(const char* argv0) {
+  using braid::config::TrainConfig;
+  TrainConfig cfg;
+  std::string path = absl::GetFlag(FLAGS_config);
+  if (!path.empty()) {
+    BRAID_ASSIGN_OR_RETURN(cfg, braid::config::LoadConfigFile(path));
+  }
+  if (absl::GetFlag(FLAGS_steps) > 0) cfg.set_steps(absl::GetFlag(FLAGS_steps));
+  if (absl::GetFlag(FLAGS_threads) > 0) cfg.set_threads(absl::GetFlag(FLAGS_threads));
+  if (!absl::GetFlag(FLAGS_strategy).empty()) cfg.mutable_strategy()->set_name(absl::GetFlag(FLAGS_strategy));
+  if (!absl::GetFlag(FLAGS_init_from).empty()) cfg.set_init_from(absl::GetFlag(FLAGS_init_from));
+  if (!absl::GetFlag(FLAGS_save_to).empty()) cfg.set_save_to(absl::GetFlag(FLAGS_save_to));
+
+  braid::launcher::TrainerEnv env;
+  env.rank = EnvInt("RANK", 0);
+  env.world_size = EnvInt("WORLD_SIZE", 1);
+  BRAID_RETURN_IF_ERROR(braid::config::ValidateConfig(&cfg, env.world_size, /*features=*/{}));
+  if (absl::GetFlag(FLAGS_print_config)) {
+    std::printf("%s", braid::config::ConfigToText(cfg).c_str());
+    return absl::OkStatus();
+  }
+  braid::cpu::SetNumThreads(cfg.threads());
+
+  // Plugins ship in this program's runfiles (plugins/<name>/libbraid_<name>.so).
+  std::string error;
+  std::unique_ptr<Runfiles> rf(Runfiles::Create(argv0, &error));
+  if (rf) {
+    std::string marker = rf->Rlocation("braid/plugins/single/libbraid_single.so");
+    if (!marker.empty() && access(marker.c_str(), R_OK) == 0) {
+      std::string plugins = marker.substr(0, marker.rfind("/single/"));
+      env.plugin_search_path.push_back(plugins + "/single");
+      env.plugin_search_path.push_back(plugins);
+    }
+  }
+  std::string exe_dir = std::string(argv0).substr(0, std::string(argv0).rfind('/') + 1);
+  env.plugin_search_path.push_back(exe_dir + "plugins");
+
+  std::string log_dir = absl::GetFlag(FLAGS_log_dir);
+  if (log_dir.empty()) log_dir = cfg.log().dir();
+  if (log_dir.empty()) {
+    const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+    std::string base = ws ? ws : ".";
+    log_dir = absl::StrCat(base, "/runs/", cfg.model().name(), "-",
+                           absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()));
+  }
+  if (std::system(absl::StrCat("mkdir -p '", log_dir, "'").c_str()) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot create log folder '", log_dir, "'"));
+  }
+  env.log_dir = log_dir;
+  env.interactive = isatty(fileno(stdout)) && !cfg.log().quiet();
+  BRAID_ASSIGN_OR_RETURN(auto result, braid::launcher::Train(cfg, env));
+  (void)result;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("Braid training program: train --config=FILE [overrides]");
+  absl::ParseCommandLine(argc, argv);
+  absl::Status st = Run(argv[0]);
+  if (!st.ok()) {
+    std::fprintf(stderr, "braid train: %s\n", std::string(st.message()).c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,389 @@
+#include "launcher/trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "core/allocator.h"
+#include "core/check.h"
+#include "core/autograd.h"
+#include "core/in_process_communicator.h"
+#include "core/ops.h"
+#include "core/optimizer.h"
+#include "core/plugin.h"
+#include "core/registry.h"
+#include "core/safetensors.h"
+#include "core/strategy.h"
+#include "models/data/distributed_sampler.h"
+#include "models/data/find_data.h"
+#include "models/data/mnist.h"
+#include "models/data/token_data.h"
+#include "models/gpt/gpt.h"
+#include "models/mlp/mlp.h"
+
+namespace braid::launcher {
+
+namespace {
+
+using config::TrainConfig;
+
+// Where batches come from: one of the token samplers or MNIST.
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  virtual Batch Next() = 0;
+  virtual int64_t TokensPerBatch() const = 0;  // tokens (or samples) one batch carries
+};
+
+class RandomWindows : public BatchSource {
+ public:
+  explicit RandomWindows(data::RandomWindowSampler s) : s_(std::move(s)) {}
+  Batch Next() override { return s_.Next(); }
+  int64_t TokensPerBatch() const override { return s_.batch() * s_.context(); }
+
+ private:
+  data::RandomWindowSampler s_;
+};
+
+class Sequential : public BatchSource {
+ public:
+  Sequential(data::SequentialLoader s, int64_t tokens) : s_(std::move(s)), tokens_(tokens) {}
+  Batch Next() override { return s_.Next(); }
+  int64_t TokensPerBatch() const override { return tokens_; }
+
+ private:
+  data::SequentialLoader s_;
+  int64_t tokens_;
+};
+
+class MnistBatches : public BatchSource {
+ public:
+  MnistBatches(data::MnistData train, data::DistributedSampler sampler, int64_t batch, Device d)
+      : train_(std::move(train)), sampler_(std::move(sampler)), batch_(batch), device_(d) {}
+  Batch Next() override {
+    std::vector<float> x(size_t(batch_ * data::kMnistPixels));
+    std::vector<int32_t> y(static_cast<size_t>(batch_));
+    const float* img = train_.images.data<float>();
+    const int32_t* lab = train_.labels.data<int32_t>();
+    for (int64_t b = 0; b < batch_; ++b) {
+      if (pos_ >= int64_t(order_.size())) {
+        order_ = sampler_.Indices(epoch_++);
+        pos_ = 0;
+      }
+      int64_t i = order_[size_t(pos_++)];
+      std::copy(img + i * data::kMnistPixels, img + (i + 1) * data::kMnistPixels,
+                x.begin() + b * data::kMnistPixels);
+      y[size_t(b)] = lab[i];
+    }
+    return Batch{Tensor::FromVector(x, {batch_, data::kMnistPixels}, device_),
+                 Tensor::FromVector(y, {batch_}, device_)};
+  }
+  int64_t TokensPerBatch() const override { return batch_; }
+
+ private:
+  data::MnistData train_;
+  data::DistributedSampler sampler_;
+  int64_t batch_;
+  Device device_;
+  std::vector<int64_t> order_;
+  int64_t pos_ = 0, epoch_ = 0;
+};
+
+absl::StatusOr<std::unique_ptr<Module>> BuildModel(const TrainConfig& cfg, Device device) {
+  const auto& m = cfg.model();
+  if (m.name() == "mlp") {
+    models::MlpConfig mc;
+    mc.seed = cfg.seed();
+    if (m.has_n_embd()) mc.hidden = m.n_embd();
+    if (m.has_n_layer() && m.n_layer() != 1) {
+      return absl::UnimplementedError(absl::StrCat(
+          "model.n_layer = ", m.n_layer(), " for mlp: Braid's mlp has exactly one hidden layer"));
+    }
+    return std::unique_ptr<Module>(std::make_unique<models::Mlp>(mc, device));
+  }
+  BRAID_ASSIGN_OR_RETURN(models::GptConfig gc, models::GptConfig::ByName(m.name()));
+  if (m.has_n_layer()) gc.n_layer = m.n_layer();
+  if (m.has_n_head()) gc.n_head = m.n_head();
+  if (m.has_n_embd()) gc.n_embd = m.n_embd();
+  if (m.has_block_size()) gc.block_size = m.block_size();
+  if (m.has_vocab_size()) {
+    gc.vocab_size = m.vocab_size();
+    gc.padded_vocab_size = std::max<int64_t>(gc.vocab_size, (gc.vocab_size + 63) / 64 * 64);
+    if (gc.vocab_size == 256) gc.padded_vocab_size = 256;
+  }
+  gc.seed = cfg.seed();
+  return std::unique_ptr<Module>(std::make_unique<models::Gpt>(gc, device));
+}
+
+int64_t ContextOf(const TrainConfig& cfg, Module& model) {
+  if (auto* g = dynamic_cast<models::Gpt*>(&model)) return g->config().block_size;
+  return 1;
+}
+
+absl::StatusOr<std::unique_ptr<BatchSource>> BuildData(const TrainConfig& cfg, Module& model,
+                                                       const TrainerEnv& env, Device device) {
+  const auto& d = cfg.data();
+  int64_t batch = cfg.train_micro_batch_size_per_gpu();
+  if (d.dataset() == "mnist") {
+    BRAID_ASSIGN_OR_RETURN(data::MnistSplit split, data::LoadMnist());
+    data::DistributedSamplerOptions o;
+    o.seed = d.seed();
+    BRAID_ASSIGN_OR_RETURN(auto sampler, data::DistributedSampler::Create(
+                                             split.train.size(), env.rank, env.world_size, o));
+    return std::unique_ptr<BatchSource>(
+        std::make_unique<MnistBatches>(std::move(split.train), std::move(sampler), batch, device));
+  }
+  std::string path = d.path();
+  if (path.empty()) {
+    BRAID_ASSIGN_OR_RETURN(path, data::FindDataFile(data::kMobyDickText));
+  }
+  data::TokenType tt = d.token_dtype() == "u16" ? data::TokenType::kU16 : data::TokenType::kU8;
+  BRAID_ASSIGN_OR_RETURN(data::TokenFile file, data::TokenFile::Open(path, tt));
+  auto shared = std::make_shared<const data::TokenFile>(std::move(file));
+  int64_t t = ContextOf(cfg, model);
+  if (d.sampler() == "sequential") {
+    BRAID_ASSIGN_OR_RETURN(auto s, data::SequentialLoader::Create(shared, batch, t, env.rank,
+                                                                  env.world_size, device));
+    return std::unique_ptr<BatchSource>(std::make_unique<Sequential>(std::move(s), batch * t));
+  }
+  BRAID_ASSIGN_OR_RETURN(auto s, data::RandomWindowSampler::Create(shared, batch, t, d.seed(),
+                                                                   env.rank, device));
+  return std::unique_ptr<BatchSource>(std::make_unique<RandomWindows>(std::move(s)));
+}
+
+OptimizerFactory MakeOptimizerFactory(const TrainConfig& cfg) {
+  return [cfg](const std::vector<std::pair<std::string, Tensor>>& named) {
+    const auto& p = cfg.optimizer().params();
+    // Weight decay on 2-D weights only (embeddings and Linear weights), as GPT training does.
+    ParamGroup decay, no_decay;
+    decay.lr = no_decay.lr = float(p.lr());
+    decay.weight_decay = float(p.weight_decay());
+    no_decay.weight_decay = 0.0f;
+    for (auto& [name, t] : named) (t.ndim() >= 2 ? decay : no_decay).params.push_back(t);
+    std::vector<ParamGroup> groups;
+    for (ParamGroup* g : {&decay, &no_decay}) {
+      if (!g->params.empty()) groups.push_back(*g);
+    }
+    if (cfg.optimizer().type() == "SGD") {
+      SgdOptions o;
+      o.momentum = float(p.momentum());
+      o.nesterov = p.nesterov();
+      return MakeSgd(std::move(groups), o);
+    }
+    AdamWOptions o;
+    o.beta1 = float(p.betas(0));
+    o.beta2 = float(p.betas(1));
+    o.eps = float(p.eps());
+    return MakeAdamW(std::move(groups), o);
+  };
+}
+
+std::unique_ptr<LrSchedule> MakeSchedule(const TrainConfig& cfg) {
+  if (cfg.scheduler().type() == "WarmupCosine") {
+    const auto& s = cfg.scheduler().params();
+    return WarmupCosineLr(float(s.warmup_max_lr()), float(s.min_lr()), s.warmup_num_steps(),
+                          s.total_num_steps());
+  }
+  return ConstantLr(float(cfg.optimizer().params().lr()));
+}
+
+std::string FormatDuration(double s) {
+  if (!(s >= 0) || s > 1e7) return "?";
+  int64_t t = int64_t(s + 0.5);
+  if (t >= 3600) return absl::StrFormat("%d:%02d:%02d", t / 3600, (t / 60) % 60, t % 60);
+  return absl::StrFormat("%d:%02d", t / 60, t % 60);
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Prints to the console (rank 0) and appends to train.log.
+class Reporter {
+ public:
+  Reporter(const TrainerEnv& env) : env_(env) {
+    if (!env.log_dir.empty()) {
+      log_.open(env.log_dir + "/train.log", std::ios::app);
+      metrics_.open(env.log_dir + "/metrics.jsonl", std::ios::trunc);
+    }
+  }
+  void Line(const std::string& s) {
+    if (env_.rank == 0) {
+      if (pending_progress_) std::fputc('\n', stdout);
+      pending_progress_ = false;
+      std::fprintf(stdout, "%s\n", s.c_str());
+      std::fflush(stdout);
+    }
+    if (log_.is_open()) log_ << s << "\n" << std::flush;
+  }
+  void Progress(const std::string& s, bool keep) {
+    if (env_.rank == 0) {
+      if (env_.interactive) {
+        std::fprintf(stdout, "\r%s\033[K", s.c_str());
+        pending_progress_ = true;
+        if (keep) {
+          std::fputc('\n', stdout);
+          pending_progress_ = false;
+        }
+      } else if (keep) {
+        std::fprintf(stdout, "%s\n", s.c_str());
+      }
+      std::fflush(stdout);
+    }
+    if (keep && log_.is_open()) log_ << s << "\n" << std::flush;
+  }
+  void Metric(const std::string& json) {
+    if (metrics_.is_open()) metrics_ << json << "\n" << std::flush;
+  }
+  bool ok() const { return env_.log_dir.empty() || (log_.is_open() && metrics_.is_open()); }
+
+ private:
+  const TrainerEnv& env_;
+  std::ofstream log_, metrics_;
+  bool pending_progress_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env) {
+  BRAID_ASSIGN_OR_RETURN(Device device, Device::Parse(cfg.device()));
+  if (device.type != DeviceType::kCPU) {
+    return absl::UnimplementedError(absl::StrCat(
+        "device '", cfg.device(), "': this build has no CUDA backend yet; use device: \"cpu\""));
+  }
+  Reporter rep(env);
+  if (!rep.ok()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot write train.log / metrics.jsonl in '", env.log_dir, "'"));
+  }
+
+  BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Module> model, BuildModel(cfg, device));
+  if (!cfg.init_from().empty()) {
+    BRAID_ASSIGN_OR_RETURN(auto weights, LoadSafetensors(cfg.init_from()));
+    // PyTorch's nanoGPT state dict also carries the tied head under its own name.
+    auto head = weights.find("lm_head.weight");
+    if (head != weights.end() && weights.count("wte.weight")) weights.erase(head);
+    absl::Status st = model->LoadStateDict(weights, /*strict=*/true);
+    if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat(cfg.init_from(), ": ", st.message()));
+  }
+
+  // The strategy: a plugin found by name on the search path, or an explicit .so.
+  const std::string& sname = cfg.strategy().name();
+  if (!cfg.strategy().path().empty()) {
+    BRAID_RETURN_IF_ERROR(LoadPlugin(cfg.strategy().path(), env.plugin_search_path));
+  }
+  BRAID_RETURN_IF_ERROR(EnsureStrategy(sname, PluginSearchPath(env.plugin_search_path)));
+  BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Strategy> strategy, Registry::Get().MakeStrategy(sname));
+
+  // One process: a world of one. Multi-process runs get their communicator from the
+  // distributed runtime.
+  if (env.world_size != 1) {
+    return absl::UnimplementedError("multi-process training needs the Gloo communicator plugin");
+  }
+  auto group = MakeInProcessGroup(1);
+  StrategyContext ctx;
+  ctx.comm = group[0].get();
+  ctx.device = device;
+  for (auto& [k, v] : cfg.strategy().options()) ctx.options[k] = v;
+  BRAID_RETURN_IF_ERROR(strategy->Setup(*model, MakeOptimizerFactory(cfg), ctx));
+
+  BRAID_ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source, BuildData(cfg, *model, env, device));
+  std::unique_ptr<LrSchedule> schedule = MakeSchedule(cfg);
+  LossFn loss_fn = [](Module& m, const Batch& b) { return ops::CrossEntropy(m(b.inputs), b.targets); };
+
+  const int steps = cfg.steps();
+  const int accum = cfg.gradient_accumulation_steps();
+  const int print_every = std::max(1, cfg.log().print_every());
+  const int64_t tokens_per_step = source->TokensPerBatch() * accum * env.world_size;
+  const char* unit = cfg.data().dataset() == "mnist" ? "samples" : "tok";
+  rep.Line(absl::StrFormat(
+      "braid: training %s (%d parameters) on %s, strategy %s, %d step(s) of %d %s "
+      "(micro-batch %d x %d accumulation x %d rank(s)), %d thread(s)",
+      cfg.model().name(), model->NumParameters(), cfg.data().dataset(), sname, steps,
+      tokens_per_step, unit, cfg.train_micro_batch_size_per_gpu(), accum, env.world_size,
+      cfg.threads()));
+
+  TrainResult result;
+  std::vector<double> step_times;
+  double fwd = 0, bwd = 0, comm = 0, opt = 0, total = 0;
+  GetAllocator(device)->ResetPeak();
+  absl::Time start = absl::Now();
+  for (int step = 0; step < steps; ++step) {
+    std::vector<Batch> micro;
+    for (int i = 0; i < accum; ++i) micro.push_back(source->Next());
+    float lr = schedule->At(step);
+    strategy->optimizer()->SetLearningRate(lr);
+    absl::Time t0 = absl::Now();
+    BRAID_ASSIGN_OR_RETURN(StepStats st, strategy->TrainStep(micro, loss_fn));
+    double dt = absl::ToDoubleSeconds(absl::Now() - t0);
+    if (!std::isfinite(st.loss)) {
+      return absl::InternalError(absl::StrCat("loss became ", st.loss, " at step ", step,
+                                              ": lower the learning rate or check the data"));
+    }
+    step_times.push_back(dt);
+    total += dt;
+    fwd += st.forward_s;
+    bwd += st.backward_s;
+    comm += st.comm_exposed_s;
+    opt += st.optimizer_s;
+    if (step == 0) result.first_loss = st.loss;
+    result.final_loss = st.loss;
+    double tps = double(tokens_per_step) / dt;
+    double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+    double eta = elapsed / (step + 1) * (steps - step - 1);
+    rep.Metric(absl::StrFormat(
+        "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"step_s\": %.6f, \"tokens_per_s\": %.1f, "
+        "\"forward_s\": %.6f, \"backward_s\": %.6f, \"comm_exposed_s\": %.6f, "
+        "\"optimizer_s\": %.6f, \"peak_bytes\": %d}",
+        step, st.loss, lr, dt, tps, st.forward_s, st.backward_s, st.comm_exposed_s,
+        st.optimizer_s, GetMemoryStats(device).peak_bytes));
+    bool keep = step % print_every == 0 || step == steps - 1;
+    rep.Progress(absl::StrFormat("step %*d/%d | loss %.4f | %s %s/s | lr %.2e | ETA %s",
+                                 int(std::to_string(steps).size()), step + 1, steps, st.loss,
+                                 absl::StrFormat("%.0f", tps), unit, lr, FormatDuration(eta)),
+                 keep);
+  }
+  result.steps = steps;
+  // Steady state: leave out the first steps (allocator and cache warm-up) when there are enough.
+  std::vector<double> steady(step_times.begin() + std::min<size_t>(step_times.size() / 5, 5),
+                             step_times.end());
+  double med = Median(steady);
+  result.median_tokens_per_s = med > 0 ? double(tokens_per_step) / med : 0;
+  result.peak_bytes = GetMemoryStats(device).peak_bytes;
+  double wall = absl::ToDoubleSeconds(absl::Now() - start);
+  auto pct = [&](double x) { return total > 0 ? 100.0 * x / total : 0.0; };
+  rep.Line(absl::StrFormat(
+      "braid: done: %d steps in %s, loss %.4f -> %.4f, median %.0f %s/s, peak memory %.1f MiB\n"
+      "       time: forward %.1f%%, backward %.1f%%, exposed communication %.1f%%, optimizer %.1f%%",
+      steps, FormatDuration(wall), result.first_loss, result.final_loss,
+      result.median_tokens_per_s, unit, double(result.peak_bytes) / (1 << 20), pct(fwd),
+      pct(bwd), pct(comm), pct(opt)));
+  rep.Metric(absl::StrFormat(
+      "{\"summary\": true, \"steps\": %d, \"first_loss\": %.6f, \"final_loss\": %.6f, "
+      "\"median_tokens_per_s\": %.1f, \"peak_bytes\": %d, \"wall_s\": %.3f}",
+      steps, result.first_loss, result.final_loss, result.median_tokens_per_s,
+      result.peak_bytes, wall));
+
+  if (!cfg.save_to().empty()) {
+    BRAID_ASSIGN_OR_RETURN(auto state, strategy->FullStateDict());
+    BRAID_RETURN_IF_ERROR(SaveSafetensors(cfg.save_to(), state, {{"format", "pt"}}));
+    rep.Line(absl::StrCat("braid: wrote weights to ", cfg.save_to()));
+  }
+  if (!env.log_dir.empty()) {
+    result.metrics_path = env.log_dir + "/metrics.jsonl";
+    result.log_path = env.log_dir + "/train.log";
+    rep.Line(absl::StrCat("braid: metrics in ", result.metrics_path, ", log in ", result.log_path));
+  }
+  return result;
+}
+
+}  // namespace braid::launcher

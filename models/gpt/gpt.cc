@@ -1,0 +1,132 @@
+#include "models/gpt/gpt.h"
+
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "core/ops.h"
+
+namespace braid::models {
+
+GptConfig GptConfig::Mini() { return GptConfig{}; }
+
+GptConfig GptConfig::Gpt2_124M() {
+  GptConfig c;
+  c.vocab_size = 50257;
+  c.padded_vocab_size = 50304;
+  c.block_size = 1024;
+  c.n_layer = 12;
+  c.n_head = 12;
+  c.n_embd = 768;
+  return c;
+}
+
+absl::StatusOr<GptConfig> GptConfig::ByName(const std::string& name) {
+  if (name == "gpt-mini") return Mini();
+  if (name == "gpt2-124m") return Gpt2_124M();
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown GPT config '", name, "' (known: gpt-mini, gpt2-124m)"));
+}
+
+namespace {
+
+class Attention : public Module {
+ public:
+  Attention(const GptConfig& c, std::mt19937_64& rng, Device d) : Module("CausalSelfAttention") {
+    n_head_ = int(c.n_head);
+    float proj_std = 0.02f / std::sqrt(2.0f * float(c.n_layer));
+    c_attn_ = RegisterModule("c_attn", std::make_unique<nn::Linear>(c.n_embd, 3 * c.n_embd, true, 0.02f, rng, d));
+    c_proj_ = RegisterModule("c_proj", std::make_unique<nn::Linear>(c.n_embd, c.n_embd, true, proj_std, rng, d));
+  }
+  Tensor Forward(const Tensor& x) override {
+    return (*c_proj_)(ops::CausalSelfAttention((*c_attn_)(x), n_head_));
+  }
+
+ private:
+  int n_head_;
+  nn::Linear *c_attn_, *c_proj_;
+};
+
+class Mlp : public Module {
+ public:
+  Mlp(const GptConfig& c, std::mt19937_64& rng, Device d) : Module("MLP") {
+    float proj_std = 0.02f / std::sqrt(2.0f * float(c.n_layer));
+    c_fc_ = RegisterModule("c_fc", std::make_unique<nn::Linear>(c.n_embd, 4 * c.n_embd, true, 0.02f, rng, d));
+    c_proj_ = RegisterModule("c_proj", std::make_unique<nn::Linear>(4 * c.n_embd, c.n_embd, true, proj_std, rng, d));
+  }
+  Tensor Forward(const Tensor& x) override { return (*c_proj_)(ops::GeluTanh((*c_fc_)(x))); }
+
+ private:
+  nn::Linear *c_fc_, *c_proj_;
+};
+
+class Block : public Module {
+ public:
+  Block(const GptConfig& c, std::mt19937_64& rng, Device d) : Module("Block") {
+    set_block(true);
+    ln_1_ = RegisterModule("ln_1", std::make_unique<nn::LayerNorm>(c.n_embd, c.ln_eps, d));
+    attn_ = RegisterModule("attn", std::make_unique<Attention>(c, rng, d));
+    ln_2_ = RegisterModule("ln_2", std::make_unique<nn::LayerNorm>(c.n_embd, c.ln_eps, d));
+    mlp_ = RegisterModule("mlp", std::make_unique<Mlp>(c, rng, d));
+  }
+  Tensor Forward(const Tensor& x) override {
+    Tensor h = ops::Add(x, (*attn_)((*ln_1_)(x)));
+    return ops::Add(h, (*mlp_)((*ln_2_)(h)));
+  }
+
+ private:
+  nn::LayerNorm *ln_1_, *ln_2_;
+  Attention* attn_;
+  Mlp* mlp_;
+};
+
+// A list of blocks named 0..n-1 (so names read h.0.*, as in PyTorch's ModuleList).
+class BlockList : public Module {
+ public:
+  BlockList() : Module("ModuleList") {}
+  Module* Add(std::unique_ptr<Module> m) {
+    return RegisterModule(std::to_string(NamedChildren().size()), std::move(m));
+  }
+  Tensor Forward(const Tensor&) override {
+    BRAID_CHECK(false) << "a ModuleList is not called; its blocks are";
+    return Tensor();
+  }
+};
+
+}  // namespace
+
+Gpt::Gpt(const GptConfig& cfg, Device device) : Module("GPT"), cfg_(cfg), device_(device) {
+  BRAID_CHECK(cfg.n_embd % cfg.n_head == 0) << "n_embd " << cfg.n_embd << " not divisible by n_head " << cfg.n_head;
+  std::mt19937_64 rng(cfg.seed);
+  wte_ = RegisterParameter("wte.weight", nn::Normal({cfg.padded_vocab_size, cfg.n_embd}, 0.02f, rng, device));
+  wpe_ = RegisterParameter("wpe.weight", nn::Normal({cfg.block_size, cfg.n_embd}, 0.02f, rng, device));
+  auto* h = RegisterModule("h", std::make_unique<BlockList>());
+  for (int64_t i = 0; i < cfg.n_layer; ++i) blocks_.push_back(h->Add(std::make_unique<Block>(cfg, rng, device)));
+  ln_f_ = RegisterModule("ln_f", std::make_unique<nn::LayerNorm>(cfg.n_embd, cfg.ln_eps, device));
+  std::vector<int32_t> pos(size_t(cfg.block_size));
+  std::iota(pos.begin(), pos.end(), 0);
+  positions_ = Tensor::FromVector(pos, {cfg.block_size}, device);
+}
+
+Tensor Gpt::Forward(const Tensor& ids) {
+  BRAID_CHECK(ids.ndim() == 2 && ids.dtype() == DType::kI32 && ids.size(1) <= cfg_.block_size)
+      << "GPT input must be i32 token ids [B, T] with T <= block_size " << cfg_.block_size
+      << ", got " << ids.DescribeForError();
+  int64_t t = ids.size(1);
+  Tensor x = ops::Add(ops::Embedding(wte_, ids), ops::Embedding(wpe_, positions_.Slice(0, t)));
+  for (Module* b : blocks_) x = (*b)(x);
+  x = (*ln_f_)(x);
+  return ops::Linear(x, wte_, Tensor());  // tied head: logits = x · wteᵀ
+}
+
+double Gpt::FlopsPerToken() const {
+  double c = double(cfg_.n_embd), l = double(cfg_.n_layer), t = double(cfg_.block_size);
+  double v = double(cfg_.padded_vocab_size);
+  // Per token: 2 FLOPs per weight of every matmul, plus attention's QK^T and AV (causal: ~T/2).
+  double weights = l * (3 * c * c + c * c + 8 * c * c) + v * c;
+  double attn = l * 2.0 * 2.0 * c * (t / 2.0);
+  return 2.0 * weights + attn;
+}
+
+}  // namespace braid::models

@@ -1,0 +1,51 @@
+// GPT-2 (nanoGPT layout): token + learned position embeddings, pre-LayerNorm blocks of causal
+// self-attention and a GELU MLP, a final LayerNorm, and the token embedding tied to the head.
+// Parameter names are PyTorch's: wte.weight, wpe.weight, h.{i}.ln_1.weight, h.{i}.attn.c_attn.*,
+// h.{i}.attn.c_proj.*, h.{i}.ln_2.*, h.{i}.mlp.c_fc.*, h.{i}.mlp.c_proj.*, ln_f.* (no lm_head:
+// it is wte). See docs/MODELS.md.
+#ifndef BRAID_MODELS_GPT_GPT_H_
+#define BRAID_MODELS_GPT_GPT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "core/module.h"
+#include "models/nn/layers.h"
+
+namespace braid::models {
+
+struct GptConfig {
+  int64_t vocab_size = 256;         // real tokens
+  int64_t padded_vocab_size = 256;  // rows of wte (tensor-core friendly); extra rows never targets
+  int64_t block_size = 128;         // context
+  int64_t n_layer = 4, n_head = 4, n_embd = 256;
+  float ln_eps = 1e-5f;
+  uint64_t seed = 1234;  // init stream
+
+  static GptConfig Mini();      // the reference run's gpt-mini: 3,257,856 parameters
+  static GptConfig Gpt2_124M();  // 12 x 12 x 768, context 1024, vocab 50257 padded to 50304
+  static absl::StatusOr<GptConfig> ByName(const std::string& name);
+};
+
+class Gpt : public Module {
+ public:
+  Gpt(const GptConfig& cfg, Device device = Device::CPU());
+  // ids: [B, T] i32 with T <= block_size -> logits [B, T, padded_vocab_size].
+  Tensor Forward(const Tensor& ids) override;
+  const GptConfig& config() const { return cfg_; }
+  // Forward FLOPs per token for the matrix products (x3 for a training step), as llm.c counts.
+  double FlopsPerToken() const;
+
+ private:
+  GptConfig cfg_;
+  Device device_;
+  Tensor wte_, wpe_;
+  std::vector<Module*> blocks_;
+  nn::LayerNorm* ln_f_;
+  Tensor positions_;  // [block_size] i32, 0..block_size-1
+};
+
+}  // namespace braid::models
+
+#endif  // BRAID_MODELS_GPT_GPT_H_

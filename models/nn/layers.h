@@ -1,0 +1,40 @@
+// Standard layers as Modules, with PyTorch's parameter names and layouts ("weight" [out, in],
+// "bias"), so state dicts move between Braid and PyTorch unchanged.
+#ifndef BRAID_MODELS_NN_LAYERS_H_
+#define BRAID_MODELS_NN_LAYERS_H_
+
+#include <cstdint>
+#include <random>
+
+#include "core/module.h"
+#include "core/tensor.h"
+
+namespace braid::nn {
+
+// Deterministic initialisers (the generator is the caller's, so a model's init is one stream).
+Tensor Normal(const Shape& shape, float stddev, std::mt19937_64& rng, Device device);
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in, int64_t out, bool bias, float init_std, std::mt19937_64& rng, Device device);
+  Tensor Forward(const Tensor& x) override;
+  Tensor weight() const { return weight_; }
+  Tensor bias() const { return bias_; }
+
+ private:
+  Tensor weight_, bias_;
+};
+
+class LayerNorm : public Module {
+ public:
+  LayerNorm(int64_t dim, float eps, Device device);
+  Tensor Forward(const Tensor& x) override;
+
+ private:
+  Tensor weight_, bias_;
+  float eps_;
+};
+
+}  // namespace braid::nn
+
+#endif  // BRAID_MODELS_NN_LAYERS_H_
