@@ -16,6 +16,8 @@ thread_local std::vector<SavedTensorHooks> g_saved_hooks;
 thread_local int g_backward_depth = 0;
 thread_local std::vector<std::function<void()>> g_queued_callbacks;
 std::atomic<uint64_t> g_next_sequence{0};
+constexpr uint64_t kAccumulatorPriority = uint64_t{1} << 63;
+thread_local std::vector<std::function<void()>> g_post_backward_callbacks;
 
 // Per thread: in-process tests run one rank per thread, each with its own strategy.
 struct EndHooks {
@@ -69,6 +71,10 @@ Edge GradientEdge(const Tensor& t) {
   TensorImpl* impl = t.impl();
   if (!impl->grad_accumulator) {
     impl->grad_accumulator = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    // Ahead of every other node once ready: the accumulator outlives the graph it was made in,
+    // so its creation order says nothing about later passes, where it would otherwise run after
+    // every node of the new graph and delay the hooks that start gradient communication.
+    impl->grad_accumulator->sequence_nr |= kAccumulatorPriority;
   }
   return Edge{impl->grad_accumulator, 0};
 }
@@ -195,6 +201,11 @@ void QueueEndOfBackwardCallback(std::function<void()> fn) {
   g_queued_callbacks.push_back(std::move(fn));
 }
 
+void QueuePostBackwardCallback(std::function<void()> fn) {
+  BRAID_CHECK(g_backward_depth > 0) << "QueuePostBackwardCallback outside a backward pass";
+  g_post_backward_callbacks.push_back(std::move(fn));
+}
+
 bool InBackward() { return g_backward_depth > 0; }
 
 void Backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
@@ -294,6 +305,12 @@ void Backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   }
   if (!retain_graph) {
     for (Node* n : ran) n->ReleaseSaved();
+  }
+  // Modules' post-backward hooks still owed (step 3), latest queued first.
+  while (!g_post_backward_callbacks.empty()) {
+    std::function<void()> cb = std::move(g_post_backward_callbacks.back());
+    g_post_backward_callbacks.pop_back();
+    cb();
   }
   // End-of-backward: persistent hooks, then callbacks queued during this pass.
   auto hooks = GetEndHooks().hooks;  // copy: a hook may remove itself

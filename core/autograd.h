@@ -6,7 +6,8 @@
 //   3. module post-backward  (every parameter of the module has its gradient; see module.h)
 //   4. end-of-backward callbacks, in registration order, after the last node ran.
 // Nodes run in reverse creation order among those ready, so the last layer's gradients are
-// produced (and can be communicated) first.
+// produced (and can be communicated) first; a leaf's gradient accumulator runs as soon as it is
+// ready.
 #ifndef BRAID_CORE_AUTOGRAD_H_
 #define BRAID_CORE_AUTOGRAD_H_
 
@@ -137,6 +138,10 @@ uint64_t AddEndOfBackwardHook(std::function<void()> fn);
 void RemoveEndOfBackwardHook(uint64_t id);
 // A callback for the end of the backward pass now running only (called from inside a hook).
 void QueueEndOfBackwardCallback(std::function<void()> fn);
+// For Module's post-backward hooks (step 3 above) when a parameter got no gradient: runs `fn`
+// after the last node of the backward pass now running and before the end-of-backward
+// callbacks, latest queued first (a child module's before its parent's).
+void QueuePostBackwardCallback(std::function<void()> fn);
 bool InBackward();
 
 // Adds `g` into `acc` (allocating it if undefined): the engine's and optimisers' accumulation.

@@ -14,7 +14,9 @@ namespace {
 std::atomic<uint64_t> g_next_hook_id{1};
 
 std::string Join(const std::string& prefix, const std::string& name) {
-  return prefix.empty() ? name : absl::StrCat(prefix, ".", name);
+  if (prefix.empty()) return name;
+  if (name.empty()) return prefix;  // a child itself, in NamedModules: "block", not "block."
+  return absl::StrCat(prefix, ".", name);
 }
 }  // namespace
 
@@ -223,8 +225,9 @@ Tensor Module::operator()(const Tensor& x) {
             if (pending_params_ == 0) {
               FirePostBackward();
             } else {
-              // Parameters that get no gradient this pass must not keep post-backward waiting.
-              autograd::QueueEndOfBackwardCallback([this] { FirePostBackward(); });
+              // Parameters that get no gradient this pass must not keep post-backward waiting;
+              // it still fires before the end-of-backward callbacks, which wait on its work.
+              autograd::QueuePostBackwardCallback([this] { FirePostBackward(); });
             }
           }
           return std::vector<Tensor>{g[0]};

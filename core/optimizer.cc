@@ -246,18 +246,20 @@ class Constant final : public LrSchedule {
 
 class WarmupCosine final : public LrSchedule {
  public:
-  WarmupCosine(float max_lr, float min_lr, int64_t warmup, int64_t total)
-      : max_(max_lr), min_(min_lr), warmup_(warmup), total_(total) {}
+  WarmupCosine(float max_lr, float min_lr, int64_t warmup, int64_t total, float warmup_start)
+      : max_(max_lr), min_(min_lr), start_(warmup_start), warmup_(warmup), total_(total) {}
 
   float At(int64_t step) const override {
-    if (step < warmup_) return float(double(max_) * double(step) / double(warmup_));
+    if (step < warmup_) {
+      return float(start_ + (double(max_) - start_) * double(step) / double(warmup_));
+    }
     if (step >= total_) return min_;
     double progress = double(step - warmup_) / double(total_ - warmup_);
     return float(min_ + 0.5 * (double(max_) - min_) * (1.0 + std::cos(M_PI * progress)));
   }
 
  private:
-  float max_, min_;
+  float max_, min_, start_;
   int64_t warmup_, total_;
 };
 
@@ -279,10 +281,32 @@ std::unique_ptr<Optimizer> MakeSgd(std::vector<ParamGroup> groups, SgdOptions op
 std::unique_ptr<LrSchedule> ConstantLr(float lr) { return std::make_unique<Constant>(lr); }
 
 std::unique_ptr<LrSchedule> WarmupCosineLr(float max_lr, float min_lr, int64_t warmup,
-                                           int64_t total) {
+                                           int64_t total, float warmup_start_lr) {
   BRAID_CHECK(warmup >= 0 && total >= warmup)
       << "WarmupCosineLr needs 0 <= warmup <= total, got warmup " << warmup << ", total " << total;
-  return std::make_unique<WarmupCosine>(max_lr, min_lr, warmup, total);
+  return std::make_unique<WarmupCosine>(max_lr, min_lr, warmup, total, warmup_start_lr);
+}
+
+float ClipGradNorm(const std::vector<Tensor>& params, float max_norm) {
+  double total = 0;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    Tensor sq = Tensor::Empty(g.shape(), DType::kF32, g.device());
+    kernels::unary.Get(g.device())(kernels::UnaryOp::kSquare, g, 0.0f, sq);
+    Tensor s = Tensor::Empty({}, DType::kF32, g.device());
+    kernels::sum_all.Get(g.device())(sq, s);
+    total += double(s.item());
+  }
+  double norm = std::sqrt(total);
+  if (max_norm > 0 && norm > max_norm) {
+    float scale = float(max_norm / (norm + 1e-6));
+    for (const Tensor& p : params) {
+      Tensor g = p.grad();
+      if (g.defined()) kernels::unary.Get(g.device())(kernels::UnaryOp::kScale, g, scale, g);
+    }
+  }
+  return float(norm);
 }
 
 }  // namespace braid

@@ -60,8 +60,14 @@ class LrSchedule {
   virtual float At(int64_t step) const = 0;
 };
 std::unique_ptr<LrSchedule> ConstantLr(float lr);
-// Linear warm-up from 0 over `warmup` steps, then cosine decay to min_lr at `total` steps.
-std::unique_ptr<LrSchedule> WarmupCosineLr(float max_lr, float min_lr, int64_t warmup, int64_t total);
+// Linear warm-up from warmup_start_lr to max_lr over `warmup` steps, then cosine decay to min_lr
+// at `total` steps, min_lr after.
+std::unique_ptr<LrSchedule> WarmupCosineLr(float max_lr, float min_lr, int64_t warmup, int64_t total,
+                                           float warmup_start_lr = 0.0f);
+
+// Scales the gradients of `params` so that their global L2 norm is at most max_norm (as
+// PyTorch's clip_grad_norm_); returns the norm before clipping. max_norm <= 0: measure only.
+float ClipGradNorm(const std::vector<Tensor>& params, float max_norm);
 
 }  // namespace braid
 

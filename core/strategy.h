@@ -38,6 +38,9 @@ struct StrategyContext {
   Device device = Device::CPU();
   // Free-form options from the config's strategy section ("bucket_cap_mb" -> "25").
   std::map<std::string, std::string> options;
+  // Clip the global gradient L2 norm to this before each optimizer step (0: no clipping). The
+  // strategy applies it because only it knows when gradients are complete (after reduction).
+  float max_grad_norm = 0;
 };
 
 struct StepStats {
@@ -46,6 +49,7 @@ struct StepStats {
   double backward_s = 0;    // time in backward (including overlapped communication)
   double comm_exposed_s = 0;  // communication the step waited for after backward
   double optimizer_s = 0;
+  float grad_norm = 0;      // before clipping; 0 when clipping is off
 };
 
 class Strategy {

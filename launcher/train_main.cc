@@ -92,7 +92,11 @@ absl::Status Run(const char* argv0) {
     return absl::PermissionDeniedError(absl::StrCat("cannot create log folder '", log_dir, "'"));
   }
   env.log_dir = log_dir;
-  env.interactive = isatty(fileno(stdout)) && !cfg.log().quiet();
+  const std::string& mf = cfg.log().metrics_file();
+  env.metrics_path = mf.empty() ? log_dir + "/metrics.jsonl"
+                     : mf[0] == '/' ? mf : absl::StrCat(log_dir, "/", mf);
+  env.quiet = cfg.log().quiet();
+  env.interactive = isatty(fileno(stdout)) && !env.quiet;
   BRAID_ASSIGN_OR_RETURN(auto result, braid::launcher::Train(cfg, env));
   (void)result;
   return absl::OkStatus();

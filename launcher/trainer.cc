@@ -188,7 +188,7 @@ std::unique_ptr<LrSchedule> MakeSchedule(const TrainConfig& cfg) {
   if (cfg.scheduler().type() == "WarmupCosine") {
     const auto& s = cfg.scheduler().params();
     return WarmupCosineLr(float(s.warmup_max_lr()), float(s.min_lr()), s.warmup_num_steps(),
-                          s.total_num_steps());
+                          s.total_num_steps(), float(s.warmup_min_lr()));
   }
   return ConstantLr(float(cfg.optimizer().params().lr()));
 }
@@ -213,11 +213,11 @@ class Reporter {
   Reporter(const TrainerEnv& env) : env_(env) {
     if (!env.log_dir.empty()) {
       log_.open(env.log_dir + "/train.log", std::ios::app);
-      metrics_.open(env.log_dir + "/metrics.jsonl", std::ios::trunc);
+      metrics_.open(env.metrics_path, std::ios::trunc);
     }
   }
   void Line(const std::string& s) {
-    if (env_.rank == 0) {
+    if (env_.rank == 0 && !env_.quiet) {
       if (pending_progress_) std::fputc('\n', stdout);
       pending_progress_ = false;
       std::fprintf(stdout, "%s\n", s.c_str());
@@ -226,7 +226,7 @@ class Reporter {
     if (log_.is_open()) log_ << s << "\n" << std::flush;
   }
   void Progress(const std::string& s, bool keep) {
-    if (env_.rank == 0) {
+    if (env_.rank == 0 && !env_.quiet) {
       if (env_.interactive) {
         std::fprintf(stdout, "\r%s\033[K", s.c_str());
         pending_progress_ = true;
@@ -294,6 +294,7 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   ctx.comm = group[0].get();
   ctx.device = device;
   for (auto& [k, v] : cfg.strategy().options()) ctx.options[k] = v;
+  ctx.max_grad_norm = float(cfg.gradient_clipping());
   BRAID_RETURN_IF_ERROR(strategy->Setup(*model, MakeOptimizerFactory(cfg), ctx));
 
   BRAID_ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source, BuildData(cfg, *model, env, device));
@@ -343,9 +344,9 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
     rep.Metric(absl::StrFormat(
         "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"step_s\": %.6f, \"tokens_per_s\": %.1f, "
         "\"forward_s\": %.6f, \"backward_s\": %.6f, \"comm_exposed_s\": %.6f, "
-        "\"optimizer_s\": %.6f, \"peak_bytes\": %d}",
+        "\"optimizer_s\": %.6f, \"grad_norm\": %.6g, \"peak_bytes\": %d}",
         step, st.loss, lr, dt, tps, st.forward_s, st.backward_s, st.comm_exposed_s,
-        st.optimizer_s, GetMemoryStats(device).peak_bytes));
+        st.optimizer_s, st.grad_norm, GetMemoryStats(device).peak_bytes));
     bool keep = step % print_every == 0 || step == steps - 1;
     rep.Progress(absl::StrFormat("step %*d/%d | loss %.4f | %s %s/s | lr %.2e | ETA %s",
                                  int(std::to_string(steps).size()), step + 1, steps, st.loss,
@@ -379,7 +380,7 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
     rep.Line(absl::StrCat("braid: wrote weights to ", cfg.save_to()));
   }
   if (!env.log_dir.empty()) {
-    result.metrics_path = env.log_dir + "/metrics.jsonl";
+    result.metrics_path = env.metrics_path;
     result.log_path = env.log_dir + "/train.log";
     rep.Line(absl::StrCat("braid: metrics in ", result.metrics_path, ", log in ", result.log_path));
   }

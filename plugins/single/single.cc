@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "core/autograd.h"
 #include "core/ops.h"
+#include "core/optimizer.h"
 #include "core/plugin_api.h"
 #include "core/registry.h"
 #include "core/strategy.h"
@@ -57,6 +58,7 @@ class SingleStrategy final : public Strategy {
       return absl::InvalidArgumentError("strategy 'single': the optimizer factory returned null");
     }
     model_ = &model;
+    max_grad_norm_ = ctx.max_grad_norm;
     return absl::OkStatus();
   }
 
@@ -88,6 +90,7 @@ class SingleStrategy final : public Strategy {
       stats.backward_s += Seconds(start);
     }
     absl::Time start = absl::Now();
+    if (max_grad_norm_ > 0) stats.grad_norm = ClipGradNorm(model_->Parameters(), max_grad_norm_);
     optimizer_->Step();
     stats.optimizer_s = Seconds(start);
     stats.loss = float(loss_sum / double(micro_batches.size()));
@@ -106,6 +109,7 @@ class SingleStrategy final : public Strategy {
  private:
   Module* model_ = nullptr;
   std::unique_ptr<Optimizer> optimizer_;
+  float max_grad_norm_ = 0;
 };
 
 }  // namespace

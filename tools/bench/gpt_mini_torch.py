@@ -24,6 +24,7 @@ def parse_args():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--init", default=None, help="safetensors file with the initial weights")
     p.add_argument("--save", default=None, help="write the final weights as safetensors")
+    p.add_argument("--save_init", default=None, help="write the initial weights as safetensors")
     p.add_argument("--world_size", type=int, default=1)
     p.add_argument("--port", type=int, default=29533)
     p.add_argument("--warmup", type=int, default=3, help="steps left out of the throughput median")
@@ -177,6 +178,9 @@ def run(rank, args):
         missing = model.load_state_dict(read_safetensors(args.init, torch), strict=False)
         assert not missing.unexpected_keys, missing
         assert all(k.endswith("mask") for k in missing.missing_keys), missing
+    if args.save_init and rank == 0:
+        write_safetensors(args.save_init, {k: v for k, v in model.state_dict().items()
+                                           if not k.endswith("mask")})
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     net = model

@@ -1,0 +1,284 @@
+#include "core/optimizer.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/testing/reference_kernels.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace braid {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+class OptimizerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { reference::RegisterReferenceKernels(); }
+};
+
+Tensor Param(const std::vector<float>& v, const Shape& shape, const std::string& name = "") {
+  Tensor t = Tensor::FromVector(v, shape);
+  t.set_requires_grad(true);
+  if (!name.empty()) t.set_name(name);
+  return t;
+}
+
+// Gradient of step `step` for a parameter of n elements (varied signs and sizes).
+std::vector<float> Grad(int step, int n, int salt) {
+  std::vector<float> g(n);
+  for (int i = 0; i < n; ++i) g[i] = 0.3f * float((i * 5 + step * 3 + salt) % 7) - 0.8f;
+  return g;
+}
+
+void SetGrad(Tensor& p, int step, int salt) {
+  p.set_grad(Tensor::FromVector(Grad(step, int(p.numel()), salt), p.shape()));
+}
+
+void ExpectNear(const std::vector<float>& got, const std::vector<double>& want, double tol,
+                const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], tol) << what << " element " << i;
+  }
+}
+
+// PyTorch's AdamW for one parameter, in double.
+struct AdamWRef {
+  std::vector<double> w, m, v;
+  void Step(const std::vector<float>& g, double lr, double wd, int t, double b1 = 0.9,
+            double b2 = 0.999, double eps = 1e-8) {
+    for (size_t i = 0; i < w.size(); ++i) {
+      m[i] = b1 * m[i] + (1 - b1) * g[i];
+      v[i] = b2 * v[i] + (1 - b2) * double(g[i]) * g[i];
+      double mhat = m[i] / (1 - std::pow(b1, t)), vhat = v[i] / (1 - std::pow(b2, t));
+      w[i] = w[i] - lr * wd * w[i] - lr * mhat / (std::sqrt(vhat) + eps);
+    }
+  }
+};
+
+TEST_F(OptimizerTest, AdamWMatchesHandComputedStepsPerGroup) {
+  std::vector<float> a0 = {0.5f, -1.0f, 2.0f, 0.25f}, b0 = {1, 2, 3, -4, -5, 6};
+  Tensor a = Param(a0, {4}, "a"), b = Param(b0, {2, 3}, "b");
+  Tensor frozen = Param({7.0f, 8.0f}, {2}, "frozen");  // never gets a gradient
+  auto opt = MakeAdamW({ParamGroup{{a, frozen}, 0.01f, 0.1f}, ParamGroup{{b}, 0.05f, 0.0f}},
+                       AdamWOptions{0.8f, 0.95f, 1e-6f});
+  AdamWRef ra{{a0.begin(), a0.end()}, std::vector<double>(4), std::vector<double>(4)};
+  AdamWRef rb{{b0.begin(), b0.end()}, std::vector<double>(6), std::vector<double>(6)};
+  for (int t = 1; t <= 3; ++t) {
+    SetGrad(a, t, 0);
+    SetGrad(b, t, 1);
+    opt->Step();
+    ra.Step(Grad(t, 4, 0), 0.01, 0.1, t, 0.8, 0.95, 1e-6);
+    rb.Step(Grad(t, 6, 1), 0.05, 0.0, t, 0.8, 0.95, 1e-6);
+    ExpectNear(a.ToFloatVector(), ra.w, 1e-5, "a after step " + std::to_string(t));
+    ExpectNear(b.ToFloatVector(), rb.w, 1e-5, "b after step " + std::to_string(t));
+  }
+  EXPECT_EQ(frozen.ToFloatVector(), (std::vector<float>{7.0f, 8.0f}));
+  auto state = opt->StateDict();
+  EXPECT_EQ(state.count("frozen.exp_avg"), 0u);
+  ASSERT_EQ(state.count("a.exp_avg_sq"), 1u);
+  ExpectNear(state["a.exp_avg_sq"].ToFloatVector(), ra.v, 1e-6, "a's exp_avg_sq");
+  ExpectNear(state["b.exp_avg"].ToFloatVector(), rb.m, 1e-6, "b's exp_avg");
+  EXPECT_EQ(state["step"].ToVector<int64_t>(), std::vector<int64_t>{3});
+}
+
+// PyTorch's SGD for one parameter, in double.
+struct SgdRef {
+  std::vector<double> w, buf;
+  bool first = true;
+  void Step(const std::vector<float>& g, double lr, double mom, double damp, double wd, bool nest) {
+    for (size_t i = 0; i < w.size(); ++i) {
+      double d = g[i] + wd * w[i];
+      if (mom != 0) {
+        buf[i] = first ? d : mom * buf[i] + (1 - damp) * d;
+        d = nest ? d + mom * buf[i] : buf[i];
+      }
+      w[i] -= lr * d;
+    }
+    first = false;
+  }
+};
+
+TEST_F(OptimizerTest, SgdVariantsMatchHandComputedSteps) {
+  struct Case {
+    const char* name;
+    SgdOptions opts;
+    float weight_decay;
+  };
+  const Case cases[] = {
+      {"plain", SgdOptions{0.0f, 0.0f, false}, 0.0f},
+      {"weight decay", SgdOptions{0.0f, 0.0f, false}, 0.05f},
+      {"momentum", SgdOptions{0.9f, 0.0f, false}, 0.0f},
+      {"momentum+dampening+decay", SgdOptions{0.8f, 0.3f, false}, 0.02f},
+      {"nesterov", SgdOptions{0.9f, 0.0f, true}, 0.01f},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<float> w0 = {1.5f, -0.5f, 0.75f, 2.0f, -3.0f};
+    Tensor w = Param(w0, {5});
+    auto opt = MakeSgd({ParamGroup{{w}, 0.1f, c.weight_decay}}, c.opts);
+    SgdRef ref{{w0.begin(), w0.end()}, std::vector<double>(5)};
+    for (int t = 1; t <= 3; ++t) {
+      SetGrad(w, t, 2);
+      opt->Step();
+      ref.Step(Grad(t, 5, 2), 0.1, c.opts.momentum, c.opts.dampening, c.weight_decay,
+               c.opts.nesterov);
+      ExpectNear(w.ToFloatVector(), ref.w, 1e-5, "step " + std::to_string(t));
+    }
+    EXPECT_EQ(opt->StateDict().count("0.0.momentum_buffer"), c.opts.momentum != 0 ? 1u : 0u);
+  }
+}
+
+// ZeRO steps flat shards of a flat buffer: per element, the same update as the full tensors.
+TEST_F(OptimizerTest, SteppingFlatShardsEqualsSteppingFullTensors) {
+  std::vector<float> a0 = {0.5f, -1.0f, 2.0f, 0.25f, 1.0f, -2.0f}, b0 = {3, -1, 0.5f, 4};
+  for (bool adam : {true, false}) {
+    SCOPED_TRACE(adam ? "AdamW" : "SGD");
+    auto make = [adam](std::vector<Tensor> params) {
+      std::vector<ParamGroup> groups = {ParamGroup{std::move(params), 0.05f, 0.1f}};
+      return adam ? MakeAdamW(std::move(groups)) : MakeSgd(std::move(groups), {0.9f, 0.0f, true});
+    };
+    Tensor a = Param(a0, {2, 3}), b = Param(b0, {4});
+    auto full = make({a, b});
+
+    std::vector<float> flat0 = a0;
+    flat0.insert(flat0.end(), b0.begin(), b0.end());
+    Tensor flat = Tensor::FromVector(flat0, {10});
+    Tensor flat_grad = Tensor::Zeros({10});
+    // Two "ranks", the boundary cutting through a: [0, 4) and [4, 10).
+    Tensor s0 = flat.FlatRange(0, 4), s1 = flat.FlatRange(4, 6);
+    s0.set_grad(flat_grad.FlatRange(0, 4));
+    s1.set_grad(flat_grad.FlatRange(4, 6));
+    auto shard0 = make({s0});
+    auto shard1 = make({s1});
+    for (int t = 1; t <= 3; ++t) {
+      SetGrad(a, t, 3);
+      SetGrad(b, t, 4);
+      flat_grad.FlatRange(0, 6).CopyFrom(a.grad());
+      flat_grad.FlatRange(6, 4).CopyFrom(b.grad());
+      full->Step();
+      shard0->Step();
+      shard1->Step();
+      std::vector<float> want = a.ToFloatVector(), bv = b.ToFloatVector();
+      want.insert(want.end(), bv.begin(), bv.end());
+      EXPECT_EQ(flat.ToFloatVector(), want) << "step " << t;
+    }
+  }
+}
+
+TEST_F(OptimizerTest, StateDictRoundTripContinuesIdentically) {
+  std::vector<float> w0 = {1, -2, 3, 0.5f}, u0 = {0.1f, 0.2f};
+  for (bool adam : {true, false}) {
+    SCOPED_TRACE(adam ? "AdamW" : "SGD");
+    auto make = [adam](Tensor w, Tensor u) {
+      std::vector<ParamGroup> groups = {ParamGroup{{w}, 0.02f, 0.01f}, ParamGroup{{u}, 0.1f, 0.0f}};
+      return adam ? MakeAdamW(std::move(groups)) : MakeSgd(std::move(groups), {0.9f, 0.1f, false});
+    };
+    Tensor w = Param(w0, {2, 2}, "layer.weight"), u = Param(u0, {2});  // u has no name
+    auto a = make(w, u);
+    for (int t = 1; t <= 2; ++t) {
+      SetGrad(w, t, 5);
+      SetGrad(u, t, 6);
+      a->Step();
+    }
+    // A checkpoint: copies of the state and the parameters.
+    std::map<std::string, Tensor> saved;
+    for (auto& [k, v] : a->StateDict()) saved[k] = v.Clone();
+    EXPECT_EQ(saved.count(adam ? "layer.weight.exp_avg" : "layer.weight.momentum_buffer"), 1u);
+    EXPECT_EQ(saved.count(adam ? "1.0.exp_avg_sq" : "1.0.momentum_buffer"), 1u);
+    Tensor w2 = Param(w.ToFloatVector(), {2, 2}, "layer.weight"),
+           u2 = Param(u.ToFloatVector(), {2});
+    auto b = make(w2, u2);
+    ASSERT_TRUE(b->LoadStateDict(saved).ok());
+    for (int t = 3; t <= 4; ++t) {
+      SetGrad(w, t, 5);
+      SetGrad(u, t, 6);
+      SetGrad(w2, t, 5);
+      SetGrad(u2, t, 6);
+      a->Step();
+      b->Step();
+      EXPECT_EQ(w2.ToFloatVector(), w.ToFloatVector()) << "step " << t;
+      EXPECT_EQ(u2.ToFloatVector(), u.ToFloatVector()) << "step " << t;
+    }
+    EXPECT_EQ(b->StateDict()["step"].ToVector<int64_t>(), std::vector<int64_t>{4});
+  }
+}
+
+TEST_F(OptimizerTest, LoadStateDictNamesMissingUnexpectedAndMismatchedKeys) {
+  Tensor w = Param({1, 2, 3}, {3}, "w");
+  auto opt = MakeAdamW({ParamGroup{{w}, 0.1f, 0.0f}});
+  SetGrad(w, 1, 0);
+  opt->Step();
+  std::map<std::string, Tensor> good = opt->StateDict();
+
+  auto missing = good;
+  missing.erase("w.exp_avg_sq");
+  missing.erase("step");
+  absl::Status s = opt->LoadStateDict(missing);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("missing keys"), HasSubstr("w.exp_avg_sq"), HasSubstr("step")));
+
+  auto extra = good;
+  extra["v.exp_avg"] = Tensor::Zeros({3});
+  extra["w.exp_avg"] = Tensor::Zeros({4});
+  s = opt->LoadStateDict(extra);
+  EXPECT_THAT(std::string(s.message()), AllOf(HasSubstr("unexpected keys: v.exp_avg"),
+                                              HasSubstr("w.exp_avg (parameter [3], given [4])")));
+  // A failed load changes nothing.
+  EXPECT_EQ(opt->StateDict()["w.exp_avg"].ToFloatVector(), good["w.exp_avg"].ToFloatVector());
+}
+
+TEST_F(OptimizerTest, DuplicateNamesFallBackToGroupIndexKeys) {
+  Tensor p = Param({1}, {1}, "weight"), q = Param({2}, {1}, "weight");
+  auto opt = MakeSgd({ParamGroup{{p}, 0.1f}, ParamGroup{{q}, 0.1f}}, {0.5f});
+  SetGrad(p, 1, 0);
+  SetGrad(q, 1, 0);
+  opt->Step();
+  auto state = opt->StateDict();
+  EXPECT_EQ(state.count("0.0.momentum_buffer"), 1u);
+  EXPECT_EQ(state.count("1.0.momentum_buffer"), 1u);
+}
+
+TEST_F(OptimizerTest, ZeroGradAndSetLearningRate) {
+  Tensor p = Param({1, 2}, {2}), q = Param({3}, {1});
+  auto opt = MakeSgd({ParamGroup{{p}, 0.1f}, ParamGroup{{q}, 0.2f}});
+  SetGrad(p, 1, 0);
+  SetGrad(q, 1, 0);
+  opt->ZeroGrad();
+  EXPECT_FALSE(p.grad().defined());
+  EXPECT_FALSE(q.grad().defined());
+  opt->Step();  // no gradients: nothing moves
+  EXPECT_EQ(p.ToFloatVector(), (std::vector<float>{1, 2}));
+  opt->SetLearningRate(0.5f);
+  for (const ParamGroup& g : opt->param_groups()) EXPECT_EQ(g.lr, 0.5f);
+  q.set_grad(Tensor::FromVector(std::vector<float>{2.0f}, {1}));
+  opt->Step();
+  EXPECT_FLOAT_EQ(q.item(), 3.0f - 0.5f * 2.0f);
+}
+
+TEST(LrScheduleTest, ConstantAndWarmupCosineAtKeySteps) {
+  auto c = ConstantLr(3e-4f);
+  EXPECT_EQ(c->At(0), 3e-4f);
+  EXPECT_EQ(c->At(123456), 3e-4f);
+
+  const double max = 1e-3, min = 1e-4;
+  auto s = WarmupCosineLr(float(max), float(min), 10, 110);
+  EXPECT_FLOAT_EQ(s->At(0), 0.0f);
+  EXPECT_FLOAT_EQ(s->At(5), float(max / 2));           // halfway up the ramp
+  EXPECT_FLOAT_EQ(s->At(10), float(max));              // top of the ramp, start of the decay
+  EXPECT_FLOAT_EQ(s->At(60), float((max + min) / 2));  // cosine at a quarter turn
+  EXPECT_FLOAT_EQ(s->At(35), float(min + (max - min) * (1 + std::sqrt(0.5)) / 2));  // pi/4
+  EXPECT_FLOAT_EQ(s->At(110), float(min));
+  EXPECT_FLOAT_EQ(s->At(1000), float(min));
+  for (int64_t t = 11; t < 110; ++t) EXPECT_LT(s->At(t), s->At(t - 1)) << "step " << t;
+
+  auto no_warmup = WarmupCosineLr(float(max), 0.0f, 0, 4);
+  EXPECT_FLOAT_EQ(no_warmup->At(0), float(max));
+  EXPECT_FLOAT_EQ(no_warmup->At(2), float(max / 2));
+}
+
+}  // namespace
+}  // namespace braid
