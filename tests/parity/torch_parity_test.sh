@@ -35,7 +35,7 @@ worst = 0.0
 for i, (x, y) in enumerate(zip(t, b)):
     print(f"step {i:2d}  torch {x:.5f}  braid {y:.5f}  diff {abs(x - y):.2e}")
     worst = max(worst, abs(x - y))
-assert worst < 2e-3, f"losses diverge: worst step difference {worst}"
+assert worst < 2e-4, f"losses diverge: worst step difference {worst}"
 
 def load(path):
     with open(path, "rb") as f:
@@ -47,11 +47,14 @@ def load(path):
 wt, wb = load(f"{tmp}/torch_final.safetensors"), load(f"{tmp}/braid_final.safetensors")
 assert wt.keys() == wb.keys(), set(wt) ^ set(wb)
 init = load(f"{tmp}/init.safetensors")
+worst_rel = 0.0
 for k in sorted(wt):
     moved = (wt[k] - init[k]).norm().item()
     rel = (wt[k] - wb[k]).norm().item() / max(moved, 1e-12)
     # Relative to how far training moved the tensor: the update itself must match.
-    assert rel < 2e-2, f"{k}: braid's update differs from torch's by {rel:.3e} of its size"
-print(f"max loss difference {worst:.2e}; all {len(wt)} tensors' updates agree within 2%")
+    worst_rel = max(worst_rel, rel)
+    assert rel < 5e-3, f"{k}: braid's update differs from torch's by {rel:.3e} of its size"
+print(f"max loss difference {worst:.2e}; worst relative update difference {worst_rel:.2e} "
+      f"over {len(wt)} tensors")
 PY
 echo PASS
