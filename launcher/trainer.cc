@@ -39,6 +39,8 @@ class BatchSource {
   virtual ~BatchSource() = default;
   virtual Batch Next() = 0;
   virtual int64_t TokensPerBatch() const = 0;  // tokens (or samples) one batch carries
+  // A held-out evaluation after training, as a summary fragment ("" when the data has none).
+  virtual std::string Evaluate(Module& model) { return ""; }
 };
 
 class RandomWindows : public BatchSource {
@@ -64,8 +66,23 @@ class Sequential : public BatchSource {
 
 class MnistBatches : public BatchSource {
  public:
-  MnistBatches(data::MnistData train, data::DistributedSampler sampler, int64_t batch, Device d)
-      : train_(std::move(train)), sampler_(std::move(sampler)), batch_(batch), device_(d) {}
+  MnistBatches(data::MnistSplit split, data::DistributedSampler sampler, int64_t batch, Device d)
+      : train_(std::move(split.train)), test_(std::move(split.test)), sampler_(std::move(sampler)),
+        batch_(batch), device_(d) {}
+  std::string Evaluate(Module& model) override {
+    autograd::NoGradGuard no_grad;
+    model.Eval();
+    std::vector<float> logits = model(test_.images.To(device_)).ToFloatVector();
+    model.Train();
+    std::vector<int32_t> labels = test_.labels.ToVector<int32_t>();
+    int64_t right = 0, n = int64_t(labels.size());
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = logits.data() + i * 10;
+      right += int64_t(std::max_element(row, row + 10) - row) == labels[size_t(i)];
+    }
+    return absl::StrFormat("test accuracy %.2f%% (%d/%d held-out digits)", 100.0 * right / n,
+                           right, n);
+  }
   Batch Next() override {
     std::vector<float> x(size_t(batch_ * data::kMnistPixels));
     std::vector<int32_t> y(static_cast<size_t>(batch_));
@@ -87,7 +104,7 @@ class MnistBatches : public BatchSource {
   int64_t TokensPerBatch() const override { return batch_; }
 
  private:
-  data::MnistData train_;
+  data::MnistData train_, test_;
   data::DistributedSampler sampler_;
   int64_t batch_;
   Device device_;
@@ -137,7 +154,7 @@ absl::StatusOr<std::unique_ptr<BatchSource>> BuildData(const TrainConfig& cfg, M
     BRAID_ASSIGN_OR_RETURN(auto sampler, data::DistributedSampler::Create(
                                              split.train.size(), env.rank, env.world_size, o));
     return std::unique_ptr<BatchSource>(
-        std::make_unique<MnistBatches>(std::move(split.train), std::move(sampler), batch, device));
+        std::make_unique<MnistBatches>(std::move(split), std::move(sampler), batch, device));
   }
   std::string path = d.path();
   if (path.empty()) {
@@ -368,10 +385,12 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
       steps, FormatDuration(wall), result.first_loss, result.final_loss,
       result.median_tokens_per_s, unit, double(result.peak_bytes) / (1 << 20), pct(fwd),
       pct(bwd), pct(comm), pct(opt)));
+  std::string eval = source->Evaluate(*model);
+  if (!eval.empty()) rep.Line("braid: " + eval);
   rep.Metric(absl::StrFormat(
-      "{\"summary\": true, \"steps\": %d, \"first_loss\": %.6f, \"final_loss\": %.6f, "
+      "{\"summary\": true, \"eval\": \"%s\", \"steps\": %d, \"first_loss\": %.6f, \"final_loss\": %.6f, "
       "\"median_tokens_per_s\": %.1f, \"peak_bytes\": %d, \"wall_s\": %.3f}",
-      steps, result.first_loss, result.final_loss, result.median_tokens_per_s,
+      eval, steps, result.first_loss, result.final_loss, result.median_tokens_per_s,
       result.peak_bytes, wall));
 
   if (!cfg.save_to().empty()) {

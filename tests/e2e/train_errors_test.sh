@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Bad input to the training program ends quickly with a message that names the thing and what to
+# do, and a non-zero exit: never a hang, never a crash.
+set -uo pipefail
+train="$TEST_SRCDIR/braid/launcher/train"
+tmp="${TEST_TMPDIR:-$(mktemp -d)}"
+fails=0
+expect() {  # expect NAME PATTERN -- command...
+  local name=$1 pattern=$2; shift 3
+  local out rc
+  out=$(timeout 60 "$@" 2>&1); rc=$?
+  if [ "$rc" = 0 ] || [ "$rc" = 124 ] || [ "$rc" -ge 128 ]; then
+    echo "FAIL $name: exit code $rc (want a clean error exit)"; echo "$out" | tail -5; fails=$((fails+1))
+  elif ! grep -qE "$pattern" <<<"$out"; then
+    echo "FAIL $name: message does not match /$pattern/:"; echo "$out" | tail -5; fails=$((fails+1))
+  else
+    echo "ok   $name: $(grep -E "$pattern" <<<"$out" | head -1 | cut -c1-160)"
+  fi
+}
+printf 'steps: 2\nmodle { name: "gpt-mini" }\n' > "$tmp/typo.pbtxt"
+printf '{"steps": "many"}\n' > "$tmp/wrong_type.json"
+printf 'train_batch_size: 48\ntrain_micro_batch_size_per_gpu: 16\ngradient_accumulation_steps: 2\n' > "$tmp/batch.pbtxt"
+printf 'fp16 { enabled: true }\n' > "$tmp/fp16.pbtxt"
+echo "not a safetensors file" > "$tmp/bad.safetensors"
+expect unknown-field 'typo.pbtxt:2:1: unknown field "modle"' -- "$train" --config="$tmp/typo.pbtxt" --log_dir="$tmp/l"
+expect wrong-type 'steps.*many' -- "$train" --config="$tmp/wrong_type.json" --log_dir="$tmp/l"
+expect batch-mismatch 'train_batch_size \(48\)' -- "$train" --config="$tmp/batch.pbtxt" --log_dir="$tmp/l"
+expect not-available 'fp16.*not available yet' -- "$train" --config="$tmp/fp16.pbtxt" --log_dir="$tmp/l"
+expect missing-config 'no-such.pbtxt' -- "$train" --config="$tmp/no-such.pbtxt" --log_dir="$tmp/l"
+expect unknown-strategy "nosuch.*(searched|looked)" -- "$train" --strategy=nosuch --steps=1 --log_dir="$tmp/l"
+expect plugin-path-missing 'libbraid_gone.so' -- env BRAID_PLUGIN_PATH=/nonexistent "$train" --steps=1 --log_dir="$tmp/l" --strategy=gone
+expect missing-weights 'nope.safetensors' -- "$train" --init_from="$tmp/nope.safetensors" --steps=1 --log_dir="$tmp/l"
+expect corrupt-weights 'bad.safetensors' -- "$train" --init_from="$tmp/bad.safetensors" --steps=1 --log_dir="$tmp/l"
+[ "$fails" = 0 ] && echo PASS || { echo "$fails failure(s)"; exit 1; }
