@@ -7,6 +7,8 @@
 #ifndef BRAID_CORE_COMMUNICATOR_H_
 #define BRAID_CORE_COMMUNICATOR_H_
 
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,6 +67,22 @@ class Communicator {
  protected:
   absl::Duration timeout_ = absl::Minutes(5);
 };
+
+class Store;
+
+// What a communicator plugin needs to join a group.
+struct CommunicatorOptions {
+  int rank = 0;
+  int size = 1;
+  Store* store = nullptr;  // rendezvous, not owned; keys are namespaced by the caller
+  Device device = Device::CPU();
+  absl::Duration timeout = absl::Minutes(5);  // default for every collective
+  // Backend-specific settings ("iface" -> "veth0", "hostname" -> "10.0.0.1").
+  std::map<std::string, std::string> options;
+};
+
+using CommunicatorFactory =
+    std::function<absl::StatusOr<std::unique_ptr<Communicator>>(const CommunicatorOptions&)>;
 
 }  // namespace braid
 

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/communicator.h"
 #include "core/strategy.h"
 
 namespace braid {
@@ -27,6 +28,14 @@ class Registry {
   bool HasStrategy(const std::string& name) const;
   std::vector<std::string> StrategyNames() const;
 
+  // Communicator backends ("gloo", "nccl"), same rules as strategies.
+  absl::Status AddCommunicator(const std::string& name, CommunicatorFactory factory,
+                               const std::string& origin = "built-in");
+  absl::StatusOr<std::unique_ptr<Communicator>> MakeCommunicator(
+      const std::string& name, const CommunicatorOptions& options) const;
+  bool HasCommunicator(const std::string& name) const;
+  std::vector<std::string> CommunicatorNames() const;
+
   // LoadPlugin brackets a plugin's register call with these (on one thread): AddStrategy calls
   // in between that keep the default origin are attributed to `plugin`, and their errors are
   // handed back so that the load fails saying why, even if the plugin ignored them.
@@ -35,12 +44,28 @@ class Registry {
 
  private:
   Registry() = default;
-  struct Entry {
-    StrategyFactory factory;
-    std::string origin;
+  // One table per plugin kind; the kinds differ only in their factory's type.
+  template <typename Factory>
+  struct Table {
+    const char* kind;  // "strategy", "communicator": for messages
+    struct Entry {
+      Factory factory;
+      std::string origin;
+    };
+    std::map<std::string, Entry> entries;
   };
+  template <typename Factory>
+  absl::Status Add(Table<Factory>& table, const std::string& name, Factory factory,
+                   const std::string& origin);
+  template <typename Factory>
+  absl::StatusOr<std::pair<Factory, std::string>> Find(const Table<Factory>& table,
+                                                       const std::string& name) const;
+  template <typename Factory>
+  std::vector<std::string> Names(const Table<Factory>& table) const;
+
   mutable std::mutex mu_;
-  std::map<std::string, Entry> strategies_;
+  Table<StrategyFactory> strategies_{"strategy", {}};
+  Table<CommunicatorFactory> communicators_{"communicator", {}};
 };
 
 }  // namespace braid
