@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -212,17 +213,39 @@ absl::Status LoadPlugin(const std::string& name_or_path,
   return LoadAndReturnPath(name_or_path, search_path).status();
 }
 
-absl::Status EnsureStrategy(const std::string& name, const std::vector<std::string>& search_path) {
-  Registry& registry = Registry::Get();
-  if (registry.HasStrategy(name)) return absl::OkStatus();
-  if (!IsPluginName(name)) {
-    return registry.MakeStrategy(name).status();  // the unknown-name error, listing known ones
-  }
+namespace {
+
+// Makes sure `has(name)` holds, loading plugin `name` from the search path if it does not.
+absl::Status EnsureRegistered(const char* kind, const std::string& name,
+                              const std::vector<std::string>& search_path,
+                              const std::function<bool(const std::string&)>& has,
+                              const std::function<absl::Status()>& unknown,
+                              const std::function<std::vector<std::string>()>& names) {
+  if (has(name)) return absl::OkStatus();
+  if (!IsPluginName(name)) return unknown();  // the unknown-name error, listing known ones
   BRAID_ASSIGN_OR_RETURN(std::string path, LoadAndReturnPath(name, search_path));
-  if (registry.HasStrategy(name)) return absl::OkStatus();
-  return absl::NotFoundError(
-      absl::StrCat("plugin ", path, " loaded but registers no strategy '", name,
-                   "'; registered strategies: ", absl::StrJoin(registry.StrategyNames(), ", ")));
+  if (has(name)) return absl::OkStatus();
+  return absl::NotFoundError(absl::StrCat("plugin ", path, " loaded but registers no ", kind,
+                                          " '", name, "'; registered: ",
+                                          absl::StrJoin(names(), ", ")));
+}
+
+}  // namespace
+
+absl::Status EnsureStrategy(const std::string& name, const std::vector<std::string>& search_path) {
+  Registry& r = Registry::Get();
+  return EnsureRegistered(
+      "strategy", name, search_path, [&](const std::string& n) { return r.HasStrategy(n); },
+      [&] { return r.MakeStrategy(name).status(); }, [&] { return r.StrategyNames(); });
+}
+
+absl::Status EnsureCommunicator(const std::string& name,
+                                const std::vector<std::string>& search_path) {
+  Registry& r = Registry::Get();
+  return EnsureRegistered(
+      "communicator", name, search_path, [&](const std::string& n) { return r.HasCommunicator(n); },
+      [&] { return r.MakeCommunicator(name, CommunicatorOptions{}).status(); },
+      [&] { return r.CommunicatorNames(); });
 }
 
 }  // namespace braid

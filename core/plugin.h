@@ -29,6 +29,10 @@ absl::Status LoadPlugin(const std::string& name_or_path,
 // Makes sure strategy `name` is registered, loading plugin `name` from the search path if not.
 absl::Status EnsureStrategy(const std::string& name, const std::vector<std::string>& search_path);
 
+// The same for communicator backends ("gloo" loads libbraid_gloo.so).
+absl::Status EnsureCommunicator(const std::string& name,
+                                const std::vector<std::string>& search_path);
+
 }  // namespace braid
 
 #endif  // BRAID_CORE_PLUGIN_H_
