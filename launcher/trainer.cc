@@ -1,5 +1,10 @@
 #include "launcher/trainer.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -10,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "backends/store/tcp_store.h"
 #include "core/allocator.h"
 #include "core/check.h"
 #include "core/autograd.h"
@@ -19,6 +25,7 @@
 #include "core/plugin.h"
 #include "core/registry.h"
 #include "core/safetensors.h"
+#include "core/store.h"
 #include "core/strategy.h"
 #include "models/data/distributed_sampler.h"
 #include "models/data/find_data.h"
@@ -224,17 +231,51 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Prints to the console (rank 0) and appends to train.log.
+// Rank 0 owns train.log and the metrics file; other ranks write train.rank<r>.log and
+// <metrics>.rank<r> beside them (the launcher shows rank 0's console on the terminal).
+std::string LogPath(const TrainerEnv& env) {
+  return env.rank == 0 ? env.log_dir + "/train.log"
+                       : absl::StrCat(env.log_dir, "/train.rank", env.rank, ".log");
+}
+std::string MetricsPath(const TrainerEnv& env) {
+  return env.rank == 0 ? env.metrics_path : absl::StrCat(env.metrics_path, ".rank", env.rank);
+}
+
+// The local address peers can reach this process at: the one the kernel routes toward the
+// master (connecting a UDP socket sends nothing). Falls back to loopback.
+std::string LocalAddressToward(const std::string& master) {
+  addrinfo hints = {};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(master.c_str(), "9", &hints, &res) != 0 || res == nullptr) return "127.0.0.1";
+  std::string out = "127.0.0.1";
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in local = {};
+    socklen_t len = sizeof(local);
+    char buf[INET_ADDRSTRLEN];
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf)) != nullptr) {
+      out = buf;
+    }
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  return out;
+}
+
+// Prints to the console and appends to this rank's log.
 class Reporter {
  public:
   Reporter(const TrainerEnv& env) : env_(env) {
     if (!env.log_dir.empty()) {
-      log_.open(env.log_dir + "/train.log", std::ios::app);
-      metrics_.open(env.metrics_path, std::ios::trunc);
+      log_.open(LogPath(env), std::ios::app);
+      metrics_.open(MetricsPath(env), std::ios::trunc);
     }
   }
   void Line(const std::string& s) {
-    if (env_.rank == 0 && !env_.quiet) {
+    if (!env_.quiet) {
       if (pending_progress_) std::fputc('\n', stdout);
       pending_progress_ = false;
       std::fprintf(stdout, "%s\n", s.c_str());
@@ -243,7 +284,7 @@ class Reporter {
     if (log_.is_open()) log_ << s << "\n" << std::flush;
   }
   void Progress(const std::string& s, bool keep) {
-    if (env_.rank == 0 && !env_.quiet) {
+    if (!env_.quiet) {
       if (env_.interactive) {
         std::fprintf(stdout, "\r%s\033[K", s.c_str());
         pending_progress_ = true;
@@ -301,12 +342,37 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   BRAID_RETURN_IF_ERROR(EnsureStrategy(sname, PluginSearchPath(env.plugin_search_path)));
   BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Strategy> strategy, Registry::Get().MakeStrategy(sname));
 
-  // One process: a world of one. Multi-process runs get their communicator from the
-  // distributed runtime.
-  if (env.world_size != 1) {
-    return absl::UnimplementedError("multi-process training needs the Gloo communicator plugin");
+  // The world group: a communicator plugin over the launcher's store for several processes, the
+  // in-process communicator for one.
+  std::unique_ptr<Store> store, world_store;
+  std::vector<std::unique_ptr<Communicator>> group;
+  if (env.world_size > 1) {
+    BRAID_ASSIGN_OR_RETURN(store, ConnectStoreFromEnv(absl::Seconds(cfg.collective_timeout_s())));
+    world_store = std::make_unique<PrefixStore>("braid/world", store.get());
+    BRAID_RETURN_IF_ERROR(
+        EnsureCommunicator(cfg.communicator(), PluginSearchPath(env.plugin_search_path)));
+    CommunicatorOptions co;
+    co.rank = env.rank;
+    co.size = env.world_size;
+    co.store = world_store.get();
+    co.device = device;
+    co.timeout = absl::Seconds(cfg.collective_timeout_s());
+    if (cfg.communicator() == "gloo") {
+      // BRAID_GLOO_IFNAME picks an interface; otherwise the address that routes to the master.
+      const char* iface = std::getenv("BRAID_GLOO_IFNAME");
+      const char* master = std::getenv("MASTER_ADDR");
+      if (iface && *iface) {
+        co.options["iface"] = iface;
+      } else {
+        co.options["hostname"] = LocalAddressToward(master ? master : "127.0.0.1");
+      }
+    }
+    BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world,
+                           Registry::Get().MakeCommunicator(cfg.communicator(), co));
+    group.push_back(std::move(world));
+  } else {
+    group = MakeInProcessGroup(1);
   }
-  auto group = MakeInProcessGroup(1);
   StrategyContext ctx;
   ctx.comm = group[0].get();
   ctx.device = device;
@@ -399,8 +465,8 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
     rep.Line(absl::StrCat("braid: wrote weights to ", cfg.save_to()));
   }
   if (!env.log_dir.empty()) {
-    result.metrics_path = env.metrics_path;
-    result.log_path = env.log_dir + "/train.log";
+    result.metrics_path = MetricsPath(env);
+    result.log_path = LogPath(env);
     rep.Line(absl::StrCat("braid: metrics in ", result.metrics_path, ", log in ", result.log_path));
   }
   return result;

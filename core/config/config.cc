@@ -665,6 +665,11 @@ void CheckRun(Checker& c, TrainConfig* cfg, int dp) {
     c.Error(absl::StrCat("device ", Quoted(*device),
                          " is unknown; known: \"cpu\", \"cuda\", \"cuda:N\" (N = 0, 1, ...)"));
   }
+  if (cfg->communicator().empty()) {
+    cfg->set_communicator(absl::StartsWith(*device, "cuda") ? "nccl" : "gloo");
+  }
+  if (!cfg->has_collective_timeout_s()) cfg->set_collective_timeout_s(300);
+  c.Positive("collective_timeout_s", cfg->collective_timeout_s());
   if (!cfg->has_threads()) cfg->set_threads(1);
   c.Positive("threads", cfg->threads());
   if (!cfg->has_seed()) cfg->set_seed(kDefaultSeed);
