@@ -1,169 +1,601 @@
-// The Braid launcher: sets up the rank environment and runs the training program.
+// The Braid launcher: starts the workers of one node, gives each the rank environment, serves
+// (node 0) the rendezvous store, and watches the job with the launchers of the other nodes.
 //
-//   bazel run //launcher -- [--nnodes=1 --node_rank=0 --nproc_per_node=1
-//                            --master_addr=127.0.0.1 --master_port=29500] [--config=FILE] [...]
+//   bazel run //launcher -- [--nnodes=N --node_rank=K --nproc_per_node=P --master_addr=A
+//                            --master_port=Q --log_dir=D --max_restarts=R --program=PATH]
+//                           [--] <arguments for the program, e.g. --config=FILE>
 //
-// Everything it does not know is passed on to the training program (//launcher:train). In this
-// release one process per job is supported; the rank flags are parsed and checked so configs and
-// scripts written now keep working when multi-process launch lands.
+// docs/LAUNCHING.md is the user's guide; `launcher --help` lists the flags.
+#include <arpa/inet.h>
+#include <errno.h>
+#include <poll.h>
 #include <signal.h>
-#include <sys/wait.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "backends/store/tcp_store.h"
+#include "launcher/launch_plan.h"
+#include "launcher/rendezvous.h"
+#include "launcher/worker_group.h"
 #include "tools/cpp/runfiles/runfiles.h"
 
+namespace braid::launcher {
 namespace {
 
 using bazel::tools::cpp::runfiles::Runfiles;
 
-pid_t g_child = -1;
+// Exit codes of the launcher itself (a failed worker's own code is passed on, see Main).
+constexpr int kExitJobFailed = 1;
+constexpr int kExitLauncherError = 2;
 
-void Forward(int sig) {
-  if (g_child > 0) kill(g_child, sig);
-}
-
+// Only before any worker exists. _exit: store threads may be running; nothing to clean up.
 [[noreturn]] void Die(const std::string& msg) {
   std::fprintf(stderr, "braid launcher: %s\n", msg.c_str());
-  std::exit(2);
+  std::fflush(nullptr);
+  _exit(kExitLauncherError);
 }
 
-struct Flags {
-  int nnodes = 1, node_rank = 0, nproc_per_node = 1, master_port = 29500;
-  std::string master_addr = "127.0.0.1";
-  std::vector<std::string> passthrough;
+void Say(const std::string& msg) {
+  std::fprintf(stderr, "braid launcher: %s\n", msg.c_str());
+  std::fflush(stderr);
+}
+
+std::string Hostname() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+std::string Workspace() {
+  const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+  return ws ? ws : "";
+}
+
+// bazel run starts us inside the runfiles tree; a relative path from the user means their
+// checkout.
+std::string ResolveUserPath(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  if (access(path.c_str(), F_OK) == 0 || Workspace().empty()) return path;
+  return absl::StrCat(Workspace(), "/", path);
+}
+
+std::string Absolute(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  char cwd[4096];
+  if (!getcwd(cwd, sizeof cwd)) return path;
+  return absl::StrCat(cwd, "/", path);
+}
+
+std::string FindTrainingProgram(const char* argv0) {
+  std::string error;
+  std::unique_ptr<Runfiles> rf(Runfiles::Create(argv0, &error));
+  std::string path;
+  if (rf) path = rf->Rlocation("braid/launcher/train");
+  if (path.empty() || access(path.c_str(), X_OK) != 0) {
+    // Installed layout: the training program next to the launcher.
+    std::string self = argv0;
+    path = self.substr(0, self.rfind('/') + 1) + "train";
+  }
+  if (access(path.c_str(), X_OK) != 0) {
+    Die(absl::StrCat("cannot find the training program (looked for ", path,
+                     "); build it with bazel build //launcher:all"));
+  }
+  return Absolute(path);
+}
+
+std::string FindProgram(const std::string& name) {
+  std::string path;
+  if (name.find('/') != std::string::npos) {
+    path = Absolute(ResolveUserPath(name));
+  } else {
+    const char* search = std::getenv("PATH");
+    for (absl::string_view dir : absl::StrSplit(search ? search : "/usr/bin:/bin", ':')) {
+      std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", name);
+      if (access(candidate.c_str(), X_OK) == 0) {
+        path = Absolute(candidate);
+        break;
+      }
+    }
+    if (path.empty()) Die(absl::StrCat("--program=", name, ": not found on $PATH"));
+  }
+  if (access(path.c_str(), X_OK) != 0) {
+    Die(absl::StrCat("--program=", name, ": ", path, " is not an executable file (",
+                     strerror(errno), ")"));
+  }
+  return path;
+}
+
+std::string SigName(int s) {
+  const char* a = sigabbrev_np(s);
+  return a ? absl::StrCat("SIG", a) : absl::StrCat("signal ", s);
+}
+
+// Signals the launcher handles: all blocked and read from a signalfd, so no handler runs on a
+// store thread and the main loop can wait for a signal, a worker and output at once.
+class Signals {
+ public:
+  Signals() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGCHLD);
+    for (int s : {SIGINT, SIGTERM, SIGHUP}) {
+      // A signal ignored by whoever started us (nohup; a script's background job for SIGINT)
+      // stays ignored, here and in the workers.
+      struct sigaction old;
+      if (sigaction(s, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+      sigaddset(&set_, s);
+    }
+    // Before any thread exists: threads inherit the mask.
+    sigprocmask(SIG_BLOCK, &set_, nullptr);
+    fd_ = signalfd(-1, &set_, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (fd_ < 0) Die(absl::StrCat("signalfd: ", strerror(errno)));
+    signal(SIGPIPE, SIG_IGN);  // a closed console or socket is an error, not death
+  }
+  int fd() const { return fd_; }
+  // Reads what arrived; returns the first stop signal (SIGINT/SIGTERM/SIGHUP) seen, or 0.
+  int Poll() {
+    signalfd_siginfo info;
+    int got = 0;
+    while (read(fd_, &info, sizeof info) == sizeof info) {
+      int s = static_cast<int>(info.ssi_signo);
+      if (s != SIGCHLD) {
+        ++count_;
+        if (!got) got = s;
+      }
+    }
+    if (got && !first_) first_ = got;
+    return got;
+  }
+  int first() const { return first_; }  // the first stop signal ever received
+  int count() const { return count_; }
+
+ private:
+  sigset_t set_;
+  int fd_ = -1;
+  int first_ = 0;
+  int count_ = 0;
 };
 
-bool TakeInt(const std::string& arg, const char* name, int* out) {
-  std::string prefix = absl::StrCat("--", name, "=");
-  if (!absl::StartsWith(arg, prefix)) return false;
-  if (!absl::SimpleAtoi(arg.substr(prefix.size()), out)) {
-    Die(absl::StrCat("--", name, " wants an integer, got '", arg.substr(prefix.size()), "'"));
-  }
-  return true;
-}
-
-Flags Parse(int argc, char** argv) {
-  Flags f;
-  bool rest = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (rest) {
-      f.passthrough.push_back(a);
-    } else if (a == "--") {
-      rest = true;
-    } else if (TakeInt(a, "nnodes", &f.nnodes) || TakeInt(a, "node_rank", &f.node_rank) ||
-               TakeInt(a, "nproc_per_node", &f.nproc_per_node) ||
-               TakeInt(a, "master_port", &f.master_port)) {
-    } else if (absl::StartsWith(a, "--master_addr=")) {
-      f.master_addr = a.substr(strlen("--master_addr="));
-    } else if (a == "--help" || a == "-h") {
-      std::printf(
-          "usage: launcher [--nnodes=N --node_rank=K --nproc_per_node=P --master_addr=A "
-          "--master_port=Q] [--config=FILE] [training flags]\n"
-          "Training flags are those of //launcher:train (run it with --help).\n");
-      std::exit(0);
-    } else {
-      f.passthrough.push_back(a);
+// Runs `fn` on a thread while watching for stop signals: connecting to a master that is not up
+// yet may take minutes, and Ctrl-C must still work then (no worker exists yet, so exiting is
+// clean).
+template <typename T>
+T WhileWatchingSignals(Signals& signals, const char* what, std::function<T()> fn) {
+  struct State {
+    std::mutex mu;
+    std::optional<T> result;
+  };
+  auto state = std::make_shared<State>();
+  std::thread([state, fn = std::move(fn)] {
+    T r = fn();
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->result.emplace(std::move(r));
+  }).detach();
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (state->result) return std::move(*state->result);
+    }
+    pollfd p = {signals.fd(), POLLIN, 0};
+    poll(&p, 1, 20);
+    if (int s = signals.Poll()) {
+      Say(absl::StrCat("interrupted by ", SigName(s), " while ", what, "; no worker was started"));
+      std::_Exit(128 + s);
     }
   }
-  if (f.nnodes < 1 || f.nproc_per_node < 1) Die("--nnodes and --nproc_per_node must be >= 1");
-  if (f.node_rank < 0 || f.node_rank >= f.nnodes) {
-    Die(absl::StrCat("--node_rank=", f.node_rank, " is outside [0, --nnodes=", f.nnodes, ")"));
-  }
-  if (f.master_port <= 0 || f.master_port > 65535) Die("--master_port must be in 1..65535");
-  if (f.nnodes * f.nproc_per_node > 1) {
-    Die(absl::StrCat("a world of ", f.nnodes * f.nproc_per_node,
-                     " processes was asked for, but this build launches one process per job "
-                     "(multi-process and multi-node launch arrive with the Gloo communicator); "
-                     "use --nnodes=1 --nproc_per_node=1"));
-  }
-  return f;
 }
 
-// bazel run starts us inside the runfiles tree; a relative --config means the user's checkout.
-std::string ResolveUserPath(const std::string& flag_value) {
-  if (flag_value.empty() || flag_value[0] == '/') return flag_value;
-  if (access(flag_value.c_str(), R_OK) == 0) return flag_value;
-  const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY");
-  if (ws) return absl::StrCat(ws, "/", flag_value);
-  return flag_value;
+bool IsIpLiteral(const std::string& a) {
+  unsigned char buf[16];
+  return inet_pton(AF_INET, a.c_str(), buf) == 1 || inet_pton(AF_INET6, a.c_str(), buf) == 1;
+}
+
+struct Outcome {
+  enum Kind {
+    kSuccess,
+    kWorkerFailed,   // a worker of this launcher
+    kRemoteFailed,   // another launcher reported a failure (or stopped responding)
+    kStoreLost,      // node 0's store went away: nothing to restart with
+    kInterrupted,    // a signal to this launcher
+    kLauncherError,  // check-in failed, workers could not start
+  } kind = kSuccess;
+  std::string message;  // printed as the one message about the failure
+  int exit_code = 0;
+  bool restartable = false;  // --max_restarts may start the worker group again
+};
+
+class Launcher {
+ public:
+  Launcher(LaunchFlags flags, LaunchPlan plan, std::vector<std::string> argv, std::string log_dir,
+           std::string token)
+      : flags_(std::move(flags)), plan_(std::move(plan)), argv_(std::move(argv)),
+        log_dir_(std::move(log_dir)), token_(std::move(token)) {}
+
+  int Run();
+
+ private:
+  std::string Label() const {
+    return plan_.source == LayoutSource::kFlags || flags_.Given("nproc_per_node")
+               ? absl::StrCat("node ", plan_.node_rank)
+               : absl::StrCat("rank ", plan_.launcher_id, "'s launcher");
+  }
+  void ServeAndConnect();
+  std::vector<WorkerSpec> Specs(int attempt) const;
+  Outcome RunAttempt(int attempt);
+  Outcome WorkerFailure(const WorkerExit& e) const;
+  int Finish(const Outcome& o, int attempt);
+
+  LaunchFlags flags_;
+  LaunchPlan plan_;
+  std::vector<std::string> argv_;
+  std::string log_dir_, token_;
+  std::string host_ = Hostname();
+  Signals signals_;
+  std::unique_ptr<TcpStoreServer> server_;
+  std::unique_ptr<TcpStoreClient> client_;
+  std::unique_ptr<LauncherRendezvous> rdzv_;
+  WorkerGroup* group_ = nullptr;
+  int vanished_ = 0;  // launchers found silent: node 0 does not wait for them at the end
+};
+
+void Launcher::ServeAndConnect() {
+  if (plan_.launcher_id == 0) {
+    TcpStoreServer::Options o;
+    // An IP literal is this node's address: listen there only. A host name may resolve to a
+    // loopback alias locally (Debian's 127.0.1.1) and to the real address elsewhere, so then
+    // listen on every interface.
+    o.host = IsIpLiteral(plan_.master_addr) ? plan_.master_addr : "0.0.0.0";
+    // One launcher and no port asked for: a free port, so that several single-node jobs on
+    // one machine never collide.
+    o.port = plan_.num_launchers == 1 && !plan_.master_port_given ? 0 : plan_.master_port;
+    o.token = token_;
+    o.log = [](const std::string& m) { Say(m); };  // "braid store <addr>: ..."
+    auto server = TcpStoreServer::Start(o);
+    if (!server.ok()) {
+      Die(absl::StrCat("node 0 cannot serve the rendezvous store at ", o.host, ":", o.port, ": ",
+                       server.status().message(),
+                       plan_.num_launchers == 1
+                           ? " (or leave out --master_port and $MASTER_PORT: one node then picks "
+                             "a free port)"
+                           : ""));
+    }
+    server_ = std::move(*server);
+    plan_.master_port = server_->port();
+  }
+  TcpStoreClient::Options c;
+  c.host = plan_.launcher_id == 0 && plan_.master_addr == "0.0.0.0" ? "127.0.0.1" : plan_.master_addr;
+  c.port = plan_.master_port;
+  c.token = token_;
+  c.connect_timeout = absl::Seconds(flags_.connect_timeout_s);
+  auto client = WhileWatchingSignals<absl::StatusOr<std::unique_ptr<TcpStoreClient>>>(
+      signals_, "connecting to the rendezvous store",
+      [c] { return TcpStoreClient::Connect(c); });
+  if (!client.ok()) {
+    Die(absl::StrCat(Label(), " cannot use the rendezvous store at ", c.host, ":", c.port, ": ",
+                     client.status().message()));
+  }
+  client_ = std::move(*client);
+  LauncherInfo info;
+  info.id = plan_.launcher_id;
+  info.num_launchers = plan_.num_launchers;
+  info.world_size = plan_.world_size;
+  info.local_workers = static_cast<int>(plan_.workers.size());
+  info.uniform = plan_.source == LayoutSource::kFlags || flags_.Given("nproc_per_node");
+  info.max_restarts = flags_.max_restarts;
+  info.label = Label();
+  info.host = host_;
+  info.layout = plan_.describe;
+  rdzv_ = std::make_unique<LauncherRendezvous>(client_.get(), info);
+}
+
+std::vector<WorkerSpec> Launcher::Specs(int attempt) const {
+  EnvMap base = CurrentEnvironment();
+  if (!Workspace().empty() && !base.count("BRAID_DATA_DIR")) base["BRAID_DATA_DIR"] = Workspace() + "/data";
+  std::vector<WorkerSpec> specs;
+  for (const WorkerPlan& w : plan_.workers) {
+    WorkerSpec s;
+    s.rank = w.rank;
+    s.argv = argv_;
+    s.env = base;
+    for (auto& [k, v] : WorkerEnvironment(plan_, w, token_, attempt)) s.env[k] = v;
+    s.log_path = absl::StrCat(log_dir_, "/workerlog.", w.rank);
+    s.append_log = attempt > 0;
+    s.echo = w.rank == 0;
+    // A terminal for rank 0 when we have one: the training program then draws its live
+    // progress line, as when run on its own.
+    s.echo_tty = s.echo && isatty(STDOUT_FILENO);
+    specs.push_back(std::move(s));
+  }
+  return specs;
+}
+
+Outcome Launcher::WorkerFailure(const WorkerExit& e) const {
+  Outcome o;
+  o.kind = Outcome::kWorkerFailed;
+  o.restartable = true;
+  std::string log = absl::StrCat(log_dir_, "/workerlog.", e.rank);
+  group_->DrainOutput();
+  std::vector<std::string> tail = LastLines(log, flags_.tail_lines);
+  o.message = absl::StrCat("rank ", e.rank, " (", Label(), ", host ", host_, ", pid ", e.pid, ") ",
+                           DescribeWaitStatus(e.wait_status), ".");
+  if (flags_.tail_lines > 0) {
+    if (tail.empty()) {
+      absl::StrAppend(&o.message, " Its log ", log, " is empty.");
+    } else {
+      absl::StrAppend(&o.message, " Last ", tail.size(), " line(s) of ", log, ":");
+      for (std::string& line : tail) {
+        if (line.size() > 400) line = line.substr(0, 400) + "...";
+        absl::StrAppend(&o.message, "\n  | ", line);
+      }
+    }
+  }
+  o.exit_code = WIFEXITED(e.wait_status) ? WEXITSTATUS(e.wait_status) : 128 + WTERMSIG(e.wait_status);
+  if (plan_.world_size > 1 || o.exit_code == 0) o.exit_code = kExitJobFailed;
+  return o;
+}
+
+Outcome Launcher::RunAttempt(int attempt) {
+  auto interrupted = [&] { return signals_.Poll() != 0 || signals_.first() != 0; };
+  if (absl::Status st = rdzv_->CheckIn(attempt, absl::Seconds(flags_.rdzv_timeout_s), interrupted);
+      !st.ok()) {
+    Outcome o;
+    if (signals_.first()) {
+      o.kind = Outcome::kInterrupted;
+      o.message = absl::StrCat("interrupted by ", SigName(signals_.first()),
+                               " while waiting for the other nodes; no worker was started");
+      o.exit_code = 128 + signals_.first();
+    } else {
+      o.kind = Outcome::kLauncherError;
+      o.message = std::string(st.message());
+      o.exit_code = kExitLauncherError;
+    }
+    return o;
+  }
+  WorkerGroup group;
+  group_ = &group;
+  std::vector<WorkerSpec> specs = Specs(attempt);
+  if (absl::Status st = group.Start(specs); !st.ok()) {
+    Outcome o{Outcome::kLauncherError, std::string(st.message()), kExitLauncherError};
+    (void)rdzv_->ReportFailure(attempt, {absl::StrCat(Label(), " could not start its workers: ", o.message), false});
+    group_ = nullptr;
+    return o;
+  }
+  if (plan_.world_size > 1) {
+    const auto& w = plan_.workers;
+    Say(absl::StrCat(Label(), " (", host_, ") started ", w.size() == 1 ? "rank " : "ranks ",
+                     w.front().rank, w.size() > 1 ? absl::StrCat("-", w.back().rank) : "", " of ",
+                     plan_.world_size, attempt > 0 ? absl::StrCat(" (restart ", attempt, ")") : "",
+                     "; store ", plan_.master_addr, ":", plan_.master_port, "; logs in ", log_dir_));
+  }
+
+  std::optional<Outcome> outcome;
+  bool reported_done = false;
+  absl::Time next_beat = absl::InfinitePast(), next_silence_check = absl::Now() + absl::Seconds(2);
+  while (!outcome) {
+    std::vector<WorkerExit> exits = group.Poll(absl::Milliseconds(200), {signals_.fd()});
+    if (int s = signals_.Poll()) {
+      outcome = Outcome{Outcome::kInterrupted,
+                        absl::StrCat(Label(), "'s launcher received ", SigName(s),
+                                     "; stopping the job"),
+                        128 + s};
+      (void)rdzv_->ReportFailure(attempt, {outcome->message, false});
+      break;
+    }
+    for (const WorkerExit& e : exits) {
+      if (!e.ok() && !outcome) outcome = WorkerFailure(e);
+    }
+    if (outcome) {
+      // The first report in the store wins; when another node's came first, it is the cause.
+      (void)rdzv_->ReportFailure(attempt, {outcome->message, true});
+      break;
+    }
+    // The job, as the other launchers see it. A store error means node 0 is gone.
+    absl::StatusOr<std::optional<LauncherRendezvous::Failure>> failure = rdzv_->CheckFailure(attempt);
+    if (!failure.ok()) {
+      outcome = Outcome{Outcome::kStoreLost,
+                        absl::StrCat(Label(), " lost the rendezvous store at ", plan_.master_addr,
+                                     ":", plan_.master_port,
+                                     " (node 0's launcher ended or the network failed): ",
+                                     failure.status().message()),
+                        kExitJobFailed};
+      break;
+    }
+    if (*failure) {
+      outcome = Outcome{Outcome::kRemoteFailed, (*failure)->message, kExitJobFailed,
+                        (*failure)->restartable};
+      break;
+    }
+    absl::Time now = absl::Now();
+    if (now >= next_beat) {
+      (void)rdzv_->Heartbeat(attempt);
+      next_beat = now + absl::Seconds(1);
+    }
+    if (plan_.launcher_id == 0 && now >= next_silence_check) {
+      next_silence_check = now + absl::Seconds(1);
+      auto silent = rdzv_->SilentLaunchers(attempt, absl::Seconds(flags_.heartbeat_timeout_s));
+      if (silent.ok() && !silent->empty()) {
+        const LauncherInfo& s = silent->front();
+        vanished_ = static_cast<int>(silent->size());
+        outcome = Outcome{Outcome::kRemoteFailed,
+                          absl::StrCat(s.label, "'s launcher (host ", s.host,
+                                       ") stopped responding: no heartbeat for ",
+                                       flags_.heartbeat_timeout_s, " s; stopping the job"),
+                          kExitJobFailed};
+        (void)rdzv_->ReportFailure(attempt, {outcome->message, false});
+        break;
+      }
+    }
+    if (group.running() == 0) {
+      // Every local worker finished well; the job is done when every node's are.
+      if (!reported_done) {
+        auto n = rdzv_->ReportDone(attempt);
+        reported_done = n.ok();
+      }
+      auto done = rdzv_->CountDone(attempt);
+      if (done.ok() && *done >= plan_.num_launchers) outcome = Outcome{};
+    }
+  }
+
+  {
+    // Also after a success: nothing a worker left running survives the job.
+    int sig = outcome->kind == Outcome::kInterrupted ? signals_.first() : SIGTERM;
+    if (sig == SIGHUP) sig = SIGTERM;
+    group.Stop(sig, absl::Seconds(flags_.stop_grace_s), [&] {
+      signals_.Poll();
+      return signals_.count() > 1;  // a second Ctrl-C: no more waiting
+    });
+    group.Poll(absl::ZeroDuration());
+  }
+  if (outcome->kind == Outcome::kWorkerFailed || outcome->kind == Outcome::kInterrupted) {
+    // Several nodes can fail at once; the store's first report is the job's cause.
+    auto first = rdzv_->CheckFailure(attempt);
+    if (first.ok() && *first && (*first)->message != outcome->message) {
+      outcome->message = absl::StrCat((*first)->message, "\n(then, on ", Label(), ": ",
+                                      outcome->message.substr(0, outcome->message.find('\n')), ")");
+      outcome->restartable = outcome->restartable && (*first)->restartable;
+    }
+  }
+  group_ = nullptr;
+  return *outcome;
+}
+
+int Launcher::Finish(const Outcome& o, int attempt) {
+  switch (o.kind) {
+    case Outcome::kSuccess:
+      break;
+    case Outcome::kWorkerFailed:
+      Say(absl::StrCat(o.message, "\nStopped the other workers", plan_.num_launchers > 1 ? " on every node" : "",
+                       "; logs in ", log_dir_, "."));
+      break;
+    case Outcome::kRemoteFailed:
+    case Outcome::kStoreLost:
+      Say(absl::StrCat(o.message, "\n", Label(), " stopped its workers; its logs are in ", log_dir_, "."));
+      break;
+    case Outcome::kInterrupted:
+    case Outcome::kLauncherError:
+      Say(o.message);
+      break;
+  }
+  // Node 0 keeps the store up until every launcher that checked in has read the outcome
+  // (bounded: a launcher may be gone).
+  (void)rdzv_->ReportExit(attempt);
+  if (server_) {
+    absl::Time deadline = absl::Now() + absl::Seconds(o.kind == Outcome::kSuccess ? 10 : 5);
+    while (absl::Now() < deadline) {
+      auto n = rdzv_->CountExit(attempt);
+      auto arrived = rdzv_->CountArrived(attempt);
+      if (!n.ok() || !arrived.ok() || *n >= *arrived - vanished_) break;
+      if (signals_.Poll()) break;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  }
+  client_.reset();
+  if (server_) server_->Stop();
+  return o.exit_code;
+}
+
+int Launcher::Run() {
+  prctl(PR_SET_CHILD_SUBREAPER, 1);
+  ServeAndConnect();
+  for (int attempt = 0;; ++attempt) {
+    Outcome o = RunAttempt(attempt);
+    bool retry = o.restartable && attempt < flags_.max_restarts && !signals_.first();
+    if (!retry) return Finish(o, attempt);
+    Say(absl::StrCat(o.message, "\nRestarting the worker group (restart ", attempt + 1, " of --max_restarts=",
+                     flags_.max_restarts, ")."));
+    // The logs keep every attempt; mark where the next begins.
+    for (const WorkerPlan& w : plan_.workers) {
+      FILE* f = std::fopen(absl::StrCat(log_dir_, "/workerlog.", w.rank).c_str(), "a");
+      if (f) {
+        std::fprintf(f, "----- braid launcher: restart %d of %d -----\n", attempt + 1, flags_.max_restarts);
+        std::fclose(f);
+      }
+    }
+  }
+}
+
+int Main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  absl::StatusOr<LaunchFlags> flags = ParseLaunchFlags(args);
+  if (!flags.ok()) Die(absl::StrCat(flags.status().message(), " (launcher --help lists the flags)"));
+  if (flags->help) {
+    std::printf("%s", kLauncherUsage);
+    return 0;
+  }
+  absl::StatusOr<LaunchPlan> plan = MakeLaunchPlan(*flags, CurrentEnvironment());
+  if (!plan.ok()) Die(std::string(plan.status().message()));
+
+  std::string log_dir = flags->log_dir;
+  if (log_dir.empty()) {
+    std::string base = Workspace().empty() ? "." : Workspace();
+    // Beside the training program's runs/<model>-<time>/ (and ignored by git like it).
+    log_dir = absl::StrCat(base, "/runs/workers-",
+                           absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()));
+  }
+  log_dir = Absolute(ResolveUserPath(log_dir));
+  if (absl::Status st = MakeDirs(log_dir); !st.ok()) Die(absl::StrCat("--log_dir: ", st.message()));
+
+  std::vector<std::string> program_argv;
+  const bool default_program = flags->program.empty();
+  program_argv.push_back(default_program ? FindTrainingProgram(argv[0]) : FindProgram(flags->program));
+  bool program_has_log_dir = false;
+  for (const std::string& a : flags->program_args) {
+    std::string arg = a;
+    if (default_program) {
+      for (const char* path_flag : {"--config=", "--init_from=", "--save_to=", "--log_dir="}) {
+        if (absl::StartsWith(a, path_flag)) {
+          arg = absl::StrCat(path_flag, ResolveUserPath(a.substr(strlen(path_flag))));
+        }
+      }
+      program_has_log_dir |= absl::StartsWith(a, "--log_dir=");
+    }
+    program_argv.push_back(arg);
+  }
+  // The training program's metrics and train.log go beside the worker logs when the user chose
+  // the folder (otherwise it picks runs/<model>-<time> itself).
+  if (default_program && flags->Given("log_dir") && !program_has_log_dir) {
+    program_argv.push_back(absl::StrCat("--log_dir=", log_dir));
+  }
+
+  std::string token;
+  if (const char* t = std::getenv("BRAID_JOB_TOKEN"); t && *t) {
+    token = t;
+  } else if (plan->num_launchers > 1) {
+    Die(absl::StrCat(
+        "a job of ", plan->num_launchers, " launchers (", plan->describe,
+        ") needs the same secret job token on every node, and BRAID_JOB_TOKEN is not set. Create "
+        "one and set it everywhere before starting the launchers:\n  export BRAID_JOB_TOKEN=$(openssl "
+        "rand -hex 32)"));
+  } else {
+    absl::StatusOr<std::string> t = GenerateJobToken();
+    if (!t.ok()) Die(absl::StrCat("cannot generate a job token: ", t.status().message()));
+    token = *t;
+  }
+
+  Launcher launcher(*std::move(flags), *std::move(plan), std::move(program_argv), log_dir, token);
+  return launcher.Run();
 }
 
 }  // namespace
+}  // namespace braid::launcher
 
-int main(int argc, char** argv) {
-  Flags f = Parse(argc, argv);
-  std::string error;
-  std::unique_ptr<Runfiles> rf(Runfiles::Create(argv[0], &error));
-  std::string trainer;
-  if (rf) trainer = rf->Rlocation("braid/launcher/train");
-  if (trainer.empty() || access(trainer.c_str(), X_OK) != 0) {
-    // Installed layout: the training program next to the launcher.
-    std::string self = argv[0];
-    trainer = self.substr(0, self.rfind('/') + 1) + "train";
-  }
-  if (access(trainer.c_str(), X_OK) != 0) {
-    Die(absl::StrCat("cannot find the training program (looked for ", trainer,
-                     "); build it with bazel build //launcher:all"));
-  }
-  std::vector<std::string> args = {trainer};
-  for (const std::string& a : f.passthrough) {
-    for (const char* path_flag : {"--config=", "--init_from=", "--save_to=", "--log_dir="}) {
-      if (absl::StartsWith(a, path_flag)) {
-        args.push_back(absl::StrCat(path_flag, ResolveUserPath(a.substr(strlen(path_flag)))));
-        goto next;
-      }
-    }
-    args.push_back(a);
-  next:;
-  }
-  int rank = f.node_rank * f.nproc_per_node;
-  setenv("RANK", std::to_string(rank).c_str(), 1);
-  setenv("LOCAL_RANK", "0", 1);
-  setenv("WORLD_SIZE", std::to_string(f.nnodes * f.nproc_per_node).c_str(), 1);
-  setenv("LOCAL_WORLD_SIZE", std::to_string(f.nproc_per_node).c_str(), 1);
-  setenv("NODE_RANK", std::to_string(f.node_rank).c_str(), 1);
-  setenv("MASTER_ADDR", f.master_addr.c_str(), 1);
-  setenv("MASTER_PORT", std::to_string(f.master_port).c_str(), 1);
-  const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY");
-  if (ws && !std::getenv("BRAID_DATA_DIR")) setenv("BRAID_DATA_DIR", absl::StrCat(ws, "/data").c_str(), 1);
-
-  std::vector<char*> cargs;
-  for (std::string& a : args) cargs.push_back(a.data());
-  cargs.push_back(nullptr);
-  g_child = fork();
-  if (g_child < 0) Die(absl::StrCat("fork failed: ", strerror(errno)));
-  if (g_child == 0) {
-    execv(cargs[0], cargs.data());
-    std::fprintf(stderr, "braid launcher: cannot run %s: %s\n", cargs[0], strerror(errno));
-    _exit(127);
-  }
-  struct sigaction sa = {};
-  sa.sa_handler = Forward;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  int status = 0;
-  while (waitpid(g_child, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (WIFEXITED(status)) {
-    int code = WEXITSTATUS(status);
-    if (code != 0) std::fprintf(stderr, "braid launcher: rank %d exited with code %d\n", rank, code);
-    return code;
-  }
-  if (WIFSIGNALED(status)) {
-    std::fprintf(stderr, "braid launcher: rank %d was killed by signal %d (%s)\n", rank,
-                 WTERMSIG(status), strsignal(WTERMSIG(status)));
-    return 128 + WTERMSIG(status);
-  }
-  return 1;
-}
+int main(int argc, char** argv) { return braid::launcher::Main(argc, argv); }

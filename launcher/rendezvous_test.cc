@@ -1,0 +1,209 @@
+#include "launcher/rendezvous.h"
+
+#include <memory>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace braid::launcher {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+LauncherInfo Node(int id, int nnodes, int nproc, int max_restarts = 0) {
+  LauncherInfo i;
+  i.id = id;
+  i.num_launchers = nnodes;
+  i.world_size = nnodes * nproc;
+  i.local_workers = nproc;
+  i.max_restarts = max_restarts;
+  i.label = absl::StrCat("node ", id);
+  i.host = absl::StrCat("host", id);
+  i.layout = absl::StrCat("--nnodes=", nnodes, " --nproc_per_node=", nproc);
+  return i;
+}
+
+// Checks every launcher in on its own thread (as on separate machines); returns their statuses
+// and how long the slowest took.
+std::vector<absl::Status> CheckInAll(const std::vector<LauncherRendezvous*>& launchers,
+                                     absl::Duration timeout, absl::Duration* took = nullptr) {
+  std::vector<absl::Status> out(launchers.size());
+  std::vector<std::thread> threads;
+  absl::Time t0 = absl::Now();
+  for (size_t i = 0; i < launchers.size(); ++i) {
+    threads.emplace_back([&, i] { out[i] = launchers[i]->CheckIn(0, timeout, nullptr); });
+  }
+  for (auto& t : threads) t.join();
+  if (took) *took = absl::Now() - t0;
+  return out;
+}
+
+std::vector<absl::Status> CheckInAll(Store* store, const std::vector<LauncherInfo>& infos,
+                                     absl::Duration timeout, absl::Duration* took = nullptr) {
+  std::vector<std::unique_ptr<LauncherRendezvous>> owned;
+  std::vector<LauncherRendezvous*> ptrs;
+  for (const LauncherInfo& i : infos) {
+    owned.push_back(std::make_unique<LauncherRendezvous>(store, i));
+    ptrs.push_back(owned.back().get());
+  }
+  return CheckInAll(ptrs, timeout, took);
+}
+
+TEST(LauncherInfo, RoundTrip) {
+  LauncherInfo a = Node(3, 4, 2, 1);
+  a.uniform = false;
+  auto b = LauncherInfo::Parse(a.Serialize());
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->id, 3);
+  EXPECT_EQ(b->num_launchers, 4);
+  EXPECT_EQ(b->world_size, 8);
+  EXPECT_EQ(b->local_workers, 2);
+  EXPECT_FALSE(b->uniform);
+  EXPECT_EQ(b->max_restarts, 1);
+  EXPECT_EQ(b->label, "node 3");
+  EXPECT_EQ(b->host, "host3");
+  EXPECT_EQ(b->layout, "--nnodes=4 --nproc_per_node=2");
+  EXPECT_FALSE(LauncherInfo::Parse("garbage").ok());
+}
+
+TEST(LauncherRendezvous, AgreeingLaunchersAllCheckIn) {
+  InMemoryStore store;
+  LauncherRendezvous a(&store, Node(0, 3, 2)), b(&store, Node(1, 3, 2)), c(&store, Node(2, 3, 2));
+  for (const auto& s : CheckInAll({&a, &b, &c}, absl::Seconds(10))) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(b.peers().size(), 2u);
+  EXPECT_EQ(b.peers().at(2).host, "host2");
+  EXPECT_EQ(b.peers().at(0).layout, "--nnodes=3 --nproc_per_node=2");
+  EXPECT_EQ(*a.CountArrived(0), 3);
+  EXPECT_EQ(*a.CountArrived(1), 0);
+}
+
+TEST(LauncherRendezvous, WorldSizeDisagreementFailsBothSidesFastNamingBoth) {
+  InMemoryStore store;
+  absl::Duration took;
+  // Node 0 thinks 2 nodes, node 1 thinks 3: node 0 would never wait for node 2, node 1 would
+  // wait forever for it. Both must fail at once with both views.
+  auto st = CheckInAll(&store, {Node(0, 2, 4), Node(1, 3, 4)}, absl::Seconds(30), &took);
+  EXPECT_LT(took, absl::Seconds(5));
+  for (const auto& s : st) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_THAT(std::string(s.message()),
+                AllOf(HasSubstr("world size disagreement"), HasSubstr("node 0 (host host0: --nnodes=2 --nproc_per_node=4)"),
+                      HasSubstr("world size 8"), HasSubstr("node 1 (host host1: --nnodes=3 --nproc_per_node=4)"),
+                      HasSubstr("world size 12")));
+  }
+}
+
+TEST(LauncherRendezvous, WorkersPerNodeDisagreement) {
+  InMemoryStore store;
+  auto st = CheckInAll(&store, {Node(0, 2, 2), Node(1, 2, 3)}, absl::Seconds(30));
+  for (const auto& s : st) EXPECT_THAT(std::string(s.message()), HasSubstr("--nproc_per_node=3"));
+}
+
+TEST(LauncherRendezvous, UnevenWorkersAreFineWhenTheSchedulerSaysSo) {
+  // Slurm with SLURM_TASKS_PER_NODE=2,1: launchers are per task, each with one worker.
+  InMemoryStore store;
+  std::vector<LauncherInfo> infos;
+  for (int i = 0; i < 3; ++i) {
+    LauncherInfo l = Node(i, 3, 1);
+    l.uniform = false;
+    infos.push_back(l);
+  }
+  for (const auto& s : CheckInAll(&store, infos, absl::Seconds(10))) EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(LauncherRendezvous, MaxRestartsDisagreement) {
+  InMemoryStore store;
+  auto st = CheckInAll(&store, {Node(0, 2, 1, 0), Node(1, 2, 1, 2)}, absl::Seconds(30));
+  for (const auto& s : st) EXPECT_THAT(std::string(s.message()), HasSubstr("--max_restarts=2"));
+}
+
+TEST(LauncherRendezvous, TwoLaunchersWithTheSameNodeRank) {
+  InMemoryStore store;
+  LauncherInfo twin = Node(1, 3, 1);
+  twin.host = "other";
+  absl::Duration took;
+  auto st = CheckInAll(&store, {Node(0, 3, 1), Node(1, 3, 1), twin}, absl::Seconds(30), &took);
+  EXPECT_LT(took, absl::Seconds(10));
+  for (const auto& s : st) {
+    EXPECT_THAT(std::string(s.message()), HasSubstr("two launchers claim to be node 1"));
+  }
+}
+
+TEST(LauncherRendezvous, TimeoutNamesTheMissingNodes) {
+  InMemoryStore store;
+  absl::Duration took;
+  auto st = CheckInAll(&store, {Node(0, 3, 1), Node(2, 3, 1)}, absl::Milliseconds(400), &took);
+  EXPECT_LT(took, absl::Seconds(3));
+  for (const auto& s : st) {
+    EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+    EXPECT_THAT(std::string(s.message()),
+                AllOf(HasSubstr("only 2 of 3 launchers checked in"), HasSubstr("missing: node 1")));
+  }
+}
+
+TEST(LauncherRendezvous, CancelStopsTheWait) {
+  InMemoryStore store;
+  LauncherRendezvous r(&store, Node(0, 2, 1));
+  absl::Time t0 = absl::Now();
+  absl::Status s = r.CheckIn(0, absl::Seconds(30), [&] { return absl::Now() - t0 > absl::Milliseconds(200); });
+  EXPECT_TRUE(absl::IsCancelled(s)) << s;
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
+}
+
+TEST(LauncherRendezvous, FirstFailureWinsAndEveryoneSeesIt) {
+  InMemoryStore store;
+  LauncherRendezvous a(&store, Node(0, 2, 1)), b(&store, Node(1, 2, 1));
+  EXPECT_FALSE(a.CheckFailure(0)->has_value());
+  ASSERT_TRUE(b.ReportFailure(0, {"rank 1 exited with code 3", true}).ok());
+  ASSERT_TRUE(a.ReportFailure(0, {"node 0's launcher received SIGINT", false}).ok());
+  for (LauncherRendezvous* r : {&a, &b}) {
+    auto f = r->CheckFailure(0);
+    ASSERT_TRUE(f.ok() && f->has_value());
+    EXPECT_EQ((*f)->message, "rank 1 exited with code 3");
+    EXPECT_TRUE((*f)->restartable);
+  }
+  // A restart starts clean.
+  EXPECT_FALSE(a.CheckFailure(1)->has_value());
+  ASSERT_TRUE(a.ReportFailure(1, {"node 0's launcher received SIGINT", false}).ok());
+  EXPECT_FALSE(b.CheckFailure(1)->value().restartable);
+}
+
+TEST(LauncherRendezvous, SilentLauncherIsNoticed) {
+  InMemoryStore store;
+  LauncherRendezvous zero(&store, Node(0, 3, 1)), one(&store, Node(1, 3, 1)), two(&store, Node(2, 3, 1));
+  for (const auto& s : CheckInAll({&zero, &one, &two}, absl::Seconds(10))) ASSERT_TRUE(s.ok()) << s;
+  absl::Time t0 = absl::Now();
+  std::vector<LauncherInfo> silent;
+  // Node 1 keeps beating, node 2 never does.
+  while (absl::Now() - t0 < absl::Seconds(2)) {
+    ASSERT_TRUE(one.Heartbeat(0).ok());
+    auto s = zero.SilentLaunchers(0, absl::Milliseconds(500));
+    ASSERT_TRUE(s.ok());
+    silent = *s;
+    if (!silent.empty()) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_EQ(silent.size(), 1u);
+  EXPECT_EQ(silent[0].id, 2);
+  EXPECT_GE(absl::Now() - t0, absl::Milliseconds(500));
+}
+
+TEST(LauncherRendezvous, DoneAndExitCounts) {
+  InMemoryStore store;
+  LauncherRendezvous a(&store, Node(0, 2, 1)), b(&store, Node(1, 2, 1));
+  EXPECT_EQ(*a.CountDone(0), 0);
+  EXPECT_EQ(*a.ReportDone(0), 1);
+  EXPECT_EQ(*b.ReportDone(0), 2);
+  EXPECT_EQ(*a.CountDone(0), 2);
+  EXPECT_EQ(*b.ReportExit(0), 1);
+  EXPECT_EQ(*a.CountExit(0), 1);
+  EXPECT_EQ(*a.CountDone(1), 0);
+}
+
+}  // namespace
+}  // namespace braid::launcher
