@@ -348,7 +348,10 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   std::vector<std::unique_ptr<Communicator>> group;
   if (env.world_size > 1) {
     BRAID_ASSIGN_OR_RETURN(store, ConnectStoreFromEnv(absl::Seconds(cfg.collective_timeout_s())));
-    world_store = std::make_unique<PrefixStore>("braid/world", store.get());
+    // A restarted worker group must not read the previous attempt's rendezvous keys.
+    const char* attempt = std::getenv("BRAID_RESTART_COUNT");
+    world_store = std::make_unique<PrefixStore>(
+        absl::StrCat("braid/attempt", attempt ? attempt : "0", "/world"), store.get());
     BRAID_RETURN_IF_ERROR(
         EnsureCommunicator(cfg.communicator(), PluginSearchPath(env.plugin_search_path)));
     CommunicatorOptions co;
