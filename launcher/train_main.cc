@@ -66,15 +66,16 @@ absl::Status Run(const char* argv0) {
   }
   braid::cpu::SetNumThreads(cfg.threads());
 
-  // Plugins ship in this program's runfiles (plugins/<name>/libbraid_<name>.so).
+  // Plugins ship in this program's runfiles as plugins/<name>/libbraid_<name>.so and
+  // backends/<name>/libbraid_<name>.so; the loader looks in <folder>/<name>/ of each folder.
   std::string error;
   std::unique_ptr<Runfiles> rf(Runfiles::Create(argv0, &error));
   if (rf) {
     std::string marker = rf->Rlocation("braid/plugins/single/libbraid_single.so");
     if (!marker.empty() && access(marker.c_str(), R_OK) == 0) {
-      std::string plugins = marker.substr(0, marker.rfind("/single/"));
-      env.plugin_search_path.push_back(plugins + "/single");
-      env.plugin_search_path.push_back(plugins);
+      std::string root = marker.substr(0, marker.rfind("/plugins/single/"));
+      env.plugin_search_path.push_back(root + "/plugins");
+      env.plugin_search_path.push_back(root + "/backends");
     }
   }
   std::string exe_dir = std::string(argv0).substr(0, std::string(argv0).rfind('/') + 1);

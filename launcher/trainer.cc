@@ -1,10 +1,5 @@
 #include "launcher/trainer.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -26,6 +21,7 @@
 #include "core/registry.h"
 #include "core/safetensors.h"
 #include "core/store.h"
+#include "launcher/net.h"
 #include "core/strategy.h"
 #include "models/data/distributed_sampler.h"
 #include "models/data/find_data.h"
@@ -239,30 +235,6 @@ std::string LogPath(const TrainerEnv& env) {
 }
 std::string MetricsPath(const TrainerEnv& env) {
   return env.rank == 0 ? env.metrics_path : absl::StrCat(env.metrics_path, ".rank", env.rank);
-}
-
-// The local address peers can reach this process at: the one the kernel routes toward the
-// master (connecting a UDP socket sends nothing). Falls back to loopback.
-std::string LocalAddressToward(const std::string& master) {
-  addrinfo hints = {};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(master.c_str(), "9", &hints, &res) != 0 || res == nullptr) return "127.0.0.1";
-  std::string out = "127.0.0.1";
-  int fd = socket(AF_INET, SOCK_DGRAM, 0);
-  if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
-    sockaddr_in local = {};
-    socklen_t len = sizeof(local);
-    char buf[INET_ADDRSTRLEN];
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
-        inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf)) != nullptr) {
-      out = buf;
-    }
-  }
-  if (fd >= 0) close(fd);
-  freeaddrinfo(res);
-  return out;
 }
 
 // Prints to the console and appends to this rank's log.

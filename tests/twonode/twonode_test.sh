@@ -101,6 +101,16 @@ for r in 0 1 2 3; do
 done
 expect_grep "exchange console of node 0" "probe: rank 0 done" "$d/stdout0"
 
+# ---- An allreduce job over Gloo across the veth ----------------------------------------------
+A="$TEST_SRCDIR/braid/tests/distributed/allreduce_job"
+run_job allreduce -- --program="$A" --
+d="$T/allreduce"
+expect_rc "allreduce node 0" 0 $rc0
+expect_rc "allreduce node 1" 0 $rc1
+echo "     (took $took ms)"
+for r in 0 1; do expect_grep "allreduce rank $r" "allreduce job: rank $r of 4 ok via $addr0" "$d/logs0/workerlog.$r"; done
+for r in 2 3; do expect_grep "allreduce rank $r" "allreduce job: rank $r of 4 ok via $addr1" "$d/logs1/workerlog.$r"; done
+
 # ---- A crash on node 1 stops node 0 -------------------------------------------------------------
 run_job crash -- --program="$P" -- --out_dir="$T/crash/out" --sleep_s=120 --crash_rank=3 \
   --crash_after_ms=1000
