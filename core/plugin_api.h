@@ -11,7 +11,7 @@
 
 #include <stdint.h>
 
-#define BRAID_PLUGIN_ABI_VERSION 1u
+#define BRAID_PLUGIN_ABI_VERSION 2u
 
 #ifdef __cplusplus
 namespace braid {

@@ -32,6 +32,11 @@ using LossFn = std::function<Tensor(Module& model, const Batch& batch)>;
 // can group them, e.g. no weight decay for biases).
 using OptimizerFactory =
     std::function<std::unique_ptr<Optimizer>(const std::vector<std::pair<std::string, Tensor>>&)>;
+// Builds a fresh instance of the model being trained, on `device`: same architecture and
+// parameter names (the values do not matter, the strategy overwrites them). Strategies that hold
+// several copies of the model in one process (single-process data parallel) need it because a
+// Module cannot be cloned generically.
+using ModuleFactory = std::function<std::unique_ptr<Module>(Device device)>;
 
 struct StrategyContext {
   Communicator* comm = nullptr;  // world group; size 1 for single-process runs
@@ -41,6 +46,9 @@ struct StrategyContext {
   // Clip the global gradient L2 norm to this before each optimizer step (0: no clipping). The
   // strategy applies it because only it knows when gradients are complete (after reduction).
   float max_grad_norm = 0;
+  // How to build another copy of the model; null when the program cannot (strategies that need
+  // replicas then fail Setup saying so).
+  ModuleFactory make_replica;
 };
 
 struct StepStats {

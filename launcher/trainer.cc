@@ -353,6 +353,11 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   ctx.device = device;
   for (auto& [k, v] : cfg.strategy().options()) ctx.options[k] = v;
   ctx.max_grad_norm = float(cfg.gradient_clipping());
+  // Strategies that keep several copies of the model (dp) build them with the same config.
+  ctx.make_replica = [&cfg](Device d) -> std::unique_ptr<Module> {
+    auto m = BuildModel(cfg, d);
+    return m.ok() ? std::move(*m) : nullptr;
+  };
   BRAID_RETURN_IF_ERROR(strategy->Setup(*model, MakeOptimizerFactory(cfg), ctx));
 
   BRAID_ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source, BuildData(cfg, *model, env, device));
