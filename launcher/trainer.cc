@@ -440,9 +440,12 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
       result.peak_bytes, wall));
 
   if (!cfg.save_to().empty()) {
+    // Collective for sharded strategies: every rank gathers, rank 0 writes.
     BRAID_ASSIGN_OR_RETURN(auto state, strategy->FullStateDict());
-    BRAID_RETURN_IF_ERROR(SaveSafetensors(cfg.save_to(), state, {{"format", "pt"}}));
-    rep.Line(absl::StrCat("braid: wrote weights to ", cfg.save_to()));
+    if (env.rank == 0) {
+      BRAID_RETURN_IF_ERROR(SaveSafetensors(cfg.save_to(), state, {{"format", "pt"}}));
+      rep.Line(absl::StrCat("braid: wrote weights to ", cfg.save_to()));
+    }
   }
   if (!env.log_dir.empty()) {
     result.metrics_path = MetricsPath(env);

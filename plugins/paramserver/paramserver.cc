@@ -1,0 +1,665 @@
+// The "paramserver" strategy: a parameter server. It is also the worked example of
+// docs/WRITING_A_STRATEGY.md, which walks through this file section by section.
+//
+// Roles. Rank `server_rank` (option, default 0) is the server: it holds the authoritative
+// parameters and the optimizer, and trains on no data (the micro-batches the trainer hands it
+// are ignored), so a job needs at least two ranks. Every other rank is a worker: it computes the
+// gradient of its micro-batches, pushes it to the server and gets fresh parameters back.
+//
+// Messages (point to point only, after Setup). A worker sends one push per step and the server
+// answers each push with one reply, in order:
+//   push  (worker -> server): header i64 [step, version the gradient was computed on]
+//                             payload f32 [gradient..., mean loss]
+//   reply (server -> worker): header i64 [version, step answered (kFinal from FullStateDict)]
+//                             payload f32 [parameters...]
+// The version is the number of optimizer updates the server has applied. The server's k-th
+// TrainStep receives exactly the k-th push of every worker. It never posts a receive for a push
+// that might not come (every rank runs the same number of steps, so a push numbered k is certain
+// only once the server itself is in step k); that is what lets training end without a receive
+// left waiting, on any communicator.
+//
+// Modes (option `mode`):
+//   sync (default): the server waits for every worker's push, averages the gradients and steps
+//     once; every worker waits for the reply. With equal micro-batches on every worker this is
+//     one step on the workers' concatenated batch, exactly as single-process training.
+//   async: the server applies each push the moment it arrives (one optimizer update per
+//     gradient) and answers that worker at once. A worker does not wait for the answer: it
+//     computes its next gradient with the parameters it has, as long as at most `max_staleness`
+//     of its pushes are unanswered; otherwise it waits for fresh parameters.
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/autograd.h"
+#include "core/communicator.h"
+#include "core/ops.h"
+#include "core/optimizer.h"
+#include "core/plugin_api.h"
+#include "core/registry.h"
+#include "core/strategy.h"
+#include "plugins/paramserver/paramserver_stats.h"
+
+namespace braid::paramserver {
+namespace {
+
+constexpr char kName[] = "paramserver";
+
+absl::Status Invalid(const std::string& msg) {
+  return absl::InvalidArgumentError(absl::StrCat("strategy 'paramserver': ", msg));
+}
+absl::Status Failed(absl::StatusCode code, const std::string& msg) {
+  return absl::Status(code, absl::StrCat("strategy 'paramserver': ", msg));
+}
+
+double Seconds(absl::Time from) { return absl::ToDoubleSeconds(absl::Now() - from); }
+
+// ---- Options --------------------------------------------------------------------------------
+
+enum class Mode { kSync = 0, kAsync = 1 };
+
+struct Options {
+  Mode mode = Mode::kSync;
+  int server_rank = 0;
+  // Async only: how many of its pushes a worker may leave unanswered and still compute the
+  // next gradient. Each unit costs a worker one more copy of the gradients and parameters.
+  int max_staleness = 0;
+};
+
+constexpr int kDefaultMaxStaleness = 2;
+constexpr int kMaxStalenessLimit = 64;
+
+// Parsed before any communication: every rank gets the same options, so a bad one fails every
+// rank the same way, at once, instead of leaving the others waiting in a collective.
+absl::StatusOr<Options> ParseOptions(const std::map<std::string, std::string>& in) {
+  Options o;
+  bool staleness_given = false;
+  for (const auto& [key, value] : in) {
+    if (key == "mode") {
+      if (value == "sync") {
+        o.mode = Mode::kSync;
+      } else if (value == "async") {
+        o.mode = Mode::kAsync;
+      } else {
+        return Invalid(absl::StrCat("option mode='", value, "' must be sync or async"));
+      }
+    } else if (key == "server_rank") {
+      if (!absl::SimpleAtoi(value, &o.server_rank) || o.server_rank < 0) {
+        return Invalid(
+            absl::StrCat("option server_rank='", value, "' must be a rank number (0, 1, ...)"));
+      }
+    } else if (key == "max_staleness") {
+      if (!absl::SimpleAtoi(value, &o.max_staleness) || o.max_staleness < 0 ||
+          o.max_staleness > kMaxStalenessLimit) {
+        return Invalid(absl::StrCat("option max_staleness='", value,
+                                    "' must be a whole number of steps from 0 to ",
+                                    kMaxStalenessLimit));
+      }
+      staleness_given = true;
+    } else {
+      return Invalid(absl::StrCat("unknown option '", key,
+                                  "'; known options: mode, max_staleness, server_rank"));
+    }
+  }
+  if (o.mode == Mode::kSync && staleness_given) {
+    return Invalid("option max_staleness applies to mode=async only; add mode=async or remove it");
+  }
+  if (o.mode == Mode::kAsync && !staleness_given) o.max_staleness = kDefaultMaxStaleness;
+  return o;
+}
+
+const char* ModeName(Mode m) { return m == Mode::kSync ? "sync" : "async"; }
+
+// ---- Parameters as one flat vector ------------------------------------------------------------
+
+// The parameters in NamedParameters order, laid end to end: the form in which gradients and
+// parameters travel (one message each instead of one per tensor).
+class FlatLayout {
+ public:
+  FlatLayout() = default;
+  explicit FlatLayout(std::vector<Tensor> params) : params_(std::move(params)) {
+    for (const Tensor& p : params_) {
+      offsets_.push_back(numel_);
+      numel_ += p.numel();
+    }
+  }
+  int64_t numel() const { return numel_; }
+
+  void CopyParamsTo(const Tensor& flat) const {
+    for (size_t i = 0; i < params_.size(); ++i) Slot(flat, i).CopyFrom(params_[i]);
+  }
+  void CopyParamsFrom(const Tensor& flat) const {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Tensor p = params_[i];
+      p.CopyFrom(Slot(flat, i));
+    }
+  }
+  // A parameter that got no gradient travels as zeros.
+  void CopyGradsTo(const Tensor& flat) const {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Tensor slot = Slot(flat, i);
+      Tensor g = params_[i].grad();
+      if (g.defined()) {
+        slot.CopyFrom(g);
+      } else {
+        slot.Zero();
+      }
+    }
+  }
+  // Makes every parameter's .grad a view of its slot in `flat` (no copy): the optimizer then
+  // steps straight from a received buffer.
+  void UseAsGrads(const Tensor& flat) const {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Tensor p = params_[i];
+      p.set_grad(Slot(flat, i));
+    }
+  }
+
+ private:
+  Tensor Slot(const Tensor& flat, size_t i) const {
+    return flat.FlatRange(offsets_[i], params_[i].numel()).Reshape(params_[i].shape());
+  }
+
+  std::vector<Tensor> params_;
+  std::vector<int64_t> offsets_;
+  int64_t numel_ = 0;
+};
+
+// Moves `t`'s values to `device` in place: every handle to it (the model's included) follows.
+void MoveTo(const Tensor& t, Device device) {
+  if (t.device() == device) return;
+  Tensor moved = t.Detach().To(device);
+  t.impl()->storage = moved.storage();
+  t.impl()->offset = 0;
+  t.impl()->grad.reset();
+}
+
+// FNV-1a of the parameters' names and shapes: ranks must agree on the layout of every message.
+int64_t LayoutHash(const Module::NamedTensors& named) {
+  uint64_t h = 14695981039346656037ull;
+  auto add = [&h](const std::string& s) {
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull;
+  };
+  for (const auto& [name, t] : named) add(absl::StrCat(name, ShapeToString(t.shape())));
+  return int64_t(h >> 1);
+}
+
+// ---- Messages -----------------------------------------------------------------------------------
+
+enum Tag : int {
+  kPushHeader = 7101,
+  kPushPayload = 7102,
+  kReplyHeader = 7103,
+  kReplyParams = 7104,
+};
+// The step field of the reply FullStateDict sends.
+constexpr int64_t kFinal = -1;
+
+// A worker's push the server has not answered yet. Its buffers stay untouched until the answer
+// is in: a communicator may read a send buffer, or fill a receive buffer, until its Work is done.
+struct Push {
+  int64_t step = 0;
+  Tensor header, payload;             // sent
+  Tensor reply_header, reply_params;  // received
+  std::vector<std::shared_ptr<Work>> works;
+
+  bool Answered() const {
+    for (const auto& w : works) {
+      if (!w->IsCompleted()) return false;
+    }
+    return true;
+  }
+};
+
+// The server's end of one worker: the push of the current step and the reply to it.
+struct Peer {
+  int rank = 0;
+  Tensor header, payload;             // received
+  Tensor reply_header, reply_params;  // sent
+  std::vector<std::shared_ptr<Work>> recvs;
+  bool received = false;
+};
+
+// ---- The strategy -------------------------------------------------------------------------------
+
+class ParamServerStrategy final : public Strategy, public ParamServerIntrospection {
+ public:
+  std::string name() const override { return kName; }
+  absl::Status Setup(Module& model, const OptimizerFactory& make_optimizer,
+                     const StrategyContext& ctx) override;
+  absl::StatusOr<StepStats> TrainStep(const std::vector<Batch>& micro_batches,
+                                      const LossFn& loss_fn) override;
+  // On workers an optimizer that is never stepped (AdamW and SGD allocate their state on the
+  // first step, so it costs nothing): callers set the learning rate on every rank, and only the
+  // server's counts.
+  Optimizer* optimizer() override { return optimizer_.get(); }
+  absl::StatusOr<std::map<std::string, Tensor>> FullStateDict() override;
+  ParamServerStats Stats() const override { return stats_; }
+
+ private:
+  bool is_server() const { return comm_->rank() == opts_.server_rank; }
+  absl::Status CheckRanksAgree(const Module::NamedTensors& named);
+
+  // Worker side.
+  absl::StatusOr<StepStats> WorkerStep(const std::vector<Batch>& micro_batches,
+                                       const LossFn& loss_fn);
+  absl::Status ComputeGradient(const std::vector<Batch>& micro_batches, const LossFn& loss_fn,
+                               StepStats* stats);
+  void SendPush(int64_t step, float loss);
+  absl::Status FinishOldestPush();
+
+  // Server side.
+  absl::StatusOr<StepStats> ServerStep();
+  absl::StatusOr<int64_t> TakePush(Peer& peer, int64_t step, double* loss_sum);
+  float Apply(const Tensor& gradient, int64_t computed_on, StepStats* stats);
+  void SendReply(Peer& peer, int64_t step);
+  absl::Status WaitForReplies();
+
+  Options opts_;
+  Communicator* comm_ = nullptr;
+  Module* model_ = nullptr;
+  Device device_ = Device::CPU();
+  float max_grad_norm_ = 0;
+  std::unique_ptr<Optimizer> optimizer_;
+  FlatLayout layout_;
+  ParamServerStats stats_;
+
+  // Worker: pushes in flight, oldest first (replies come back in this order), and answered
+  // ones whose buffers can be reused.
+  std::deque<Push> in_flight_;
+  std::vector<Push> spare_;
+
+  // Server: one entry per worker, in rank order, and the reply sends of the current step.
+  std::vector<Peer> peers_;
+  std::vector<std::shared_ptr<Work>> reply_sends_;
+};
+
+absl::Status ParamServerStrategy::Setup(Module& model, const OptimizerFactory& make_optimizer,
+                                        const StrategyContext& ctx) {
+  // 1. Options and the world, before any communication.
+  BRAID_ASSIGN_OR_RETURN(opts_, ParseOptions(ctx.options));
+  const int size = ctx.comm == nullptr ? 1 : ctx.comm->size();
+  if (size < 2) {
+    return Invalid(absl::StrCat(
+        "needs at least 2 ranks (one server, the rest workers) but the world has ", size,
+        "; launch more processes (e.g. --nproc_per_node=3 for a server and 2 workers)"));
+  }
+  if (opts_.server_rank >= size) {
+    return Invalid(absl::StrCat("option server_rank=", opts_.server_rank,
+                                " is out of range: the world has ", size, " ranks (0..", size - 1,
+                                ")"));
+  }
+  if (!make_optimizer) return Invalid("no optimizer factory given");
+  Module::NamedTensors named = model.NamedParameters();
+  for (const auto& [n, p] : named) {
+    if (p.dtype() != DType::kF32) {
+      return Invalid(absl::StrCat("parameter ", p.DescribeForError(),
+                                  " is not f32; this strategy sends f32 parameters and gradients"));
+    }
+  }
+
+  // 2. Placement: every rank keeps the whole model on its device. The server's copy is the
+  // authoritative one; a worker's is a cache refreshed by every reply.
+  comm_ = ctx.comm;
+  device_ = ctx.device;
+  max_grad_norm_ = ctx.max_grad_norm;
+  for (const auto& [n, p] : named) MoveTo(p, device_);
+  for (const auto& [n, b] : model.NamedBuffers()) MoveTo(b, device_);
+  std::vector<Tensor> params;
+  for (const auto& [n, p] : named) params.push_back(p);
+  layout_ = FlatLayout(params);
+
+  // 3. Every rank must run the same protocol on the same message layout.
+  BRAID_RETURN_IF_ERROR(CheckRanksAgree(named));
+
+  // 4. Version 0 is the server's initial parameters, on every rank.
+  Tensor flat = Tensor::Empty({layout_.numel()}, DType::kF32, device_);
+  if (is_server()) layout_.CopyParamsTo(flat);
+  BRAID_RETURN_IF_ERROR(comm_->Broadcast(flat, opts_.server_rank)->Wait());
+  if (!is_server()) layout_.CopyParamsFrom(flat);
+
+  // 5. The optimizer (see optimizer() for why workers build one too) and the server's buffers.
+  optimizer_ = make_optimizer(named);
+  if (optimizer_ == nullptr) return Invalid("the optimizer factory returned null");
+  stats_ = ParamServerStats{};
+  stats_.is_server = is_server();
+  if (is_server()) {
+    for (int r = 0; r < size; ++r) {
+      if (r == opts_.server_rank) continue;
+      Peer peer;
+      peer.rank = r;
+      peer.payload = Tensor::Empty({layout_.numel() + 1}, DType::kF32, device_);
+      peer.reply_params = Tensor::Empty({layout_.numel()}, DType::kF32, device_);
+      peers_.push_back(std::move(peer));
+    }
+  }
+  model_ = &model;
+  return absl::OkStatus();
+}
+
+absl::Status ParamServerStrategy::CheckRanksAgree(const Module::NamedTensors& named) {
+  static const char* const kFields[] = {"mode",
+                                        "max_staleness",
+                                        "server_rank",
+                                        "number of parameters",
+                                        "number of parameter values",
+                                        "parameter names and shapes"};
+  const std::vector<int64_t> mine = {int64_t(opts_.mode),   opts_.max_staleness, opts_.server_rank,
+                                     int64_t(named.size()), layout_.numel(),     LayoutHash(named)};
+  const int64_t n = int64_t(mine.size());
+  Tensor all = Tensor::Empty({n * comm_->size()}, DType::kI64, device_);
+  BRAID_RETURN_IF_ERROR(comm_->AllGather(Tensor::FromVector(mine, {n}, device_), all)->Wait());
+  std::vector<int64_t> rows = all.ToVector<int64_t>();
+  for (int r = 0; r < comm_->size(); ++r) {
+    for (int64_t f = 0; f < n; ++f) {
+      const int64_t theirs = rows[size_t(r * n + f)];
+      if (theirs == mine[size_t(f)]) continue;
+      std::string detail =
+          f == 0 ? absl::StrCat(": rank ", r, " has mode=", ModeName(Mode(theirs)), ", rank ",
+                                comm_->rank(), " has mode=", ModeName(opts_.mode))
+                 : absl::StrCat(": rank ", r, " has ", theirs, ", rank ", comm_->rank(), " has ",
+                                mine[size_t(f)]);
+      return Invalid(absl::StrCat("the ranks disagree on the ", kFields[f], detail,
+                                  "; every rank must get the same options and the same model"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepStats> ParamServerStrategy::TrainStep(const std::vector<Batch>& micro_batches,
+                                                         const LossFn& loss_fn) {
+  if (model_ == nullptr) {
+    return Failed(absl::StatusCode::kFailedPrecondition, "TrainStep before Setup");
+  }
+  absl::StatusOr<StepStats> stats = is_server() ? ServerStep() : WorkerStep(micro_batches, loss_fn);
+  if (stats.ok()) ++stats_.steps;
+  return stats;
+}
+
+// ---- Worker -------------------------------------------------------------------------------------
+
+absl::StatusOr<StepStats> ParamServerStrategy::WorkerStep(const std::vector<Batch>& micro_batches,
+                                                          const LossFn& loss_fn) {
+  if (micro_batches.empty()) return Invalid("TrainStep got no micro-batches");
+  StepStats stats;
+  const int64_t step = stats_.steps + 1;  // 1-based, as the server counts
+
+  // 1. Fresh enough parameters: take every reply that has arrived, then, if more pushes than
+  // the bound are still unanswered, wait for the oldest ones.
+  absl::Time wait_start = absl::Now();
+  while (!in_flight_.empty() && in_flight_.front().Answered()) {
+    BRAID_RETURN_IF_ERROR(FinishOldestPush());
+  }
+  const size_t bound = opts_.mode == Mode::kAsync ? size_t(opts_.max_staleness) : 0;
+  if (in_flight_.size() > bound) ++stats_.waits_for_fresh;
+  while (in_flight_.size() > bound) BRAID_RETURN_IF_ERROR(FinishOldestPush());
+  stats_.max_steps_ahead = std::max(stats_.max_steps_ahead, int(in_flight_.size()));
+  stats.comm_exposed_s = Seconds(wait_start);
+
+  // 2. The gradient of this worker's micro-batches, with the parameters it holds.
+  BRAID_RETURN_IF_ERROR(ComputeGradient(micro_batches, loss_fn, &stats));
+
+  // 3. Push it. In sync mode the reply is the step's result, so wait for it here.
+  SendPush(step, stats.loss);
+  if (opts_.mode == Mode::kSync) {
+    wait_start = absl::Now();
+    BRAID_RETURN_IF_ERROR(FinishOldestPush());
+    stats.comm_exposed_s += Seconds(wait_start);
+  }
+  return stats;
+}
+
+// As the "single" strategy: each micro-batch's loss is scaled by 1/k, so the accumulated gradient
+// is that of the mean loss over their concatenation (equal micro-batches).
+absl::Status ParamServerStrategy::ComputeGradient(const std::vector<Batch>& micro_batches,
+                                                  const LossFn& loss_fn, StepStats* stats) {
+  model_->ZeroGrad();
+  const float scale = 1.0f / float(micro_batches.size());
+  double loss_sum = 0;
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    absl::Time start = absl::Now();
+    Tensor loss = loss_fn(*model_, micro_batches[i]);
+    if (!loss.defined() || loss.numel() != 1 || !loss.requires_grad()) {
+      return Invalid(absl::StrCat(
+          "the loss of micro-batch ", i, " is ", loss.DescribeForError(),
+          loss.defined() && !loss.requires_grad() ? " and depends on no trainable parameter" : "",
+          "; the loss function must return a scalar computed from the model's parameters"));
+    }
+    loss_sum += loss.item();
+    stats->forward_s += Seconds(start);
+    start = absl::Now();
+    ops::Scale(loss, scale).Backward();
+    stats->backward_s += Seconds(start);
+  }
+  stats->loss = float(loss_sum / double(micro_batches.size()));
+  return absl::OkStatus();
+}
+
+void ParamServerStrategy::SendPush(int64_t step, float loss) {
+  Push p;
+  if (!spare_.empty()) {
+    p = std::move(spare_.back());
+    spare_.pop_back();
+  } else {
+    p.payload = Tensor::Empty({layout_.numel() + 1}, DType::kF32, device_);
+    p.reply_params = Tensor::Empty({layout_.numel()}, DType::kF32, device_);
+  }
+  p.step = step;
+  layout_.CopyGradsTo(p.payload);
+  p.payload.FlatRange(layout_.numel(), 1).Fill(loss);
+  p.header = Tensor::FromVector(std::vector<int64_t>{step, stats_.version}, {2}, device_);
+  p.reply_header = Tensor::Empty({2}, DType::kI64, device_);
+  const int server = opts_.server_rank;
+  // The reply's receives are posted with the push, so the server's answer never waits for us.
+  p.works = {comm_->Send(p.header, server, kPushHeader),
+             comm_->Send(p.payload, server, kPushPayload),
+             comm_->Recv(p.reply_header, server, kReplyHeader),
+             comm_->Recv(p.reply_params, server, kReplyParams)};
+  in_flight_.push_back(std::move(p));
+}
+
+// Waits for the oldest push's reply and loads the parameters it carries into the model.
+absl::Status ParamServerStrategy::FinishOldestPush() {
+  Push& p = in_flight_.front();
+  for (const auto& w : p.works) BRAID_RETURN_IF_ERROR(w->Wait());
+  std::vector<int64_t> header = p.reply_header.ToVector<int64_t>();
+  if (header[1] != p.step) {
+    return Failed(absl::StatusCode::kInternal,
+                  absl::StrCat("rank ", comm_->rank(), " expected the reply to its step ", p.step,
+                               " push but got one for step ", header[1]));
+  }
+  layout_.CopyParamsFrom(p.reply_params);
+  stats_.version = header[0];
+  p.works.clear();
+  spare_.push_back(std::move(p));
+  in_flight_.pop_front();
+  return absl::OkStatus();
+}
+
+// ---- Server -------------------------------------------------------------------------------------
+
+absl::StatusOr<StepStats> ParamServerStrategy::ServerStep() {
+  StepStats stats;
+  const int64_t step = stats_.steps + 1;
+  absl::Time start = absl::Now();
+  // Every rank runs this step, so each worker's push numbered `step` is certain to come.
+  for (Peer& peer : peers_) {
+    peer.header = Tensor::Empty({2}, DType::kI64, device_);
+    peer.recvs = {comm_->Recv(peer.header, peer.rank, kPushHeader),
+                  comm_->Recv(peer.payload, peer.rank, kPushPayload)};
+    peer.received = false;
+  }
+  double loss_sum = 0;
+  float norm_sum = 0;
+  if (opts_.mode == Mode::kSync) {
+    // Wait for all, then one update with the mean gradient (summed in rank order, so the result
+    // does not depend on arrival order).
+    for (Peer& peer : peers_) {
+      BRAID_ASSIGN_OR_RETURN(int64_t computed_on, TakePush(peer, step, &loss_sum));
+      if (computed_on != stats_.version) {
+        return Failed(absl::StatusCode::kInternal,
+                      absl::StrCat("worker rank ", peer.rank, " computed its step ", step,
+                                   " gradient on version ", computed_on, ", not the current ",
+                                   stats_.version));
+      }
+    }
+    Tensor mean;
+    {
+      autograd::NoGradGuard no_grad;
+      for (Peer& peer : peers_) {
+        Tensor g = peer.payload.FlatRange(0, layout_.numel());
+        mean = mean.defined() ? ops::Add(mean, g) : g;
+      }
+      mean = ops::Scale(mean, 1.0f / float(peers_.size()));
+    }
+    norm_sum = Apply(mean, stats_.version, &stats);
+    for (Peer& peer : peers_) SendReply(peer, step);
+  } else {
+    // Apply each push as it arrives and answer that worker at once. The communicator has no
+    // "receive from anyone", so the server polls its posted receives.
+    absl::Time deadline = absl::Now() + comm_->timeout();
+    absl::Duration nap = absl::Microseconds(20);
+    size_t done = 0;
+    while (done < peers_.size()) {
+      bool progressed = false;
+      for (Peer& peer : peers_) {
+        if (peer.received || !peer.recvs[0]->IsCompleted() || !peer.recvs[1]->IsCompleted()) {
+          continue;
+        }
+        BRAID_ASSIGN_OR_RETURN(int64_t computed_on, TakePush(peer, step, &loss_sum));
+        norm_sum += Apply(peer.payload.FlatRange(0, layout_.numel()), computed_on, &stats);
+        SendReply(peer, step);
+        ++done;
+        progressed = true;
+      }
+      if (progressed) {
+        deadline = absl::Now() + comm_->timeout();
+        nap = absl::Microseconds(20);
+        continue;
+      }
+      if (absl::Now() > deadline) {
+        std::vector<int> missing;
+        for (const Peer& peer : peers_) {
+          if (!peer.received) missing.push_back(peer.rank);
+        }
+        return Failed(
+            absl::StatusCode::kDeadlineExceeded,
+            absl::StrCat("the server heard from no worker for ",
+                         absl::FormatDuration(comm_->timeout()), " while waiting for the step ",
+                         step, " gradient of worker rank(s) ", absl::StrJoin(missing, ", "),
+                         "; a worker failed or runs fewer steps (see its log)"));
+      }
+      absl::SleepFor(nap);
+      nap = std::min(nap * 2, absl::Milliseconds(1));
+    }
+  }
+  BRAID_RETURN_IF_ERROR(WaitForReplies());
+  const size_t updates = opts_.mode == Mode::kSync ? 1 : peers_.size();
+  stats.loss = float(loss_sum / double(peers_.size()));
+  if (max_grad_norm_ > 0) stats.grad_norm = norm_sum / float(updates);
+  stats.comm_exposed_s = std::max(0.0, Seconds(start) - stats.optimizer_s);
+  return stats;
+}
+
+// Waits for `peer`'s push (already complete in async mode), checks that it is the one due, adds
+// its loss to `loss_sum` and returns the version its gradient was computed on.
+absl::StatusOr<int64_t> ParamServerStrategy::TakePush(Peer& peer, int64_t step, double* loss_sum) {
+  for (const auto& w : peer.recvs) BRAID_RETURN_IF_ERROR(w->Wait());
+  peer.received = true;
+  std::vector<int64_t> header = peer.header.ToVector<int64_t>();
+  if (header[0] != step) {
+    return Failed(absl::StatusCode::kFailedPrecondition,
+                  absl::StrCat("worker rank ", peer.rank, " pushed its step ", header[0],
+                               " gradient during the server's step ", step,
+                               "; every rank must call TrainStep the same number of times"));
+  }
+  *loss_sum += peer.payload.FlatRange(layout_.numel(), 1).item();
+  return header[1];
+}
+
+// One optimizer update with `gradient` (flat, numel values), computed on parameters of version
+// `computed_on`. Returns the gradient's norm before clipping (0 when clipping is off).
+float ParamServerStrategy::Apply(const Tensor& gradient, int64_t computed_on, StepStats* stats) {
+  absl::Time start = absl::Now();
+  layout_.UseAsGrads(gradient);
+  float norm = 0;
+  if (max_grad_norm_ > 0) norm = ClipGradNorm(model_->Parameters(), max_grad_norm_);
+  optimizer_->Step();
+  optimizer_->ZeroGrad();
+  stats_.max_version_lag = std::max(stats_.max_version_lag, stats_.version - computed_on);
+  ++stats_.version;
+  ++stats_.gradients_applied;
+  stats->optimizer_s += Seconds(start);
+  return norm;
+}
+
+// Sends `peer` the current parameters. The buffer is `peer`'s own and its previous reply has
+// been waited for (WaitForReplies), so nothing still being sent is overwritten.
+void ParamServerStrategy::SendReply(Peer& peer, int64_t step) {
+  layout_.CopyParamsTo(peer.reply_params);
+  peer.reply_header = Tensor::FromVector(std::vector<int64_t>{stats_.version, step}, {2}, device_);
+  reply_sends_.push_back(comm_->Send(peer.reply_header, peer.rank, kReplyHeader));
+  reply_sends_.push_back(comm_->Send(peer.reply_params, peer.rank, kReplyParams));
+}
+
+absl::Status ParamServerStrategy::WaitForReplies() {
+  std::vector<std::shared_ptr<Work>> sends;
+  sends.swap(reply_sends_);
+  for (const auto& w : sends) BRAID_RETURN_IF_ERROR(w->Wait());
+  return absl::OkStatus();
+}
+
+// ---- The final state ----------------------------------------------------------------------------
+
+// A collective call, like a sharded strategy's: the server sends its parameters to every worker,
+// so that each rank returns the authoritative state (in async mode a worker's own copy is a
+// little behind the server's).
+absl::StatusOr<std::map<std::string, Tensor>> ParamServerStrategy::FullStateDict() {
+  if (model_ == nullptr) {
+    return Failed(absl::StatusCode::kFailedPrecondition, "FullStateDict before Setup");
+  }
+  if (is_server()) {
+    for (Peer& peer : peers_) SendReply(peer, kFinal);
+    BRAID_RETURN_IF_ERROR(WaitForReplies());
+    return model_->StateDict();
+  }
+  while (!in_flight_.empty()) BRAID_RETURN_IF_ERROR(FinishOldestPush());
+  Tensor header = Tensor::Empty({2}, DType::kI64, device_);
+  Tensor params = Tensor::Empty({layout_.numel()}, DType::kF32, device_);
+  std::shared_ptr<Work> h = comm_->Recv(header, opts_.server_rank, kReplyHeader);
+  std::shared_ptr<Work> p = comm_->Recv(params, opts_.server_rank, kReplyParams);
+  BRAID_RETURN_IF_ERROR(h->Wait());
+  BRAID_RETURN_IF_ERROR(p->Wait());
+  std::vector<int64_t> fields = header.ToVector<int64_t>();
+  if (fields[1] != kFinal) {
+    return Failed(absl::StatusCode::kInternal,
+                  absl::StrCat("rank ", comm_->rank(),
+                               " expected the final parameters but got "
+                               "the reply to a step ",
+                               fields[1], " push"));
+  }
+  layout_.CopyParamsFrom(params);
+  stats_.version = fields[0];
+  return model_->StateDict();
+}
+
+}  // namespace
+}  // namespace braid::paramserver
+
+BRAID_PLUGIN(registry) {
+  absl::Status s = registry->AddStrategy(
+      "paramserver", [] { return std::make_unique<braid::paramserver::ParamServerStrategy>(); });
+  return s.ok() ? 0 : 1;
+}
