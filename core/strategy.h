@@ -58,6 +58,10 @@ struct StepStats {
   double comm_exposed_s = 0;  // communication the step waited for after backward
   double optimizer_s = 0;
   float grad_norm = 0;      // before clipping; 0 when clipping is off
+  // Gradient bytes communicated this step, and how many of them were launched while backward
+  // was still running (overlapped with compute).
+  int64_t comm_bytes = 0;
+  int64_t comm_bytes_overlapped = 0;
 };
 
 class Strategy {

@@ -379,6 +379,7 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   TrainResult result;
   std::vector<double> step_times;
   double fwd = 0, bwd = 0, comm = 0, opt = 0, total = 0;
+  int64_t comm_bytes = 0, comm_overlapped = 0;
   GetAllocator(device)->ResetPeak();
   absl::Time start = absl::Now();
   for (int step = 0; step < steps; ++step) {
@@ -399,6 +400,8 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
     bwd += st.backward_s;
     comm += st.comm_exposed_s;
     opt += st.optimizer_s;
+    comm_bytes += st.comm_bytes;
+    comm_overlapped += st.comm_bytes_overlapped;
     if (step == 0) result.first_loss = st.loss;
     result.final_loss = st.loss;
     double tps = double(tokens_per_step) / dt;
@@ -407,9 +410,11 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
     rep.Metric(absl::StrFormat(
         "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"step_s\": %.6f, \"tokens_per_s\": %.1f, "
         "\"forward_s\": %.6f, \"backward_s\": %.6f, \"comm_exposed_s\": %.6f, "
-        "\"optimizer_s\": %.6f, \"grad_norm\": %.6g, \"peak_bytes\": %d}",
+        "\"optimizer_s\": %.6f, \"grad_norm\": %.6g, \"comm_bytes\": %d, "
+        "\"comm_bytes_overlapped\": %d, \"peak_bytes\": %d}",
         step, st.loss, lr, dt, tps, st.forward_s, st.backward_s, st.comm_exposed_s,
-        st.optimizer_s, st.grad_norm, GetMemoryStats(device).peak_bytes));
+        st.optimizer_s, st.grad_norm, st.comm_bytes, st.comm_bytes_overlapped,
+        GetMemoryStats(device).peak_bytes));
     bool keep = step % print_every == 0 || step == steps - 1;
     rep.Progress(absl::StrFormat("step %*d/%d | loss %.4f | %s %s/s | lr %.2e | ETA %s",
                                  int(std::to_string(steps).size()), step + 1, steps, st.loss,
@@ -431,6 +436,13 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
       steps, FormatDuration(wall), result.first_loss, result.final_loss,
       result.median_tokens_per_s, unit, double(result.peak_bytes) / (1 << 20), pct(fwd),
       pct(bwd), pct(comm), pct(opt)));
+  if (comm_bytes > 0) {
+    rep.Line(absl::StrFormat(
+        "       overlap: %.1f MiB of gradients reduced per step, %.0f%% of it launched while "
+        "backward was still running; %.1f ms per step spent waiting after backward",
+        double(comm_bytes) / steps / (1 << 20), 100.0 * double(comm_overlapped) / double(comm_bytes),
+        1e3 * comm / steps));
+  }
   std::string eval = source->Evaluate(*model);
   if (!eval.empty()) rep.Line("braid: " + eval);
   rep.Metric(absl::StrFormat(

@@ -754,6 +754,13 @@ absl::StatusOr<StepStats> DdpStrategy::TrainStep(const std::vector<Batch>& micro
       RecordEvent(unpack);
     }
     stats.comm_exposed_s += exposed;
+    if (sync) {
+      for (const Bucket& b : buckets_) {
+        int64_t bytes = b.numel * int64_t(SizeOf(b.dtype));
+        stats.comm_bytes += bytes;
+        if (b.launch_us > 0 && b.launch_us < backward_end_us_) stats.comm_bytes_overlapped += bytes;
+      }
+    }
     stats.backward_s += (end - backward_start_us_) * 1e-6 - exposed;
   }
   in_pass_ = false;
