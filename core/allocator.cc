@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <unordered_map>
+#include <vector>
 
 #include "core/check.h"
 
@@ -26,25 +28,62 @@ void Allocator::RecordFree(size_t bytes) { current_.fetch_sub(int64_t(bytes)); }
 
 namespace {
 
+// Training repeats the same shapes every step, so freed blocks are kept by (rounded) size and
+// handed out again: fresh pages cost a page fault each (glibc returns large blocks to the kernel
+// on free), which was ~7% of a gpt-mini step. current/peak still count live tensors only.
 class CpuAllocator final : public Allocator {
  public:
   explicit CpuAllocator(Device d) : device_(d) {}
+  ~CpuAllocator() override {
+    for (auto& [size, blocks] : free_) {
+      for (void* p : blocks) std::free(p);
+    }
+  }
   void* Allocate(size_t bytes) override {
+    size_t rounded = Round(bytes);
+    void* p = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(rounded);
+      if (it != free_.end() && !it->second.empty()) {
+        p = it->second.back();
+        it->second.pop_back();
+        cached_ -= rounded;
+      }
+    }
     // 64-byte alignment: whole cache lines and aligned AVX loads.
-    size_t rounded = (bytes + 63) & ~size_t(63);
-    void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+    if (p == nullptr) p = std::aligned_alloc(64, rounded);
     BRAID_CHECK(p != nullptr) << "out of host memory on " << device_ << ": asked for " << bytes
                               << " bytes while holding " << stats().current_bytes;
     RecordAlloc(bytes);
     return p;
   }
   void Deallocate(void* ptr, size_t bytes) override {
-    std::free(ptr);
     RecordFree(bytes);
+    size_t rounded = Round(bytes);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cached_ + rounded <= kMaxCached) {
+        free_[rounded].push_back(ptr);
+        cached_ += rounded;
+        return;
+      }
+    }
+    std::free(ptr);
   }
 
  private:
+  static constexpr size_t kMaxCached = size_t(4) << 30;
+  static size_t Round(size_t bytes) {
+    if (bytes == 0) return 64;
+    size_t align = bytes >= (size_t(64) << 10) ? 4096 : 64;
+    return (bytes + align - 1) / align * align;
+  }
+
   Device device_;
+  std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  size_t cached_ = 0;
 };
 
 struct Registry {

@@ -1,5 +1,7 @@
 #include "launcher/trainer.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -428,13 +430,18 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   double med = Median(steady);
   result.median_tokens_per_s = med > 0 ? double(tokens_per_step) / med : 0;
   result.peak_bytes = GetMemoryStats(device).peak_bytes;
+  rusage usage = {};
+  getrusage(RUSAGE_SELF, &usage);
+  const int64_t peak_rss = int64_t(usage.ru_maxrss) * 1024;  // the whole process, like `ps`
   double wall = absl::ToDoubleSeconds(absl::Now() - start);
   auto pct = [&](double x) { return total > 0 ? 100.0 * x / total : 0.0; };
   rep.Line(absl::StrFormat(
-      "braid: done: %d steps in %s, loss %.4f -> %.4f, median %.0f %s/s, peak memory %.1f MiB\n"
+      "braid: done: %d steps in %s, loss %.4f -> %.4f, median %.0f %s/s, peak tensor memory "
+      "%.1f MiB (process RSS %.1f MiB)\n"
       "       time: forward %.1f%%, backward %.1f%%, exposed communication %.1f%%, optimizer %.1f%%",
       steps, FormatDuration(wall), result.first_loss, result.final_loss,
-      result.median_tokens_per_s, unit, double(result.peak_bytes) / (1 << 20), pct(fwd),
+      result.median_tokens_per_s, unit, double(result.peak_bytes) / (1 << 20),
+      double(peak_rss) / (1 << 20), pct(fwd),
       pct(bwd), pct(comm), pct(opt)));
   if (comm_bytes > 0) {
     rep.Line(absl::StrFormat(
@@ -447,9 +454,10 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   if (!eval.empty()) rep.Line("braid: " + eval);
   rep.Metric(absl::StrFormat(
       "{\"summary\": true, \"eval\": \"%s\", \"steps\": %d, \"first_loss\": %.6f, \"final_loss\": %.6f, "
-      "\"median_tokens_per_s\": %.1f, \"peak_bytes\": %d, \"wall_s\": %.3f}",
+      "\"median_tokens_per_s\": %.1f, \"peak_bytes\": %d, \"peak_rss_bytes\": %d, "
+      "\"wall_s\": %.3f}",
       eval, steps, result.first_loss, result.final_loss, result.median_tokens_per_s,
-      result.peak_bytes, wall));
+      result.peak_bytes, peak_rss, wall));
 
   if (!cfg.save_to().empty()) {
     // Collective for sharded strategies: every rank gathers, rank 0 writes.
