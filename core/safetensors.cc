@@ -308,13 +308,13 @@ class JsonParser {
       }
       if (e != 'u') return Error("an escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)");
       ++pos_;
-      uint32_t cp;
+      uint32_t cp = 0;
       BRAID_RETURN_IF_ERROR(Hex4(&cp));
       if (cp >= 0xdc00 && cp <= 0xdfff) return Error("a high surrogate before a low one");
       if (cp >= 0xd800 && cp <= 0xdbff) {
         if (s_.compare(pos_, 2, "\\u") != 0) return Error("'\\u' and a low surrogate");
         pos_ += 2;
-        uint32_t lo;
+        uint32_t lo = 0;
         BRAID_RETURN_IF_ERROR(Hex4(&lo));
         if (lo < 0xdc00 || lo > 0xdfff) return Error("a low surrogate (\\udc00-\\udfff)");
         cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);

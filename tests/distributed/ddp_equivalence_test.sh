@@ -21,13 +21,15 @@ optimizer { type: "AdamW" params { lr: 1e-3 betas: [0.9, 0.95] eps: 1e-8 weight_
 strategy { name: "$4" }
 CFG
 }
-mlp_cfg() {  # FILE MICRO STRATEGY
+mlp_cfg() {  # FILE MICRO STRATEGY OPTIMIZER
+  local opt='type: "SGD" params { lr: 0.1 momentum: 0.9 }'
+  [ "$4" = adamw ] && opt='type: "AdamW" params { lr: 1e-3 }'
   cat > "$1" <<CFG
 model { name: "mlp" }
 data { dataset: "mnist" seed: 7 }
 train_micro_batch_size_per_gpu: $2
 steps: 5
-optimizer { type: "SGD" params { lr: 0.1 momentum: 0.9 } }
+optimizer { $opt }
 strategy { name: "$3" }
 CFG
 }
@@ -64,8 +66,11 @@ gpt_cfg "$T/g_single8.pbtxt" 8 1 single
 gpt_cfg "$T/g_ddp4.pbtxt" 4 1 ddp
 gpt_cfg "$T/g_single12.pbtxt" 12 1 single
 gpt_cfg "$T/g_ddp2x2.pbtxt" 2 2 ddp
-mlp_cfg "$T/m_single32.pbtxt" 32 single
-mlp_cfg "$T/m_ddp16.pbtxt" 16 ddp
+mlp_cfg "$T/m_single32.pbtxt" 32 single sgd
+mlp_cfg "$T/m_ddp16.pbtxt" 16 ddp sgd
+mlp_cfg "$T/ma_single32.pbtxt" 32 single adamw
+mlp_cfg "$T/ma_single48.pbtxt" 48 single adamw
+mlp_cfg "$T/ma_ddp16.pbtxt" 16 ddp adamw
 
 run_single g_single8 "$T/g_single8.pbtxt"
 run_ddp g_ddp2 2 "$T/g_ddp4.pbtxt"
@@ -74,6 +79,10 @@ run_ddp g_ddp3 3 "$T/g_ddp4.pbtxt"
 run_ddp g_ddp2_accum2 2 "$T/g_ddp2x2.pbtxt"
 run_single m_single32 "$T/m_single32.pbtxt"
 run_ddp m_ddp2 2 "$T/m_ddp16.pbtxt"
+run_single ma_single32 "$T/ma_single32.pbtxt"
+run_single ma_single48 "$T/ma_single48.pbtxt"
+run_ddp ma_ddp2 2 "$T/ma_ddp16.pbtxt"
+run_ddp ma_ddp3 3 "$T/ma_ddp16.pbtxt"
 
 # AdamW turns rounding-sized gradients into lr-sized steps (its update is ~lr * sign(g) where
 # |g| is tiny), so parameters may differ by a few lr after 5 steps; SGD must agree tightly.
@@ -81,5 +90,7 @@ compare "gpt-mini: 2 ranks x 4 == 1 x 8" "$T/g_ddp2.safetensors" "$T/g_single8.s
 compare "gpt-mini: 3 ranks x 4 == 1 x 12" "$T/g_ddp3.safetensors" "$T/g_single12.safetensors" 2e-3
 compare "gpt-mini: 2 ranks x 2 x accumulation 2 == 1 x 8" "$T/g_ddp2_accum2.safetensors" "$T/g_single8.safetensors" 2e-3
 compare "mlp: 2 ranks x 16 == 1 x 32 (SGD)" "$T/m_ddp2.safetensors" "$T/m_single32.safetensors" 1e-5
+compare "mlp: 2 ranks x 16 == 1 x 32 (AdamW)" "$T/ma_ddp2.safetensors" "$T/ma_single32.safetensors" 2e-4
+compare "mlp: 3 ranks x 16 == 1 x 48 (AdamW)" "$T/ma_ddp3.safetensors" "$T/ma_single48.safetensors" 2e-4
 grep -h "exposed communication" "$T"/g_ddp2.out | head -1
 [ "$fails" = 0 ] && echo PASS || { echo "$fails failure(s)"; exit 1; }
