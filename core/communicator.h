@@ -31,6 +31,12 @@ class Work {
   virtual bool IsCompleted() = 0;
 };
 
+// The per-rank block sizes of a ReduceScatter / AllGather buffer of `total` elements: `counts`
+// when given (one non-negative count per rank, summing to total), else equal blocks. Errors
+// begin with `where` ("AllGather on rank 1 of group 'x'"); every backend shares these rules.
+absl::StatusOr<std::vector<int64_t>> BlockCounts(const std::string& where, int64_t total,
+                                                 int size, const std::vector<int64_t>& counts);
+
 // A finished Work carrying `status`, for synchronous implementations.
 std::shared_ptr<Work> CompletedWork(absl::Status status = absl::OkStatus());
 

@@ -463,29 +463,8 @@ class InProcessCommunicator final : public Communicator {
   // Normalises `counts` (empty: equal blocks) for a buffer of `total` elements.
   absl::Status Blocks(const char* op, int64_t total, const std::vector<int64_t>& counts,
                       std::vector<int64_t>* out) const {
-    if (counts.empty()) {
-      if (total % size() != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(op, " on rank ", rank_, ": ", total,
-                                                       " elements do not split into ", size(),
-                                                       " equal blocks; pass per-rank counts"));
-      }
-      out->assign(size(), total / size());
-      return absl::OkStatus();
-    }
-    int64_t sum = 0;
-    bool negative = false;
-    for (int64_t c : counts) {
-      sum += c;
-      negative |= c < 0;
-    }
-    if (int(counts.size()) != size() || sum != total || negative) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(op, " on rank ", rank_, ": counts [", absl::StrJoin(counts, ","),
-                       "] must give one "
-                       "non-negative count per rank (",
-                       size(), ") summing to the full buffer's ", total, " elements"));
-    }
-    *out = counts;
+    BRAID_ASSIGN_OR_RETURN(*out,
+                           BlockCounts(absl::StrCat(op, " on rank ", rank_), total, size(), counts));
     return absl::OkStatus();
   }
 

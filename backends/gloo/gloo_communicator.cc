@@ -1296,28 +1296,9 @@ class GlooCommunicator final : public Communicator {
 
   absl::Status Blocks(const std::string& what, int64_t total, const std::vector<int64_t>& counts,
                       std::vector<int64_t>* out) const {
-    if (counts.empty()) {
-      if (total % size() != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(what, " on ", core_->group.Rank(rank()),
-                                                       ": ", total, " elements do not split into ",
-                                                       size(), " equal blocks; pass counts"));
-      }
-      out->assign(size(), total / size());
-      return absl::OkStatus();
-    }
-    int64_t sum = 0;
-    bool negative = false;
-    for (int64_t c : counts) {
-      sum += c;
-      negative |= c < 0;
-    }
-    if (int(counts.size()) != size() || sum != total || negative) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " on ", core_->group.Rank(rank()), ": counts [",
-                       absl::StrJoin(counts, ","), "] must give one non-negative count per rank (",
-                       size(), ") summing to the full buffer's ", total, " elements"));
-    }
-    *out = counts;
+    BRAID_ASSIGN_OR_RETURN(
+        *out, BlockCounts(absl::StrCat(what, " on ", core_->group.Rank(rank())), total, size(),
+                          counts));
     return absl::OkStatus();
   }
 
