@@ -58,8 +58,8 @@ struct StepStats {
   double comm_exposed_s = 0;  // communication the step waited for after backward
   double optimizer_s = 0;
   float grad_norm = 0;      // before clipping; 0 when clipping is off
-  // Gradient bytes communicated this step, and how many of them were launched while backward
-  // was still running (overlapped with compute).
+  // Gradient bytes communicated this step, and how much of that was reduced while backward was
+  // still running (each piece weighted by the share of its reduction time that overlapped).
   int64_t comm_bytes = 0;
   int64_t comm_bytes_overlapped = 0;
 };

@@ -445,8 +445,8 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
       pct(bwd), pct(comm), pct(opt)));
   if (comm_bytes > 0) {
     rep.Line(absl::StrFormat(
-        "       overlap: %.1f MiB of gradients reduced per step, %.0f%% of it launched while "
-        "backward was still running; %.1f ms per step spent waiting after backward",
+        "       overlap: %.1f MiB of gradients reduced per step, %.0f%% of the reduction time "
+        "hidden behind backward; %.1f ms per step spent waiting after backward",
         double(comm_bytes) / steps / (1 << 20), 100.0 * double(comm_overlapped) / double(comm_bytes),
         1e3 * comm / steps));
   }

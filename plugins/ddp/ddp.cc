@@ -758,7 +758,13 @@ absl::StatusOr<StepStats> DdpStrategy::TrainStep(const std::vector<Batch>& micro
       for (const Bucket& b : buckets_) {
         int64_t bytes = b.numel * int64_t(SizeOf(b.dtype));
         stats.comm_bytes += bytes;
-        if (b.launch_us > 0 && b.launch_us < backward_end_us_) stats.comm_bytes_overlapped += bytes;
+        // The share of this bucket's reduction (launch to observed completion) that ran while
+        // backward was still computing; a bucket launched at the very end hides nothing.
+        double span = b.done_us - b.launch_us;
+        double hidden = std::min(b.done_us, backward_end_us_) - b.launch_us;
+        if (b.launch_us > 0 && span > 0 && hidden > 0) {
+          stats.comm_bytes_overlapped += int64_t(double(bytes) * std::min(1.0, hidden / span));
+        }
       }
     }
     stats.backward_s += (end - backward_start_us_) * 1e-6 - exposed;
