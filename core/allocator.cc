@@ -124,4 +124,14 @@ Allocator* GetAllocator(Device device) {
   return raw;
 }
 
+std::vector<std::pair<Device, MemoryStats>> AllMemoryStats() {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<std::pair<Device, MemoryStats>> out;
+  for (auto& [key, a] : r.allocators) {
+    out.emplace_back(Device{DeviceType(key.first), key.second}, a->stats());
+  }
+  return out;
+}
+
 }  // namespace braid

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "core/device.h"
 
@@ -45,6 +47,9 @@ using AllocatorFactory = std::function<std::unique_ptr<Allocator>(Device)>;
 void RegisterAllocatorFactory(DeviceType type, AllocatorFactory factory);
 
 inline MemoryStats GetMemoryStats(Device d) { return GetAllocator(d)->stats(); }
+// Every device that has allocated so far, with its figures (per-device imbalance, e.g. under
+// single-process data parallelism).
+std::vector<std::pair<Device, MemoryStats>> AllMemoryStats();
 
 }  // namespace braid
 

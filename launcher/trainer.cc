@@ -382,7 +382,9 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   std::vector<double> step_times;
   double fwd = 0, bwd = 0, comm = 0, opt = 0, total = 0;
   int64_t comm_bytes = 0, comm_overlapped = 0;
+  // Peaks from here on: the training steps, not model construction.
   GetAllocator(device)->ResetPeak();
+  for (auto& [d, m] : AllMemoryStats()) GetAllocator(d)->ResetPeak();
   absl::Time start = absl::Now();
   for (int step = 0; step < steps; ++step) {
     std::vector<Batch> micro;
@@ -443,6 +445,15 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
       result.median_tokens_per_s, unit, double(result.peak_bytes) / (1 << 20),
       double(peak_rss) / (1 << 20), pct(fwd),
       pct(bwd), pct(comm), pct(opt)));
+  auto per_device = AllMemoryStats();
+  if (per_device.size() > 1) {
+    std::string line = "       peak tensor memory per device:";
+    for (auto& [d, m] : per_device) {
+      absl::StrAppend(&line, " ", d.ToString(), " ",
+                      absl::StrFormat("%.1f MiB", double(m.peak_bytes) / (1 << 20)));
+    }
+    rep.Line(line);
+  }
   if (comm_bytes > 0) {
     rep.Line(absl::StrFormat(
         "       overlap: %.1f MiB of gradients reduced per step, %.0f%% of the reduction time "
