@@ -16,7 +16,7 @@
 #include "core/registry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tools/cpp/runfiles/runfiles.h"
+#include "third_party/runfiles.h"
 
 namespace braid {
 namespace {

@@ -24,7 +24,7 @@
 #include "core/plugin.h"
 #include "core/registry.h"
 #include "gtest/gtest.h"
-#include "tools/cpp/runfiles/runfiles.h"
+#include "third_party/runfiles.h"
 
 namespace braid::gloo_test {
 

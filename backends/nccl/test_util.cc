@@ -9,7 +9,7 @@
 #include "core/check.h"
 #include "core/plugin.h"
 #include "core/registry.h"
-#include "tools/cpp/runfiles/runfiles.h"
+#include "third_party/runfiles.h"
 
 namespace braid::nccl::testing {
 namespace {

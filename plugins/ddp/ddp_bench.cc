@@ -28,7 +28,7 @@
 #include "core/strategy.h"
 #include "models/gpt/gpt.h"
 #include "plugins/ddp/ddp_trace.h"
-#include "tools/cpp/runfiles/runfiles.h"
+#include "third_party/runfiles.h"
 
 namespace braid {
 namespace {

@@ -38,7 +38,7 @@
 #include "models/mlp/mlp.h"
 #include "models/nn/layers.h"
 #include "plugins/ddp/ddp_trace.h"
-#include "tools/cpp/runfiles/runfiles.h"
+#include "third_party/runfiles.h"
 
 namespace braid {
 namespace {

@@ -25,7 +25,7 @@
 #include "gtest/gtest.h"
 #include "models/gpt/gpt.h"
 #include "models/mlp/mlp.h"
-#include "tools/cpp/runfiles/runfiles.h"
+#include "third_party/runfiles.h"
 
 namespace braid {
 namespace {

@@ -25,7 +25,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "plugins/paramserver/paramserver_stats.h"
-#include "tools/cpp/runfiles/runfiles.h"
+#include "third_party/runfiles.h"
 
 namespace braid {
 namespace {

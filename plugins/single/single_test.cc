@@ -14,7 +14,7 @@
 #include "core/testing/reference_kernels.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tools/cpp/runfiles/runfiles.h"
+#include "third_party/runfiles.h"
 
 namespace braid {
 namespace {
