@@ -35,7 +35,8 @@ const char kLauncherUsage[] =
     "  --nnodes=N            nodes in the job (default 1)\n"
     "  --node_rank=K         this node's index, 0..N-1 (default 0); node 0 serves the store\n"
     "  --nproc_per_node=P    workers per node (default 1)\n"
-    "  --master_addr=A       address of node 0 (required with N > 1; default 127.0.0.1)\n"
+    "  --master_addr=A       address of node 0 that every node reaches (default: $MASTER_ADDR,\n"
+    "                        else 127.0.0.1: every node on this machine)\n"
     "  --master_port=Q       port of the rendezvous store on node 0 (default: $MASTER_PORT,\n"
     "                        else 29500; a single node picks a free port when none is given)\n"
     "  --log_dir=D           worker logs D/workerlog.<rank> (default runs/workers-<time>, in the\n"
@@ -447,13 +448,17 @@ absl::StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchFlags& f, const EnvMap& en
       break;
     }
   }
+  // As torchrun: with no address given, node 0 is this machine (several "nodes" on one
+  // machine); the launcher prints the default it took (launcher_main.cc). Under a scheduler
+  // the nodes are other machines, and guessing would only end in a connect timeout.
   if (p.master_addr.empty()) {
-    if (p.nnodes > 1) {
+    if (p.nnodes > 1 && p.source != LayoutSource::kFlags) {
       return absl::InvalidArgumentError(absl::StrCat(
           "a job of ", p.nnodes, " nodes needs --master_addr (or $MASTER_ADDR): an address of node "
           "0 that every node can reach"));
     }
     p.master_addr = "127.0.0.1";
+    p.master_addr_defaulted = p.nnodes > 1;
   }
   if (f.Given("master_port")) {
     p.master_port = f.master_port;

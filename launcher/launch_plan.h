@@ -67,6 +67,7 @@ struct LaunchPlan {
   std::vector<WorkerPlan> workers;  // the workers this launcher starts
   std::string master_addr;
   int master_port = 29500;
+  bool master_addr_defaulted = false;  // none given: 127.0.0.1, every node on this machine
   bool master_port_given = false;  // false: node 0 may pick a free port (single launcher only)
   std::string describe;  // e.g. "--nnodes=2 --nproc_per_node=4" or "Slurm: SLURM_NTASKS=8"
 };

@@ -111,7 +111,18 @@ TEST(MakeLaunchPlan, NodeOfAMultiNodeJob) {
 TEST(MakeLaunchPlan, FlagErrors) {
   EXPECT_THAT(Error({"--nnodes=2", "--node_rank=2", "--master_addr=a"}),
               HasSubstr("--node_rank=2 is outside [0, --nnodes=2)"));
-  EXPECT_THAT(Error({"--nnodes=2"}), HasSubstr("needs --master_addr"));
+}
+
+// torchrun's default: several nodes and no address means every node is on this machine.
+TEST(MakeLaunchPlan, SeveralNodesDefaultToLoopback) {
+  auto p = MakeLaunchPlan(Flags({"--nnodes=2", "--node_rank=1"}), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->master_addr, "127.0.0.1");
+  EXPECT_TRUE(p->master_addr_defaulted);
+  EXPECT_EQ(p->master_port, 29500);
+  p = MakeLaunchPlan(Flags({"--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.1"}), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->master_addr_defaulted);
 }
 
 TEST(MakeLaunchPlan, MasterFromTheEnvironmentFlagsWin) {

@@ -34,6 +34,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "backends/store/tcp_store.h"
+#include "launcher/job_token.h"
 #include "launcher/launch_plan.h"
 #include "launcher/rendezvous.h"
 #include "launcher/worker_group.h"
@@ -86,12 +87,25 @@ std::string Absolute(const std::string& path) {
   return absl::StrCat(cwd, "/", path);
 }
 
-std::string FindTrainingProgram(const char* argv0) {
+// The training program, and the environment it needs to find its own runfiles. Bazel builds a
+// runfiles tree for the program that is run (ours), not for the programs in it: the training
+// program and its plugins live in our tree, and the runfiles library's environment variables
+// (RUNFILES_DIR, RUNFILES_MANIFEST_FILE) tell it so, as Bazel intends for child processes.
+struct TrainingProgram {
+  std::string path;
+  std::vector<std::pair<std::string, std::string>> env;
+};
+
+TrainingProgram FindTrainingProgram(const char* argv0) {
   std::string error;
   std::unique_ptr<Runfiles> rf(Runfiles::Create(argv0, &error));
-  std::string path;
+  TrainingProgram out;
+  std::string& path = out.path;
   if (rf) path = rf->Rlocation("braid/launcher/train");
-  if (path.empty() || access(path.c_str(), X_OK) != 0) {
+  if (!path.empty() && access(path.c_str(), X_OK) == 0) {
+    // Absolute: a worker may start in another folder than ours.
+    for (const auto& [k, v] : rf->EnvVars()) out.env.emplace_back(k, Absolute(v));
+  } else {
     // Installed layout: the training program next to the launcher.
     std::string self = argv0;
     path = self.substr(0, self.rfind('/') + 1) + "train";
@@ -100,7 +114,8 @@ std::string FindTrainingProgram(const char* argv0) {
     Die(absl::StrCat("cannot find the training program (looked for ", path,
                      "); build it with bazel build //launcher:all"));
   }
-  return Absolute(path);
+  path = Absolute(path);
+  return out;
 }
 
 std::string FindProgram(const std::string& name) {
@@ -225,10 +240,12 @@ struct Outcome {
 
 class Launcher {
  public:
-  Launcher(LaunchFlags flags, LaunchPlan plan, std::vector<std::string> argv, std::string log_dir,
+  Launcher(LaunchFlags flags, LaunchPlan plan, std::vector<std::string> argv,
+           std::vector<std::pair<std::string, std::string>> program_env, std::string log_dir,
            std::string token)
       : flags_(std::move(flags)), plan_(std::move(plan)), argv_(std::move(argv)),
-        log_dir_(std::move(log_dir)), token_(std::move(token)) {}
+        program_env_(std::move(program_env)), log_dir_(std::move(log_dir)),
+        token_(std::move(token)) {}
 
   int Run();
 
@@ -247,6 +264,7 @@ class Launcher {
   LaunchFlags flags_;
   LaunchPlan plan_;
   std::vector<std::string> argv_;
+  std::vector<std::pair<std::string, std::string>> program_env_;  // e.g. its runfiles
   std::string log_dir_, token_;
   std::string host_ = Hostname();
   Signals signals_;
@@ -316,6 +334,7 @@ std::vector<WorkerSpec> Launcher::Specs(int attempt) const {
     s.rank = w.rank;
     s.argv = argv_;
     s.env = base;
+    for (auto& [k, v] : program_env_) s.env[k] = v;
     for (auto& [k, v] : WorkerEnvironment(plan_, w, token_, attempt)) s.env[k] = v;
     s.log_path = absl::StrCat(log_dir_, "/workerlog.", w.rank);
     s.append_log = attempt > 0;
@@ -556,7 +575,13 @@ int Main(int argc, char** argv) {
 
   std::vector<std::string> program_argv;
   const bool default_program = flags->program.empty();
-  program_argv.push_back(default_program ? FindTrainingProgram(argv[0]) : FindProgram(flags->program));
+  TrainingProgram program;
+  if (default_program) {
+    program = FindTrainingProgram(argv[0]);
+  } else {
+    program.path = FindProgram(flags->program);
+  }
+  program_argv.push_back(program.path);
   bool program_has_log_dir = false;
   for (const std::string& a : flags->program_args) {
     std::string arg = a;
@@ -576,9 +601,28 @@ int Main(int argc, char** argv) {
     program_argv.push_back(absl::StrCat("--log_dir=", log_dir));
   }
 
+  if (plan->num_launchers > 1 && plan->master_addr_defaulted) {
+    Say(absl::StrCat("no --master_addr given: node 0 is this machine (", plan->master_addr, ":",
+                     plan->master_port, "). For nodes on several machines, pass "
+                     "--master_addr=<node 0's address> to every launcher."));
+  }
   std::string token;
   if (const char* t = std::getenv("BRAID_JOB_TOKEN"); t && *t) {
     token = t;
+  } else if (plan->num_launchers > 1 && IsLoopbackAddress(plan->master_addr)) {
+    // Every node is on this machine: the launchers share a token through a file only this user
+    // can read, so the two-terminal run needs nothing set.
+    absl::StatusOr<std::string> folder = PrivateFolder();
+    absl::StatusOr<SharedToken> shared =
+        folder.ok() ? LocalJobToken(*folder, plan->master_addr, plan->master_port)
+                    : absl::StatusOr<SharedToken>(folder.status());
+    if (!shared.ok()) {
+      Die(absl::StrCat("cannot share a job token between the launchers on this machine: ",
+                       shared.status().message(),
+                       ". Or set the same BRAID_JOB_TOKEN for every launcher: export "
+                       "BRAID_JOB_TOKEN=$(openssl rand -hex 32)"));
+    }
+    token = shared->token;
   } else if (plan->num_launchers > 1) {
     Die(absl::StrCat(
         "a job of ", plan->num_launchers, " launchers (", plan->describe,
@@ -591,7 +635,8 @@ int Main(int argc, char** argv) {
     token = *t;
   }
 
-  Launcher launcher(*std::move(flags), *std::move(plan), std::move(program_argv), log_dir, token);
+  Launcher launcher(*std::move(flags), *std::move(plan), std::move(program_argv),
+                    std::move(program.env), log_dir, token);
   return launcher.Run();
 }
 

@@ -68,18 +68,26 @@ absl::Status Run(const char* argv0) {
 
   // Plugins ship in this program's runfiles as plugins/<name>/libbraid_<name>.so and
   // backends/<name>/libbraid_<name>.so; the loader looks in <folder>/<name>/ of each folder.
+  // The runfiles are our own tree, or, when //launcher started us, the launcher's (it hands us
+  // their environment). Without runfiles (a copied bazel-bin tree), the same layout around us:
+  // <root>/launcher/train beside <root>/plugins/ and <root>/backends/.
+  std::string root;
   std::string error;
   std::unique_ptr<Runfiles> rf(Runfiles::Create(argv0, &error));
   if (rf) {
     std::string marker = rf->Rlocation("braid/plugins/single/libbraid_single.so");
     if (!marker.empty() && access(marker.c_str(), R_OK) == 0) {
-      std::string root = marker.substr(0, marker.rfind("/plugins/single/"));
-      env.plugin_search_path.push_back(root + "/plugins");
-      env.plugin_search_path.push_back(root + "/backends");
+      root = marker.substr(0, marker.rfind("/plugins/single/"));
+      env.plugin_origin = absl::StrCat("from the runfiles at ", root);
     }
   }
-  std::string exe_dir = std::string(argv0).substr(0, std::string(argv0).rfind('/') + 1);
-  env.plugin_search_path.push_back(exe_dir + "plugins");
+  if (root.empty()) {
+    std::string exe_dir = std::string(argv0).substr(0, std::string(argv0).rfind('/') + 1);
+    root = (exe_dir.empty() ? std::string("./") : exe_dir) + "..";
+    env.plugin_origin = absl::StrCat("from the folders beside the program at ", root);
+  }
+  env.plugin_search_path.push_back(root + "/plugins");
+  env.plugin_search_path.push_back(root + "/backends");
 
   std::string log_dir = absl::GetFlag(FLAGS_log_dir);
   if (log_dir.empty()) log_dir = cfg.log().dir();

@@ -276,6 +276,10 @@ class Reporter {
   void Metric(const std::string& json) {
     if (metrics_.is_open()) metrics_ << json << "\n" << std::flush;
   }
+  // For train.log only: facts for whoever debugs a run, not for the console.
+  void Note(const std::string& s) {
+    if (log_.is_open()) log_ << s << "\n" << std::flush;
+  }
   bool ok() const { return env_.log_dir.empty() || (log_.is_open() && metrics_.is_open()); }
 
  private:
@@ -298,6 +302,7 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
         absl::StrCat("cannot write train.log / metrics.jsonl in '", env.log_dir, "'"));
   }
 
+  if (!env.plugin_origin.empty()) rep.Note(absl::StrCat("braid: plugins ", env.plugin_origin));
   BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Module> model, BuildModel(cfg, device));
   if (!cfg.init_from().empty()) {
     BRAID_ASSIGN_OR_RETURN(auto weights, LoadSafetensors(cfg.init_from()));

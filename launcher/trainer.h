@@ -14,6 +14,7 @@ namespace braid::launcher {
 struct TrainerEnv {
   int rank = 0, world_size = 1;
   std::vector<std::string> plugin_search_path;  // searched after $BRAID_PLUGIN_PATH
+  std::string plugin_origin;  // how that path was found, for train.log
   std::string log_dir;  // resolved folder for train.log ("" = no files)
   std::string metrics_path;  // JSON lines, one per step and a summary (in log_dir by default)
   bool interactive = false;  // rewrite the progress line in place (a terminal)

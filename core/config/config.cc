@@ -646,7 +646,9 @@ void CheckRun(Checker& c, TrainConfig* cfg, int dp) {
                            ") is set but strategy.name is "
                            "not; name the strategy that the plugin registers"));
     }
-    s->set_name("single");
+    // The default trains on any world size: one process alone, data parallel otherwise (the
+    // training program prints the strategy it runs with at start).
+    s->set_name(dp > 1 ? "ddp" : "single");
   }
   if (s->name() == "single" && dp > 1) {
     c.Error(

@@ -1,0 +1,120 @@
+#include "launcher/job_token.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cctype>
+
+#include "absl/strings/str_cat.h"
+#include "backends/store/tcp_store.h"
+
+namespace braid::launcher {
+namespace {
+
+std::string Errno(const std::string& what, const std::string& path) {
+  return absl::StrCat(what, " ", path, ": ", strerror(errno));
+}
+
+// A folder that is ours alone: anything else could let another user read or plant the token.
+absl::Status CheckPrivate(const std::string& path, bool want_dir, mode_t forbidden) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return absl::NotFoundError(Errno("cannot stat", path));
+  if (want_dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, " is not a ", want_dir ? "folder" : "plain file", "; remove it"));
+  }
+  if (st.st_uid != ::getuid() || (st.st_mode & forbidden) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        path, " must belong to you (uid ", ::getuid(), ") with no access for others (mode ",
+        want_dir ? "0700" : "0600", "); fix it with chmod, or remove it"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadToken(const std::string& path) {
+  if (absl::Status st = CheckPrivate(path, false, 0077); !st.ok()) return st;
+  int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return absl::PermissionDeniedError(Errno("cannot open", path));
+  char buf[129];
+  ssize_t n = ::read(fd, buf, sizeof buf - 1);
+  ::close(fd);
+  std::string t(buf, n > 0 ? size_t(n) : 0);
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
+  if (t.size() < 32) {
+    return absl::DataLossError(absl::StrCat(path, " holds no job token (", t.size(),
+                                            " characters); remove it and start again"));
+  }
+  return t;
+}
+
+}  // namespace
+
+bool IsLoopbackAddress(const std::string& addr) {
+  if (addr == "localhost") return true;
+  in_addr v4;
+  if (inet_pton(AF_INET, addr.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6;
+  return inet_pton(AF_INET6, addr.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
+}
+
+absl::StatusOr<std::string> PrivateFolder() {
+  std::string dir;
+  if (const char* x = ::getenv("XDG_RUNTIME_DIR"); x && *x) {
+    dir = absl::StrCat(x, "/braid");
+  } else if (const char* h = ::getenv("HOME"); h && *h) {
+    std::string cache = absl::StrCat(h, "/.cache");
+    ::mkdir(cache.c_str(), 0700);
+    dir = absl::StrCat(cache, "/braid");
+  } else {
+    dir = absl::StrCat("/tmp/braid-", ::getuid());
+  }
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::PermissionDeniedError(Errno("cannot create", dir));
+  }
+  if (absl::Status st = CheckPrivate(dir, true, 0077); !st.ok()) return st;
+  return dir;
+}
+
+absl::StatusOr<SharedToken> LocalJobToken(const std::string& folder, const std::string& addr,
+                                          int port) {
+  SharedToken out;
+  out.path = absl::StrCat(folder, "/job-token-", addr, "-", port);
+  // Written in full under a temporary name, then linked to the final name: link() fails if the
+  // name exists, so of two launchers starting together exactly one creates it, and a reader
+  // never sees a half-written file.
+  absl::StatusOr<std::string> fresh = GenerateJobToken();
+  if (!fresh.ok()) return fresh.status();
+  std::string tmp = absl::StrCat(out.path, ".tmp.", ::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return absl::PermissionDeniedError(Errno("cannot create", tmp));
+  std::string line = *fresh + "\n";
+  bool written = ::write(fd, line.data(), line.size()) == ssize_t(line.size());
+  ::close(fd);
+  if (!written) {
+    ::unlink(tmp.c_str());
+    return absl::ResourceExhaustedError(Errno("cannot write", tmp));
+  }
+  int linked = ::link(tmp.c_str(), out.path.c_str());
+  int link_errno = errno;
+  ::unlink(tmp.c_str());
+  if (linked == 0) {
+    out.token = *fresh;
+    out.created = true;
+    return out;
+  }
+  if (link_errno != EEXIST) {
+    errno = link_errno;
+    return absl::PermissionDeniedError(Errno("cannot create", out.path));
+  }
+  absl::StatusOr<std::string> t = ReadToken(out.path);
+  if (!t.ok()) return t.status();
+  out.token = *t;
+  return out;
+}
+
+}  // namespace braid::launcher

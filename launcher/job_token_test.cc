@@ -1,0 +1,92 @@
+#include "launcher/job_token.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace braid::launcher {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string TempFolder(const char* name) {
+  std::string d = std::string(::getenv("TEST_TMPDIR")) + "/" + name;
+  ::mkdir(d.c_str(), 0700);
+  ::chmod(d.c_str(), 0700);
+  return d;
+}
+
+TEST(JobToken, LoopbackAddresses) {
+  for (const char* a : {"127.0.0.1", "127.1.2.3", "::1", "localhost"}) {
+    EXPECT_TRUE(IsLoopbackAddress(a)) << a;
+  }
+  for (const char* a : {"10.0.0.1", "128.0.0.1", "::2", "node0", "0.0.0.0", ""}) {
+    EXPECT_FALSE(IsLoopbackAddress(a)) << a;
+  }
+}
+
+// Launchers starting at once agree on one token, and exactly one of them made it.
+TEST(JobToken, ConcurrentLaunchersShareOne) {
+  std::string dir = TempFolder("shared");
+  constexpr int kLaunchers = 8;
+  std::vector<absl::StatusOr<SharedToken>> got(kLaunchers, absl::UnknownError(""));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kLaunchers; ++i) {
+    threads.emplace_back([&, i] { got[i] = LocalJobToken(dir, "127.0.0.1", 29555); });
+  }
+  for (auto& t : threads) t.join();
+  int created = 0;
+  for (auto& g : got) {
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_EQ(g->token, got[0]->token);
+    EXPECT_EQ(g->token.size(), 64u);
+    created += g->created;
+  }
+  EXPECT_EQ(created, 1);
+  struct stat st;
+  ASSERT_EQ(::stat(got[0]->path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  // Another port is another job: another token.
+  auto other = LocalJobToken(dir, "127.0.0.1", 29556);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->token, got[0]->token);
+}
+
+TEST(JobToken, RefusesFilesOthersCanRead) {
+  std::string dir = TempFolder("loose");
+  auto first = LocalJobToken(dir, "127.0.0.1", 1);
+  ASSERT_TRUE(first.ok());
+  ::chmod(first->path.c_str(), 0644);
+  auto again = LocalJobToken(dir, "127.0.0.1", 1);
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr("no access for others"));
+  EXPECT_THAT(std::string(again.status().message()), HasSubstr(first->path));
+}
+
+TEST(JobToken, RefusesAnEmptyFile) {
+  std::string dir = TempFolder("empty");
+  std::string path = dir + "/job-token-127.0.0.1-2";
+  { std::ofstream(path) << ""; }
+  ::chmod(path.c_str(), 0600);
+  auto t = LocalJobToken(dir, "127.0.0.1", 2);
+  EXPECT_THAT(std::string(t.status().message()), HasSubstr("holds no job token"));
+}
+
+TEST(JobToken, PrivateFolderFromXdgRuntimeDir) {
+  std::string base = TempFolder("xdg");
+  ::setenv("XDG_RUNTIME_DIR", base.c_str(), 1);
+  auto dir = PrivateFolder();
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(*dir, base + "/braid");
+  ::chmod(dir->c_str(), 0755);
+  EXPECT_THAT(std::string(PrivateFolder().status().message()), HasSubstr("no access for others"));
+}
+
+}  // namespace
+}  // namespace braid::launcher
