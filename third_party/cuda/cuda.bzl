@@ -10,6 +10,7 @@ A target outside this scheme that wants an optional CUDA dependency selects it:
 """
 
 load("@local_cuda//:defs.bzl", "CUDA_AVAILABLE", "CUDA_PROBLEM", "NVCC")
+load("//third_party/host:host.bzl", "requires")
 
 # The GPUs Braid builds for: A100 (sm_80) and H100/H200 (sm_90) machine code, plus compute_90
 # PTX that the driver can JIT for newer GPUs. CUDA 13 refuses anything below compute_75.
@@ -163,18 +164,31 @@ def cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], **kwargs):
         **kwargs
     )
 
-def cuda_cc_test(name, tags = [], linkstatic = True, **kwargs):
+def cuda_cc_test(name, gpu_cases = None, tags = [], linkstatic = True, **kwargs):
     """A cc_test that only exists under --config=cuda (SKIPPED otherwise), tagged "cuda".
 
-    A GPU is still not guaranteed at run time: the test itself must GTEST_SKIP, saying why,
-    when CUDA reports no usable device. Linked statically by default (Braid's code inside the
-    binary, not in Bazel's _solib folders) because GPU machines have no Bazel: the binary is
-    built here and copied there with the few system .so files it needs (docs/GPU.md).
+    `gpu_cases` (a --gtest_filter pattern; "*" for all) are the cases that need a GPU. Under
+    Bazel they run in `name_gpu` (or in `name` itself for "*"), SKIPPED on a machine without
+    one (third_party/host), while the other cases run in `name`. The binary still holds every
+    case, and a GPU case still GTEST_SKIPs, saying why, when CUDA reports no usable device:
+    GPU machines have no Bazel, so the binary is built here and copied there with the few
+    system .so files it needs (docs/GPU.md), where it runs unfiltered. Linked statically by
+    default (Braid's code inside the binary, not in Bazel's _solib folders) for that copy.
     """
+    common = dict(tags = tags + ["cuda"], linkstatic = linkstatic, **kwargs)
+    if gpu_cases == "*":
+        native.cc_test(name = name, target_compatible_with = REQUIRES_CUDA + requires("gpu"), **common)
+        return
     native.cc_test(
         name = name,
-        tags = tags + ["cuda"],
-        linkstatic = linkstatic,
+        args = ["--gtest_filter=-" + gpu_cases] if gpu_cases else [],
         target_compatible_with = REQUIRES_CUDA,
-        **kwargs
+        **common
     )
+    if gpu_cases:
+        native.cc_test(
+            name = name + "_gpu",
+            args = ["--gtest_filter=" + gpu_cases],
+            target_compatible_with = REQUIRES_CUDA + requires("gpu"),
+            **common
+        )

@@ -1,0 +1,36 @@
+"""`requires(...)`: target_compatible_with for tests that need something of the machine.
+
+    sh_test(name = "twonode_test", ..., target_compatible_with = requires("netns"))
+
+Features (found by host_configure.bzl): "data" (tools/setup.sh's data sets), "netns" (root
+with network-admin rights), "ipv6" (an IPv6 loopback), "torch" (Debian's PyTorch), "gpu".
+"""
+
+load("@braid_host//:defs.bzl", "HOST")
+
+def requires(*features):
+    missing = []
+    for f in features:
+        if f not in HOST:
+            fail("requires(%r): unknown feature; known: %s" % (f, sorted(HOST.keys())))
+        if not HOST[f]:
+            missing.append("//third_party/host:missing_" + f)
+    return missing
+
+def has(feature):
+    return HOST[feature]
+
+def cc_test_with_host_cases(name, host_cases, features, **kwargs):
+    """A cc_test whose cases `host_cases` (a --gtest_filter pattern) need `features`.
+
+    Two targets from one source: `name` runs every other case anywhere; `name_<features>` runs
+    those cases and is SKIPPED where the machine lacks a feature. Inside it the cases must fail,
+    not skip, when what they need is missing: the target promises it is there.
+    """
+    native.cc_test(name = name, args = ["--gtest_filter=-" + host_cases], **kwargs)
+    native.cc_test(
+        name = name + "_" + "_".join(features),
+        args = ["--gtest_filter=" + host_cases],
+        target_compatible_with = requires(*features),
+        **kwargs
+    )
