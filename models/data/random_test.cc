@@ -7,7 +7,7 @@
 namespace braid::data {
 namespace {
 
-// Expected values come from an independent Python implementation of REFERENCE_RUN.md's
+// Expected values come from an independent Python implementation of docs/REFERENCE_RUN.md's
 // definition (arbitrary-precision integers masked to 64 bits), run once at development time.
 TEST(SplitMix64, MatchesIndependentImplementation) {
   struct Case {

@@ -1,5 +1,5 @@
 // Token streams for language models: a token file in memory and the two ways of cutting it into
-// (inputs, targets) batches: random windows (the reference run's sampler, shared/REFERENCE_RUN.md)
+// (inputs, targets) batches: random windows (the reference run's sampler, docs/REFERENCE_RUN.md)
 // and llm.c-style sequential chunks.
 #ifndef BRAID_MODELS_DATA_TOKEN_DATA_H_
 #define BRAID_MODELS_DATA_TOKEN_DATA_H_

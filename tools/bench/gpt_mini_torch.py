@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""PyTorch twin of Braid's gpt-mini reference run (../shared/REFERENCE_RUN.md), the peer Braid is
+"""PyTorch twin of Braid's gpt-mini reference run (docs/REFERENCE_RUN.md), the peer Braid is
 measured against. Same model, same init file (optional), same per-rank sample stream, same AdamW.
 
 Prints one JSON object per step and a summary line, e.g.
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 /usr/bin/python3 tools/bench/gpt_mini_torch.py --steps 20
 DDP over Gloo: run with --world_size N; the script starts the N ranks itself (torchrun crashes on
-Debian's Python 3.11, see REFERENCE_RUN.md).
+Debian's Python 3.11, see docs/REFERENCE_RUN.md).
 """
 import argparse
 import json
