@@ -483,7 +483,13 @@ TEST(ConfigValidate, ModelAndData) {
 }
 
 TEST(ConfigValidate, Strategy) {
-  EXPECT_THAT(ValidationError("", 2),
+  // No strategy named: one process trains alone, several data-parallel with ddp.
+  for (auto [dp, want] : {std::pair<int, const char*>{1, "single"}, {2, "ddp"}, {3, "ddp"}}) {
+    TrainConfig cfg;
+    ASSERT_TRUE(ValidateConfig(&cfg, dp, {}).ok());
+    EXPECT_EQ(cfg.strategy().name(), want) << "data-parallel size " << dp;
+  }
+  EXPECT_THAT(ValidationError("strategy { name: \"single\" }", 2),
               AllOf(HasSubstr("strategy.name \"single\""), HasSubstr("data-parallel size is 2")));
   EXPECT_EQ(ValidationError("strategy { name: \"ddp\" }", 2), "");
   EXPECT_THAT(ValidationError("strategy { path: \"/p/libx.so\" }"),
