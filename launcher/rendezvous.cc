@@ -102,8 +102,10 @@ absl::Status LauncherRendezvous::CheckIn(int attempt, absl::Duration timeout,
     (void)store_->CompareSet(Key(attempt, "error"), "", msg);
     return absl::AlreadyExistsError(msg);
   }
-  BRAID_RETURN_IF_ERROR(store_->Set(Key(attempt, absl::StrCat("info/", self_.id)), self_.Serialize()));
+  // Counted before the info is published: a launcher that reads our info (and may fail on it at
+  // once) then also counts us among those whose exit node 0 waits for before its store goes.
   BRAID_RETURN_IF_ERROR(store_->Add(Key(attempt, "arrived"), 1).status());
+  BRAID_RETURN_IF_ERROR(store_->Set(Key(attempt, absl::StrCat("info/", self_.id)), self_.Serialize()));
   // Launcher 0 first: everyone compares with it, so a disagreement is found even when one side
   // waits for launchers (ids) the other side does not know about.
   std::vector<int> order;

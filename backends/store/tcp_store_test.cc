@@ -183,18 +183,34 @@ int RawAuthenticated(int port, const std::string& token) {
   return fd;
 }
 
-// A port that nothing listens on (just released by us).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+// A loopback port that is ours and that nothing listens on, for as long as this object lives:
+// bound with SO_REUSEADDR, never listened on. The kernel hands a bound port to no one else (not
+// by bind(0), not as a connection's source port), connecting to it is refused, and a store (which
+// sets SO_REUSEADDR too) can still bind and listen on it. A port bound, closed and then reused
+// would race with every other process on the machine.
+class HeldPort {
+ public:
+  HeldPort() {
+    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    EXPECT_EQ(setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)), 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    socklen_t len = sizeof(a);
+    getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+  }
+  ~HeldPort() { close(fd_); }
+  HeldPort(const HeldPort&) = delete;
+  HeldPort& operator=(const HeldPort&) = delete;
+  int port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
 
 // A listening socket on an ephemeral loopback port; *port receives the port.
 int Listener(int* port) {
@@ -686,24 +702,27 @@ TEST(TcpStoreTest, ClientRecognisesAServiceThatIsNotAStore) {
 TEST(TcpStoreTest, ClientRetriesUntilALateServerStarts) {
   LogSink log;
   std::string token = NewToken();
-  int port = FreePort();
+  HeldPort held;
+  int port = held.port();
   absl::StatusOr<std::unique_ptr<TcpStoreClient>> client = absl::UnknownError("not run");
   auto t0 = Clock::now();
   std::thread connector([&] { client = Connect(port, token, absl::Seconds(20)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   auto server = StartServer(token, &log, port);
-  ASSERT_NE(server, nullptr) << "port " << port << " was taken meanwhile";
+  ASSERT_NE(server, nullptr) << "port " << port;
   connector.join();
   ASSERT_TRUE(client.ok()) << client.status();
   double took = SecondsSince(t0);
   EXPECT_GE(took, 0.3);
-  // Back-off is capped at 1 s, so the client notices the server soon after it comes up.
-  EXPECT_LT(took, 3);
+  // Back-off is capped at 1 s, so the client notices the server soon after it comes up: far
+  // sooner than its 20 s deadline (the bound leaves room for a loaded machine, not for waiting).
+  EXPECT_LT(took, 10);
   EXPECT_TRUE((*client)->Set("k", "v").ok());
 }
 
 TEST(TcpStoreTest, UnreachableMasterFailsAfterTheDeadline) {
-  int port = FreePort();
+  HeldPort held;
+  int port = held.port();
   auto t0 = Clock::now();
   auto c = Connect(port, NewToken(), absl::Milliseconds(700));
   double took = SecondsSince(t0);
@@ -713,7 +732,7 @@ TEST(TcpStoreTest, UnreachableMasterFailsAfterTheDeadline) {
   EXPECT_THAT(c.status().message(), HasSubstr("may be down"));
   EXPECT_THAT(c.status().message(), HasSubstr("Connection refused"));
   EXPECT_GE(took, 0.69);
-  EXPECT_LT(took, 3);
+  EXPECT_LT(took, 10);  // ends at its deadline: no hang (room for a loaded machine)
 }
 
 TEST(TcpStoreTest, PortInUseNamesThePortAndItsHolder) {
@@ -766,9 +785,10 @@ TEST(TcpStoreTest, StopWithClientsConnectedEndsEveryone) {
 
   auto t0 = Clock::now();
   server->Stop();
-  EXPECT_LT(SecondsSince(t0), 3);
+  // Far below the Get's 60 s: Stop ended it rather than letting it time out.
+  EXPECT_LT(SecondsSince(t0), 30);
   getter.join();
-  EXPECT_LT(SecondsSince(t0), 3);
+  EXPECT_LT(SecondsSince(t0), 30);
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
   EXPECT_THAT(got.status().message(), HasSubstr("'never-set'"));
@@ -781,7 +801,7 @@ TEST(TcpStoreTest, StopWithClientsConnectedEndsEveryone) {
   // The stranger got its greeting and then, at Stop, the end of the connection.
   t0 = Clock::now();
   std::string greeting = ReadUntilClosed(silent);
-  EXPECT_LT(SecondsSince(t0), 1);
+  EXPECT_LT(SecondsSince(t0), 5);  // Stop closed it, before the 10 s handshake timeout would
   EXPECT_TRUE(wire::ParseHello(greeting.substr(wire::kFrameHeaderBytes)).ok());
   close(silent);
   EXPECT_EQ(server->stats().open, 0);

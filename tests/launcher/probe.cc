@@ -5,6 +5,10 @@
 //
 //   probe --out_dir=D [--lines=N] [--crash_rank=R --crash=exit3|segv --crash_after_ms=MS
 //         --crash_attempts=K] [--sleep_s=S] [--ignore_sigterm] [--spawn_child] [--exchange]
+//
+// The pid file out_dir/pid.RANK.RESTART is written only once the probe is set up (SIGTERM ignored,
+// child spawned): a test may signal it as soon as the file exists. A crash's MS count from the
+// moment every rank's pid file exists.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -97,6 +101,20 @@ void Exchange(int rank, int world, int restart) {
   }
 }
 
+// Returns once every rank of this attempt has written its pid file (30 s at most), so that a
+// crash never comes before a slow-starting rank has even begun: the test then knows every worker
+// ran, whatever the load on the machine.
+void WaitForEveryRank(const std::string& out, int world, int restart) {
+  absl::Time deadline = absl::Now() + absl::Seconds(30);
+  for (int r = 0; r < world; ++r) {
+    std::string path = absl::StrCat(out, "/pid.", r, ".", restart);
+    while (access(path.c_str(), F_OK) != 0) {
+      if (absl::Now() > deadline) return;
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,6 +136,8 @@ int main(int argc, char** argv) {
 
   std::string out = Flag(argc, argv, "out_dir");
   if (out.empty()) Fail("--out_dir is required");
+  // Everything the test relies on is set up before the pid file is written: the pid file is the
+  // signal that this worker (and its child) is ready to be signalled, no sleep needed.
   std::string child_pid;
   if (Flag(argc, argv, "spawn_child") == "1") {
     pid_t c = fork();
@@ -128,6 +148,8 @@ int main(int argc, char** argv) {
     }
     child_pid = absl::StrCat(" ", c);
   }
+  // After the fork: the child keeps the default disposition, as before.
+  if (Flag(argc, argv, "ignore_sigterm") == "1") signal(SIGTERM, SIG_IGN);
   WriteFile(absl::StrCat(out, "/pid.", rank, ".", restart), absl::StrCat(getpid(), child_pid, "\n"));
   WriteFile(absl::StrCat(out, "/env.", rank, ".", restart),
             absl::StrCat("RANK=", rank, " LOCAL_RANK=", local_rank, " WORLD_SIZE=", world,
@@ -141,7 +163,6 @@ int main(int argc, char** argv) {
   for (int i = 1; i <= lines; ++i) std::printf("probe: rank %d line %d\n", rank, i);
   std::fflush(stdout);
 
-  if (Flag(argc, argv, "ignore_sigterm") == "1") signal(SIGTERM, SIG_IGN);
   if (Flag(argc, argv, "exchange") == "1") Exchange(rank, world, restart);
 
   int crash_rank = -1, crash_after_ms = 0, crash_attempts = 1000000;
@@ -149,6 +170,7 @@ int main(int argc, char** argv) {
   absl::SimpleAtoi(Flag(argc, argv, "crash_after_ms", "0"), &crash_after_ms);
   absl::SimpleAtoi(Flag(argc, argv, "crash_attempts", "1000000"), &crash_attempts);
   if (rank == crash_rank && restart < crash_attempts) {
+    WaitForEveryRank(out, world, restart);
     absl::SleepFor(absl::Milliseconds(crash_after_ms));
     std::string how = Flag(argc, argv, "crash", "exit3");
     std::fprintf(stderr, "probe: rank %d crashing on purpose (%s)\n", rank, how.c_str());
