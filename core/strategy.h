@@ -57,7 +57,10 @@ struct StepStats {
   double backward_s = 0;    // time in backward (including overlapped communication)
   double comm_exposed_s = 0;  // communication the step waited for after backward
   double optimizer_s = 0;
-  float grad_norm = 0;      // before clipping; 0 when clipping is off
+  // Global L2 norm of the gradient the optimizer step used (after reduction, before clipping),
+  // measured on every step whether or not clipping is on. A rank that never sees the reduced
+  // gradient (a parameter-server worker) reports the norm of its own, as it does its own loss.
+  float grad_norm = 0;
   // Gradient bytes communicated this step, and how much of that was reduced while backward was
   // still running (each piece weighted by the share of its reduction time that overlapped).
   int64_t comm_bytes = 0;

@@ -417,7 +417,7 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
     double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
     double eta = elapsed / (step + 1) * (steps - step - 1);
     rep.Metric(absl::StrFormat(
-        "{\"step\": %d, \"loss\": %.6f, \"lr\": %.6g, \"step_s\": %.6f, \"tokens_per_s\": %.1f, "
+        "{\"step\": %d, \"loss\": %.9g, \"lr\": %.6g, \"step_s\": %.6f, \"tokens_per_s\": %.1f, "
         "\"forward_s\": %.6f, \"backward_s\": %.6f, \"comm_exposed_s\": %.6f, "
         "\"optimizer_s\": %.6f, \"grad_norm\": %.6g, \"comm_bytes\": %d, "
         "\"comm_bytes_overlapped\": %d, \"peak_bytes\": %d}",

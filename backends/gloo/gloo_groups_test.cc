@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "backends/gloo/test_util.h"
 #include "core/communicator.h"
 #include "core/plugin.h"
@@ -240,17 +240,26 @@ TEST_P(GroupsTest, PointToPointArgumentsAreChecked) {
   });
 }
 
-// Calls return at once (rank 1 arrives late, yet rank 0's call does not wait for it); several
-// collectives in flight complete correctly whichever one is waited for first.
+// Calls return at once: rank 0 issues every call, and sees none of those that need rank 1
+// complete, while rank 1 has not even posted its side: rank 1 waits on a latch that rank 0
+// releases only after issuing them (a call that blocked until every rank had called it would
+// keep the latch shut and fail the test, not slow it down). Then several collectives and
+// point-to-point messages in flight complete correctly whichever one is waited for first.
 TEST_P(GroupsTest, CallsReturnAtOnceAndOverlap) {
   const int n = world();
   FileStore store(FreshDir());
+  FileStore latch(FreshDir("latch"));
   RunRanks(n, [&](int rank) {
     auto comm = MakeGloo(rank, n, &store);
     ASSERT_TRUE(comm.ok()) << comm.status();
     Communicator& c = **comm;
     ASSERT_TRUE(c.Barrier()->Wait().ok());
-    if (rank == 1) absl::SleepFor(absl::Milliseconds(500));
+    if (rank == 1) {
+      absl::Status opened = latch.Wait({"rank0_issued"}, absl::Seconds(60));
+      ASSERT_TRUE(opened.ok()) << "rank 0 never finished issuing its calls (did one block until "
+                                  "rank 1 joined it?): "
+                               << opened;
+    }
     Tensor a = Input(DType::kF32, rank, 1 << 16, 50);
     Tensor b = Input(DType::kBF16, rank, 1000, 51);
     Tensor gathered = Tensor::Zeros({3 * n}, DType::kI32);
@@ -259,17 +268,22 @@ TEST_P(GroupsTest, CallsReturnAtOnceAndOverlap) {
     Tensor to_right = Input(DType::kF32, rank, 5000, 54);
     Tensor from_left = Tensor::Zeros({5000}, DType::kF32);
     const int right = (rank + 1) % n, left = (rank + n - 1) % n;
-    absl::Time t0 = absl::Now();
     auto wa = c.AllReduce(a, ReduceOp::kSum);
     auto ws = c.Send(to_right, right, 1);  // point-to-point in flight with the collectives
     auto wb = c.AllReduce(b, ReduceOp::kAvg);
     auto wg = c.AllGather(Input(DType::kI32, rank, 3, 52), gathered);
     auto wv = c.Recv(from_left, left, 1);
     auto wr = c.ReduceScatter(rs_in, rs_out, ReduceOp::kMin);
-    absl::Duration issue = absl::Now() - t0;
     if (rank == 0) {
-      EXPECT_LT(issue, absl::Milliseconds(400)) << "issuing the calls blocked";
+      // Rank 1 is still held at the latch: every collective needs it, so none can be done.
       EXPECT_FALSE(wa->IsCompleted()) << "completed while rank 1 had not called it yet";
+      EXPECT_FALSE(wb->IsCompleted()) << "completed while rank 1 had not called it yet";
+      EXPECT_FALSE(wg->IsCompleted()) << "completed while rank 1 had not called it yet";
+      EXPECT_FALSE(wr->IsCompleted()) << "completed while rank 1 had not called it yet";
+      if (left == 1) {
+        EXPECT_FALSE(wv->IsCompleted()) << "received what rank 1 has not sent";
+      }
+      ASSERT_TRUE(latch.Set("rank0_issued", "yes").ok());
     }
     ASSERT_TRUE(wv->Wait().ok());
     ASSERT_TRUE(ws->Wait().ok());

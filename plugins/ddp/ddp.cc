@@ -783,11 +783,11 @@ absl::StatusOr<StepStats> DdpStrategy::TrainStep(const std::vector<Batch>& micro
     TraceEvent opt;
     opt.name = "optimizer";
     opt.start_us = NowUs();
-    if (max_grad_norm_ > 0) {
-      std::vector<Tensor> trainable;
-      for (const Param& p : params_) trainable.push_back(p.tensor);
-      stats.grad_norm = ClipGradNorm(trainable, max_grad_norm_);
-    }
+    // The norm of the averaged gradient, measured always (max_grad_norm_ <= 0 only measures)
+    // and clipped to max_grad_norm_ when clipping is on.
+    std::vector<Tensor> trainable;
+    for (const Param& p : params_) trainable.push_back(p.tensor);
+    stats.grad_norm = ClipGradNorm(trainable, max_grad_norm_);
     optimizer_->Step();
     opt.end_us = NowUs();
     RecordEvent(opt);

@@ -271,7 +271,8 @@ class DataParallelStrategy final : public Strategy {
     ReduceGradients();
     stats.comm_exposed_s = Seconds(start);
     start = absl::Now();
-    if (max_grad_norm_ > 0) stats.grad_norm = ClipGradNorm(params_[0], max_grad_norm_);
+    // Always measured (max_grad_norm_ <= 0 only measures); clipped when clipping is on.
+    stats.grad_norm = ClipGradNorm(params_[0], max_grad_norm_);
     optimizer_->Step();
     stats.optimizer_s = Seconds(start);
     start = absl::Now();

@@ -444,6 +444,9 @@ absl::Status ParamServerStrategy::ComputeGradient(const std::vector<Batch>& micr
     stats->backward_s += Seconds(start);
   }
   stats->loss = float(loss_sum / double(micro_batches.size()));
+  // A worker never sees the gradient the server applies: like its loss, the norm it reports is
+  // that of its own (pushed) gradient. Measured only; the server clips.
+  stats->grad_norm = ClipGradNorm(model_->Parameters(), 0.0f);
   return absl::OkStatus();
 }
 
@@ -568,7 +571,7 @@ absl::StatusOr<StepStats> ParamServerStrategy::ServerStep() {
   BRAID_RETURN_IF_ERROR(WaitForReplies());
   const size_t updates = opts_.mode == Mode::kSync ? 1 : peers_.size();
   stats.loss = float(loss_sum / double(peers_.size()));
-  if (max_grad_norm_ > 0) stats.grad_norm = norm_sum / float(updates);
+  stats.grad_norm = norm_sum / float(updates);  // of the applied gradient(s), before clipping
   stats.comm_exposed_s = std::max(0.0, Seconds(start) - stats.optimizer_s);
   return stats;
 }
@@ -590,12 +593,12 @@ absl::StatusOr<int64_t> ParamServerStrategy::TakePush(Peer& peer, int64_t step, 
 }
 
 // One optimizer update with `gradient` (flat, numel values), computed on parameters of version
-// `computed_on`. Returns the gradient's norm before clipping (0 when clipping is off).
+// `computed_on`. Returns the gradient's norm before clipping (measured whether or not clipping
+// is on: ClipGradNorm with max_grad_norm_ <= 0 only measures).
 float ParamServerStrategy::Apply(const Tensor& gradient, int64_t computed_on, StepStats* stats) {
   absl::Time start = absl::Now();
   layout_.UseAsGrads(gradient);
-  float norm = 0;
-  if (max_grad_norm_ > 0) norm = ClipGradNorm(model_->Parameters(), max_grad_norm_);
+  const float norm = ClipGradNorm(model_->Parameters(), max_grad_norm_);
   optimizer_->Step();
   optimizer_->ZeroGrad();
   stats_.max_version_lag = std::max(stats_.max_version_lag, stats_.version - computed_on);

@@ -2,7 +2,7 @@
 // this process (the in-process communicator), on the CPU backend. The reference for "same result"
 // is one process stepping the same optimizer on the concatenation of the workers' micro-batches,
 // driven by hand.
-#include <chrono>
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -204,30 +204,55 @@ TEST_P(SyncTest, EqualsSingleProcessOnTheWorkersConcatenatedBatch) {
   std::unique_ptr<Optimizer> opt = make_optimizer(reference.NamedParameters());
   const std::vector<float> initial = Flat(reference.StateDict());
   int clipped = 0;
+  double worst_norm = 0, worst_worker_norm = 0, worst_loss = 0, worst_param = 0;
   for (int step = 0; step < steps; ++step) {
+    // Each worker reports the norm of its own gradient: that of the mean loss over its 4 rows,
+    // at the parameters before the step.
+    for (int r = 0; r < world; ++r) {
+      if (r == server) continue;
+      const int w = r < server ? r : r - 1;
+      TinyMlp probe(/*seed=*/0);
+      ASSERT_TRUE(probe.LoadStateDict(reference.StateDict()).ok());
+      MseLoss(probe, Rows(step, 4 * w, 4)).Backward();
+      const float want = ClipGradNorm(probe.Parameters(), 0.0f);
+      worst_worker_norm =
+          std::max(worst_worker_norm, std::fabs(double(reported[r][step].grad_norm) - want) / want);
+    }
     opt->SetLearningRate(lr_at(step));
     opt->ZeroGrad();
     Tensor loss = MseLoss(reference, Rows(step, 0, 8));
     loss.Backward();
-    if (c.max_grad_norm > 0) {
-      float norm = ClipGradNorm(reference.Parameters(), c.max_grad_norm);
-      clipped += norm > c.max_grad_norm;
-      EXPECT_NEAR(reported[server][step].grad_norm, norm, 1e-5 * std::max(1.0f, norm))
-          << "step " << step;
-    }
+    // Reported whether or not clipping is on (ClipGradNorm with 0 only measures).
+    const float norm = ClipGradNorm(reference.Parameters(), c.max_grad_norm);
+    ASSERT_GT(norm, 0.0f);
+    clipped += c.max_grad_norm > 0 && norm > c.max_grad_norm;
+    worst_norm =
+        std::max(worst_norm, std::fabs(double(reported[server][step].grad_norm) - norm) / norm);
     opt->Step();
-    EXPECT_NEAR(reported[server][step].loss, loss.item(), 1e-5) << "server loss, step " << step;
+    worst_loss = std::max(worst_loss, std::fabs(double(reported[server][step].loss) - loss.item()));
     std::vector<float> want = Flat(reference.StateDict());
     ASSERT_EQ(params[server][step].size(), want.size());
     for (size_t i = 0; i < want.size(); ++i) {
-      EXPECT_NEAR(params[server][step][i], want[i], 2e-5 * std::max(1.0f, std::fabs(want[i])))
-          << "value " << i << " after step " << step;
+      worst_param = std::max(worst_param, double(std::fabs(params[server][step][i] - want[i]) /
+                                                     std::max(1.0f, std::fabs(want[i]))));
     }
     // A worker holds exactly the server's parameters once its step returns.
     for (int r = 0; r < world; ++r) {
       EXPECT_EQ(params[r][step], params[server][step]) << "rank " << r << ", step " << step;
     }
   }
+  std::printf("%s: worst |parameter diff| %.3g (relative above 1), |loss diff| %.3g, relative "
+              "grad_norm diff %.3g (server), %.3g (workers)\n",
+              c.name, worst_param, worst_loss, worst_norm, worst_worker_norm);
+  // Only f32 rounding separates the two (the mean of two workers' gradients against one
+  // backward over their rows). Measured over the four cases: parameters 8.9e-8 (AdamWClipped;
+  // AdamW's amplification of rounding in tiny gradient elements stays at that level on this
+  // small model), losses 6e-8, norms 1.6e-7 relative; each bound is about 3x that. A wrong
+  // scale, a missing worker or a stale gradient is orders of magnitude larger.
+  EXPECT_LE(worst_param, 3e-7);
+  EXPECT_LE(worst_loss, 2e-7);
+  EXPECT_LE(worst_norm, 5e-7);
+  EXPECT_LE(worst_worker_norm, 5e-7);
   // Clipping, when on, acted on some steps and not on others.
   if (c.max_grad_norm > 0) {
     EXPECT_GT(clipped, 0);
@@ -258,11 +283,69 @@ INSTANTIATE_TEST_SUITE_P(Cases, SyncTest,
 
 // ---- Async: trains, and never runs past the staleness bound ---------------------------------
 
+// A worker's view of the network in which every reply arrives as late as the protocol allows:
+// the Work of a receive reports completion only once the worker has blocked in Wait() for it, so
+// polling (IsCompleted) never finds a reply early. The worker then never refreshes its parameters
+// before it must, and runs exactly max_staleness steps ahead of them, every time and on any
+// machine, instead of relying on another worker being slowed down by a sleep. Everything else is
+// passed through unchanged.
+class RepliesSeenOnlyWhenWaitedFor final : public Communicator {
+ public:
+  explicit RepliesSeenOnlyWhenWaitedFor(Communicator* inner) : inner_(inner) {
+    set_timeout(inner->timeout());
+  }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string name() const override { return inner_->name(); }
+  std::shared_ptr<Work> AllReduce(Tensor& t, ReduceOp op) override {
+    return inner_->AllReduce(t, op);
+  }
+  std::shared_ptr<Work> ReduceScatter(const Tensor& input, Tensor& output, ReduceOp op,
+                                      const std::vector<int64_t>& counts) override {
+    return inner_->ReduceScatter(input, output, op, counts);
+  }
+  std::shared_ptr<Work> AllGather(const Tensor& input, Tensor& output,
+                                  const std::vector<int64_t>& counts) override {
+    return inner_->AllGather(input, output, counts);
+  }
+  std::shared_ptr<Work> Broadcast(Tensor& t, int root) override {
+    return inner_->Broadcast(t, root);
+  }
+  std::shared_ptr<Work> Reduce(Tensor& t, int root, ReduceOp op) override {
+    return inner_->Reduce(t, root, op);
+  }
+  std::shared_ptr<Work> Send(const Tensor& t, int dst, int tag) override {
+    return inner_->Send(t, dst, tag);
+  }
+  std::shared_ptr<Work> Recv(Tensor& t, int src, int tag) override {
+    return std::make_shared<SeenWhenWaited>(inner_->Recv(t, src, tag));
+  }
+  std::shared_ptr<Work> Barrier() override { return inner_->Barrier(); }
+  absl::StatusOr<std::unique_ptr<Communicator>> NewGroup(const std::vector<int>& ranks) override {
+    return inner_->NewGroup(ranks);
+  }
+
+ private:
+  class SeenWhenWaited final : public Work {
+   public:
+    explicit SeenWhenWaited(std::shared_ptr<Work> inner) : inner_(std::move(inner)) {}
+    absl::Status Wait() override {
+      waited_ = true;
+      return inner_->Wait();
+    }
+    bool IsCompleted() override { return waited_ && inner_->IsCompleted(); }
+
+   private:
+    std::shared_ptr<Work> inner_;
+    bool waited_ = false;  // the worker's own thread only
+  };
+  Communicator* inner_;
+};
+
 class AsyncTest : public ParamServerTest, public ::testing::WithParamInterface<int> {};
 
 TEST_P(AsyncTest, TrainsWithinTheStalenessBound) {
   const int max_staleness = GetParam(), world = 3, steps = 40, workers = world - 1;
-  const int fast = 1, slow = 2;
   // Held-out rows, never trained on.
   const Batch held_out = Rows(1000, 0, 64);
   auto held_out_loss = [&](Module& m) { return MseLoss(m, held_out).item(); };
@@ -274,19 +357,16 @@ TEST_P(AsyncTest, TrainsWithinTheStalenessBound) {
     TinyMlp model(/*seed=*/7);
     if (rank == 0) before = held_out_loss(model);
     std::unique_ptr<Strategy> strategy = Make();
+    // The server (rank 0) polls for pushes as they come; the workers see replies late.
+    RepliesSeenOnlyWhenWaitedFor late_replies(&comm);
     StrategyContext ctx;
-    ctx.comm = &comm;
+    ctx.comm = rank == 0 ? &comm : static_cast<Communicator*>(&late_replies);
     ctx.options = {{"mode", "async"}, {"max_staleness", std::to_string(max_staleness)}};
     BRAID_RETURN_IF_ERROR(strategy->Setup(model, MakeOptimizer, ctx));
-    // The slow worker takes a few milliseconds per step, so the fast one runs ahead of it.
-    LossFn loss_fn = [rank](Module& m, const Batch& b) {
-      if (rank == slow) std::this_thread::sleep_for(std::chrono::milliseconds(3));
-      return MseLoss(m, b);
-    };
     for (int step = 0; step < steps; ++step) {
       std::vector<Batch> micro;
       if (rank != 0) micro = {Rows(step, 4 * rank, 4)};
-      BRAID_ASSIGN_OR_RETURN(StepStats s, strategy->TrainStep(micro, loss_fn));
+      BRAID_ASSIGN_OR_RETURN(StepStats s, strategy->TrainStep(micro, MseLoss));
       if (!std::isfinite(s.loss)) return absl::InternalError("loss is not finite");
     }
     BRAID_ASSIGN_OR_RETURN(final_state[rank], strategy->FullStateDict());
@@ -297,22 +377,20 @@ TEST_P(AsyncTest, TrainsWithinTheStalenessBound) {
   for (int r = 0; r < world; ++r) ASSERT_TRUE(st[r].ok()) << "rank " << r << ": " << st[r];
 
   std::printf(
-      "max_staleness %d: held-out loss %.4f -> %.4f; fast worker %d ahead, %d waits; "
-      "slow worker %d ahead; largest version lag %d\n",
-      max_staleness, before, after, stats[fast].max_steps_ahead, int(stats[fast].waits_for_fresh),
-      stats[slow].max_steps_ahead, int(stats[0].max_version_lag));
+      "max_staleness %d: held-out loss %.4f -> %.4f; workers %d and %d ahead, %d and %d waits; "
+      "largest version lag %d\n",
+      max_staleness, before, after, stats[1].max_steps_ahead, stats[2].max_steps_ahead,
+      int(stats[1].waits_for_fresh), int(stats[2].waits_for_fresh), int(stats[0].max_version_lag));
   EXPECT_LT(after, 0.3f * before) << "held-out loss " << before << " -> " << after;
   EXPECT_EQ(stats[0].gradients_applied, int64_t(steps) * workers);
-  for (int r : {fast, slow}) {
-    EXPECT_LE(stats[r].max_steps_ahead, max_staleness) << "worker " << r;
+  for (int r = 1; r < world; ++r) {
     EXPECT_EQ(Flat(final_state[r]), Flat(final_state[0])) << "FullStateDict of rank " << r;
     EXPECT_EQ(stats[r].version, stats[0].version) << "rank " << r;
-  }
-  // The bound was reached, not merely respected by an idle worker: the fast one ran as far ahead
-  // as allowed and then had to wait.
-  EXPECT_EQ(stats[fast].max_steps_ahead, max_staleness);
-  if (max_staleness > 0) {
-    EXPECT_GT(stats[fast].waits_for_fresh, 0);
+    // The bound was reached, not merely respected: with replies seen only when waited for, a
+    // worker's pushes in flight grow by one a step up to max_staleness, and from step
+    // max_staleness + 2 on every step must first wait for the oldest reply.
+    EXPECT_EQ(stats[r].max_steps_ahead, max_staleness) << "worker " << r;
+    EXPECT_EQ(stats[r].waits_for_fresh, steps - max_staleness - 1) << "worker " << r;
   }
   // How many updates a gradient may miss follows from the bound (docs/WRITING_A_STRATEGY.md).
   EXPECT_LE(stats[0].max_version_lag, int64_t(max_staleness + 2) * workers - 2);

@@ -90,7 +90,8 @@ class SingleStrategy final : public Strategy {
       stats.backward_s += Seconds(start);
     }
     absl::Time start = absl::Now();
-    if (max_grad_norm_ > 0) stats.grad_norm = ClipGradNorm(model_->Parameters(), max_grad_norm_);
+    // Always measured (max_grad_norm_ <= 0 only measures); clipped when clipping is on.
+    stats.grad_norm = ClipGradNorm(model_->Parameters(), max_grad_norm_);
     optimizer_->Step();
     stats.optimizer_s = Seconds(start);
     stats.loss = float(loss_sum / double(micro_batches.size()));
