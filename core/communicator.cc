@@ -21,6 +21,45 @@ const char* ReduceOpName(ReduceOp op) {
   return "unknown";
 }
 
+absl::Status CheckReduction(ReduceOp op, DType dtype, const std::string& where) {
+  // Both switches name every value (no default), so that a new op or dtype does not compile
+  // without a warning here until the rule says what it takes.
+  bool floating = false;
+  bool known_dtype = false;
+  switch (dtype) {
+    case DType::kF32:
+    case DType::kBF16:
+    case DType::kF16:
+      floating = known_dtype = true;
+      break;
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+    case DType::kI8:
+      known_dtype = true;
+      break;
+  }
+  std::string why = "unknown dtype";
+  if (known_dtype) {
+    why = "unknown reduction";
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kMax:
+      case ReduceOp::kMin:
+        return absl::OkStatus();
+      case ReduceOp::kAvg:
+        if (floating) return absl::OkStatus();
+        why = absl::StrCat("avg needs a floating dtype, got ", DTypeName(dtype),
+                           " (f32, bf16 and f16 take every op; i32, i64, u8 and i8 take sum, "
+                           "max and min)");
+        break;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(where, where.empty() ? "" : ": ",
+                                                 "cannot reduce ", DTypeName(dtype), " with ",
+                                                 ReduceOpName(op), ": ", why));
+}
+
 namespace {
 
 class CompletedWorkImpl final : public Work {

@@ -23,6 +23,14 @@ namespace braid {
 enum class ReduceOp { kSum, kAvg, kMax, kMin };
 const char* ReduceOpName(ReduceOp op);
 
+// Which dtypes each reduction takes: the one rule every communicator (in-process, Gloo, NCCL)
+// applies, so that all of them accept and refuse the same (op, dtype) pairs with the same
+// message. PyTorch's rule: sum, max and min take every dtype (f32 bf16 f16 i32 i64 u8 i8); avg
+// takes floating dtypes only (an integer average would round, and PyTorch refuses it). OK, or
+// InvalidArgument "<where>: cannot reduce i32 with avg: avg needs a floating dtype, got i32 (...)"
+// (no "<where>: " when `where` is empty).
+absl::Status CheckReduction(ReduceOp op, DType dtype, const std::string& where = "");
+
 class Work {
  public:
   virtual ~Work() = default;

@@ -138,8 +138,10 @@ Acc LoadAs(const void* p, DType t, int64_t i) {
       return Acc(static_cast<const int32_t*>(p)[i]);
     case DType::kI64:
       return Acc(static_cast<const int64_t*>(p)[i]);
-    default:
-      break;
+    case DType::kU8:
+      return Acc(static_cast<const uint8_t*>(p)[i]);
+    case DType::kI8:
+      return Acc(static_cast<const int8_t*>(p)[i]);
   }
   BRAID_CHECK(false) << "in-process reduction of " << DTypeName(t);
   return Acc();
@@ -163,8 +165,14 @@ void StoreFrom(void* p, DType t, int64_t i, Acc v) {
     case DType::kI64:
       static_cast<int64_t*>(p)[i] = int64_t(v);
       return;
-    default:
-      break;
+    // Narrow integers wrap (the sum is kept in int64 and truncated), as a loop in the dtype
+    // itself would and as the Gloo communicator does.
+    case DType::kU8:
+      static_cast<uint8_t*>(p)[i] = uint8_t(v);
+      return;
+    case DType::kI8:
+      static_cast<int8_t*>(p)[i] = int8_t(v);
+      return;
   }
   BRAID_CHECK(false) << "in-process reduction of " << DTypeName(t);
 }
@@ -203,20 +211,6 @@ void Reduce(DType t, ReduceOp op, const std::vector<const void*>& srcs, int64_t 
     ReduceTyped<float>(t, op, srcs, n, dst);
   } else {
     ReduceTyped<int64_t>(t, op, srcs, n, dst);
-  }
-}
-
-bool CanReduce(DType t, ReduceOp op) {
-  switch (t) {
-    case DType::kF32:
-    case DType::kBF16:
-    case DType::kF16:
-      return true;
-    case DType::kI32:
-    case DType::kI64:
-      return op != ReduceOp::kAvg;
-    default:
-      return false;
   }
 }
 
@@ -446,12 +440,11 @@ class InProcessCommunicator final : public Communicator {
   }
 
  private:
+  // The rule every communicator shares (core/communicator.h).
   absl::Status CheckReducible(const Signature& sig) const {
-    if (CanReduce(sig.dtype, sig.op)) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(
-        sig.Describe(), " on rank ", rank_, ": the in-process communicator cannot reduce ",
-        DTypeName(sig.dtype), " with ", ReduceOpName(sig.op),
-        " (f32/bf16/f16 take every op; i32/i64 take sum, max and min)"));
+    return CheckReduction(sig.op, sig.dtype,
+                          absl::StrCat(sig.Describe(), " on rank ", rank_, " of ",
+                                       group_->Describe()));
   }
 
   absl::Status CheckRoot(const char* op, int root) const {

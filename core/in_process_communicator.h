@@ -8,9 +8,10 @@
 // tensors of the ranks that arrived must be left alone, and Wait blocks (with the communicator's
 // timeout, which names the ranks that did not arrive and each rank's recent operations).
 //
-// Tensors must be on CPU devices (cpu:N included). Reductions: f32, bf16 and f16 (reduced in
-// float), i32 and i64; avg needs a floating dtype. Data movement (gather, broadcast, send) takes
-// any dtype.
+// Tensors must be on CPU devices (cpu:N included). Reductions take the (op, dtype) pairs of
+// CheckReduction (core/communicator.h), as every communicator does: f32, bf16 and f16 (reduced in
+// float) with every op; i32, i64, u8 and i8 (reduced in int64, narrow sums wrapping) with sum,
+// max and min. Data movement (gather, broadcast, send) takes any dtype.
 #ifndef BRAID_CORE_IN_PROCESS_COMMUNICATOR_H_
 #define BRAID_CORE_IN_PROCESS_COMMUNICATOR_H_
 

@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -260,6 +261,99 @@ TEST_P(InProcessTest, SubGroupsRenumberAndReduceAmongMembersOnly) {
     ASSERT_TRUE(c.AllReduce(w, ReduceOp::kSum)->Wait().ok());
     EXPECT_EQ(w.ToVector<float>(), world_sum);
   });
+}
+
+// ---- The reduction rule (CheckReduction, core/communicator.h) --------------------------------
+
+const DType kAllDTypes[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI32,
+                            DType::kI64, DType::kU8,   DType::kI8};
+
+// The rule, written out pair by pair: avg of an integer dtype is the only refusal.
+bool RuleAccepts(ReduceOp op, DType t) {
+  const bool integer =
+      t == DType::kI32 || t == DType::kI64 || t == DType::kU8 || t == DType::kI8;
+  return !(op == ReduceOp::kAvg && integer);
+}
+
+TEST(ReductionRule, EveryOpAndDtypePair) {
+  // The lists above hold every op and dtype: the values after them have no name.
+  EXPECT_STREQ(ReduceOpName(ReduceOp(int(ReduceOp::kMin) + 1)), "unknown");
+  EXPECT_STREQ(DTypeName(DType(int(DType::kI8) + 1)), "?");
+  int refused = 0;
+  for (ReduceOp op : kAllOps) {
+    for (DType t : kAllDTypes) {
+      SCOPED_TRACE(absl::StrCat(ReduceOpName(op), " ", DTypeName(t)));
+      absl::Status st = CheckReduction(op, t);
+      EXPECT_EQ(st.ok(), RuleAccepts(op, t)) << st;
+      EXPECT_TRUE(CheckReduction(op, t, "AllReduce on rank 3").ok() == st.ok());
+      if (st.ok()) continue;
+      ++refused;
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+      const std::string msg(st.message());
+      EXPECT_THAT(msg, HasSubstr(absl::StrCat("cannot reduce ", DTypeName(t), " with ",
+                                              ReduceOpName(op))));
+      EXPECT_THAT(msg, HasSubstr(absl::StrCat("avg needs a floating dtype, got ", DTypeName(t))));
+      EXPECT_EQ(std::string(CheckReduction(op, t, "AllReduce on rank 3").message()),
+                "AllReduce on rank 3: " + msg);
+    }
+  }
+  EXPECT_EQ(refused, 4);  // avg of i32, i64, u8, i8
+  // Values outside the enums are refused, not waved through to a backend's kernels.
+  EXPECT_FALSE(CheckReduction(ReduceOp(int(ReduceOp::kMin) + 1), DType::kF32).ok());
+  EXPECT_FALSE(CheckReduction(ReduceOp::kSum, DType(int(DType::kI8) + 1)).ok());
+}
+
+// Small integers, exact in every dtype (u8 ones non-negative); sums of 4 ranks stay in i8/u8.
+float RuleInput(DType t, int rank, int64_t i) {
+  return float((rank * 7 + i * 3) % 7) - (t == DType::kU8 ? 0.0f : 3.0f);
+}
+
+// AllReduce, ReduceScatter and Reduce take exactly the pairs of the rule: accepted pairs give the
+// serial loop's result in every dtype, refused ones CheckReduction's error on every rank.
+TEST_P(InProcessTest, EveryOpAndDtypeFollowsTheReductionRule) {
+  const int n = GetParam();
+  const int64_t count = 2 * n;  // two elements per rank in ReduceScatter
+  for (ReduceOp op : kAllOps) {
+    for (DType t : kAllDTypes) {
+      SCOPED_TRACE(absl::StrCat(ReduceOpName(op), " ", DTypeName(t)));
+      const absl::Status rule = CheckReduction(op, t);
+      std::vector<std::vector<float>> in(n);
+      for (int r = 0; r < n; ++r) {
+        for (int64_t i = 0; i < count; ++i) in[r].push_back(RuleInput(t, r, i));
+      }
+      // The serial result, rounded to the dtype the way a reduction in float/int64 would be.
+      const std::vector<float> want =
+          Tensor::FromVector(SerialReduce(in, op), {count}).To(t).ToFloatVector();
+      RunRanks(n, [&](Communicator& c) {
+        const int r = c.rank();
+        auto expect = [&](const absl::Status& st, const char* what) {
+          if (rule.ok()) {
+            EXPECT_TRUE(st.ok()) << what << ": " << st;
+          } else {
+            EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << what << ": " << st;
+            EXPECT_THAT(std::string(st.message()), HasSubstr(std::string(rule.message())))
+                << what;
+          }
+          return st.ok();
+        };
+        Tensor a = Tensor::FromVector(in[r], {count}).To(t);
+        if (expect(c.AllReduce(a, op)->Wait(), "AllReduce")) {
+          EXPECT_EQ(a.ToFloatVector(), want) << "AllReduce";
+        }
+        Tensor full = Tensor::FromVector(in[r], {count}).To(t);
+        Tensor block = Tensor::Empty({2}, t);
+        if (expect(c.ReduceScatter(full, block, op)->Wait(), "ReduceScatter")) {
+          EXPECT_EQ(block.ToFloatVector(), std::vector<float>(want.begin() + 2 * r,
+                                                              want.begin() + 2 * r + 2))
+              << "ReduceScatter";
+        }
+        Tensor b = Tensor::FromVector(in[r], {count}).To(t);
+        if (expect(c.Reduce(b, n - 1, op)->Wait(), "Reduce") && r == n - 1) {
+          EXPECT_EQ(b.ToFloatVector(), want) << "Reduce";
+        }
+      });
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, InProcessTest, ::testing::Values(2, 3, 4),

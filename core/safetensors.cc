@@ -5,9 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cstring>
-#include <set>
+#include <exception>
 #include <utility>
 #include <vector>
 
@@ -46,41 +48,31 @@ const char* FormatName(DType t) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// JSON. The header is parsed by this small strict parser rather than protobuf's JSON-to-Struct
-// (which the machine has): the format needs what Struct hides. Duplicate keys must be errors
-// (Struct silently keeps one), offsets and shapes are 64-bit integers (Struct stores every
-// number as a double, exact only to 2^53, and cannot tell 3 from 3.0), and errors should point
-// at a byte of the header. It also keeps core free of a protobuf dependency.
+// JSON, through nlohmann/json (Debian's nlohmann-json3-dev). The header is parsed with its SAX
+// interface into a tree of our own making rather than with json::parse, for what the format
+// needs and json::parse does not give: duplicate keys are errors (json::parse keeps the last
+// one), nesting is bounded (a hostile header of 100 MB of '[' should not build 50 million
+// nested arrays), and no exception is thrown (errors arrive in parse_error and become a
+// Status). Numbers keep nlohmann's distinction between unsigned, signed and floating, so offsets
+// and dimensions are exact 64-bit integers and 3.0 is not taken for 3.
 
-struct JsonValue {
-  enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject };
-  Kind kind = Kind::kNull;
-  bool boolean = false;
-  std::string text;  // a string's decoded value, or a number's source text
-  std::vector<JsonValue> items;
-  std::vector<std::pair<std::string, JsonValue>> members;  // in file order
-};
+using Json = nlohmann::json;
 
-const char* KindName(JsonValue::Kind k) {
-  switch (k) {
-    case JsonValue::Kind::kNull:
+std::string KindName(const Json& v) {
+  switch (v.type()) {
+    case Json::value_t::object:
+    case Json::value_t::array:
+      return absl::StrCat("an ", v.type_name());
+    case Json::value_t::null:
       return "null";
-    case JsonValue::Kind::kBool:
-      return "a boolean";
-    case JsonValue::Kind::kNumber:
-      return "a number";
-    case JsonValue::Kind::kString:
-      return "a string";
-    case JsonValue::Kind::kArray:
-      return "an array";
-    case JsonValue::Kind::kObject:
-      return "an object";
+    default:
+      return absl::StrCat("a ", v.type_name());
   }
-  return "?";
 }
 
 // Offset of the first byte that is not part of well-formed UTF-8 (no overlong forms, no
-// surrogates, nothing above U+10FFFF), or npos.
+// surrogates, nothing above U+10FFFF), or npos. nlohmann checks the strings it parses too, but
+// this names the byte, and SaveSafetensors checks names with it before anything is written.
 size_t FindInvalidUtf8(const std::string& s) {
   size_t i = 0;
   const size_t n = s.size();
@@ -117,286 +109,164 @@ size_t FindInvalidUtf8(const std::string& s) {
   return std::string::npos;
 }
 
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(char(cp));
-  } else if (cp < 0x800) {
-    out->push_back(char(0xc0 | (cp >> 6)));
-    out->push_back(char(0x80 | (cp & 0x3f)));
-  } else if (cp < 0x10000) {
-    out->push_back(char(0xe0 | (cp >> 12)));
-    out->push_back(char(0x80 | ((cp >> 6) & 0x3f)));
-    out->push_back(char(0x80 | (cp & 0x3f)));
-  } else {
-    out->push_back(char(0xf0 | (cp >> 18)));
-    out->push_back(char(0x80 | ((cp >> 12) & 0x3f)));
-    out->push_back(char(0x80 | ((cp >> 6) & 0x3f)));
-    out->push_back(char(0x80 | (cp & 0x3f)));
+// nlohmann's description of a syntax error, without its "[json.exception...] parse error at
+// line 1, column N: " prefix (we give a byte offset instead), in the header's terms, and with a
+// long "last read" token (a whole string up to the bad byte) cut to its end.
+std::string DescribeSyntaxError(const std::string& what) {
+  std::string msg = what;
+  if (size_t id_end = msg.find("] "); msg.rfind("[json.exception.", 0) == 0 && id_end != msg.npos) {
+    msg = msg.substr(id_end + 2);
   }
+  if (size_t colon = msg.find(": "); msg.rfind("parse error", 0) == 0 && colon != msg.npos) {
+    msg = msg.substr(colon + 2);
+  }
+  static constexpr const char* kLastRead = "; last read: '";
+  if (size_t begin = msg.find(kLastRead); begin != std::string::npos) {
+    begin += std::strlen(kLastRead);
+    size_t end = msg.find("'; expected", begin);
+    if (end == std::string::npos) end = msg.size() - 1;  // ends with the closing quote
+    constexpr size_t kKeep = 40;
+    if (end > begin + kKeep) {
+      size_t from = end - kKeep;
+      while (from < end && (uint8_t(msg[from]) & 0xc0) == 0x80) ++from;  // whole characters
+      msg.replace(begin, from - begin, "...");
+    }
+  }
+  static constexpr std::pair<const char*, const char*> kRewrites[] = {
+      {"end of input", "end of the header"},
+      {"surrogate U+D800..U+DBFF must be followed by U+DC00..U+DFFF",
+       "a high surrogate (\\ud800-\\udbff) must be followed by a low surrogate (\\udc00-\\udfff)"},
+      {"surrogate U+DC00..U+DFFF must follow U+D800..U+DBFF",
+       "a low surrogate (\\udc00-\\udfff) must follow a high surrogate (\\ud800-\\udbff)"},
+  };
+  for (const auto& [from, to] : kRewrites) {
+    for (size_t at = msg.find(from); at != std::string::npos; at = msg.find(from, at)) {
+      msg.replace(at, std::strlen(from), to);
+      at += std::strlen(to);
+    }
+  }
+  return msg;
 }
 
-// RFC 8259 JSON, strictly: no comments, no trailing commas, no NaN, no duplicate object keys.
-// The input must already be valid UTF-8.
-class JsonParser {
+// Builds the Json tree of one document, refusing duplicate keys and deep nesting. Containers
+// are filled in place: `open_` holds the containers being filled, innermost last (pointers stay
+// valid: only the innermost container grows), and `slot_` the member a key just made.
+class StrictJsonBuilder final : public nlohmann::json_sax<Json> {
  public:
-  explicit JsonParser(const std::string& s) : s_(s) {}
+  explicit StrictJsonBuilder(Json* root) : root_(root) {}
 
-  absl::StatusOr<JsonValue> ParseDocument() {
-    JsonValue v;
-    SkipSpace();
-    BRAID_RETURN_IF_ERROR(Value(&v, 0));
-    SkipSpace();
-    if (pos_ != s_.size()) return Error("the end of the header after the JSON object");
-    return v;
+  // Why parsing stopped ("at byte 20 of the header: ..."); empty while none.
+  const std::string& error() const { return error_; }
+
+  bool null() override { return Put(nullptr); }
+  bool boolean(bool v) override { return Put(v); }
+  bool number_integer(number_integer_t v) override { return Put(v); }
+  bool number_unsigned(number_unsigned_t v) override { return Put(v); }
+  bool number_float(number_float_t v, const string_t&) override { return Put(v); }
+  bool string(string_t& v) override { return Put(std::move(v)); }
+  bool binary(binary_t&) override { return Fail("binary data, which JSON does not have"); }
+  bool start_object(std::size_t) override { return Open(Json::object()); }
+  bool start_array(std::size_t) override { return Open(Json::array()); }
+  bool end_object() override { return Close(); }
+  bool end_array() override { return Close(); }
+
+  bool key(string_t& k) override {
+    auto [it, inserted] = open_.back()->get_ref<Json::object_t&>().emplace(k, nullptr);
+    if (!inserted) return Fail(absl::StrCat("the key \"", k, "\" appears twice in one object"));
+    slot_ = &it->second;
+    return true;
+  }
+
+  bool parse_error(std::size_t position, const std::string&, const Json::exception& e) override {
+    // `position` counts the bytes read, the offending one included.
+    error_ = absl::StrCat("at byte ", position == 0 ? 0 : position - 1,
+                          " of the header: ", DescribeSyntaxError(e.what()));
+    return false;
   }
 
  private:
-  bool AtEnd() const { return pos_ >= s_.size(); }
-  char Peek() const { return AtEnd() ? '\0' : s_[pos_]; }
-  static bool IsDigit(char c) { return c >= '0' && c <= '9'; }
-
-  void SkipSpace() {
-    while (!AtEnd() &&
-           (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) {
-      ++pos_;
-    }
+  // Stores a value where the document's grammar puts it: the root, the end of the innermost
+  // open array, or the member the last key made.
+  bool Put(Json v) {
+    Place(std::move(v));
+    return true;
   }
 
-  absl::Status Error(const std::string& expected) const {
-    std::string found;
-    if (AtEnd()) {
-      found = "the end of the header";
-    } else if (uint8_t(s_[pos_]) < 0x20 || uint8_t(s_[pos_]) > 0x7e) {
-      found = absl::StrCat("byte 0x", absl::Hex(uint8_t(s_[pos_]), absl::kZeroPad2));
-    } else {
-      found = absl::StrCat("'", s_.substr(pos_, 1), "'");
+  Json* Place(Json v) {
+    if (open_.empty()) {
+      *root_ = std::move(v);
+      return root_;
     }
-    return absl::InvalidArgumentError(
-        absl::StrCat("at byte ", pos_, " of the header: expected ", expected, ", found ", found));
+    Json& parent = *open_.back();
+    if (parent.is_array()) {
+      auto& items = parent.get_ref<Json::array_t&>();
+      items.push_back(std::move(v));
+      return &items.back();
+    }
+    *slot_ = std::move(v);
+    return slot_;
   }
 
-  absl::Status Value(JsonValue* v, int depth) {
-    if (depth > kMaxJsonDepth) return Error("less deeply nested JSON");
-    const char c = Peek();
-    if (c == '{') return Object(v, depth);
-    if (c == '[') return Array(v, depth);
-    if (c == '"') {
-      v->kind = JsonValue::Kind::kString;
-      return String(&v->text);
+  bool Open(Json container) {
+    if (open_.size() >= size_t(kMaxJsonDepth)) {
+      return Fail(absl::StrCat("the JSON is nested more than ", kMaxJsonDepth,
+                               " levels deep; a safetensors header needs 3"));
     }
-    if (c == '-' || IsDigit(c)) return Number(v);
-    for (const char* word : {"true", "false", "null"}) {
-      const size_t len = std::strlen(word);
-      if (s_.compare(pos_, len, word) == 0) {
-        pos_ += len;
-        v->kind = word[0] == 'n' ? JsonValue::Kind::kNull : JsonValue::Kind::kBool;
-        v->boolean = word[0] == 't';
-        return absl::OkStatus();
-      }
-    }
-    return Error("a JSON value");
+    open_.push_back(Place(std::move(container)));
+    return true;
   }
 
-  absl::Status Object(JsonValue* v, int depth) {
-    v->kind = JsonValue::Kind::kObject;
-    ++pos_;  // '{'
-    SkipSpace();
-    if (Peek() == '}') {
-      ++pos_;
-      return absl::OkStatus();
-    }
-    std::set<std::string> keys;
-    while (true) {
-      if (Peek() != '"') return Error("'\"' starting an object key");
-      const size_t key_pos = pos_;
-      std::string key;
-      BRAID_RETURN_IF_ERROR(String(&key));
-      if (!keys.insert(key).second) {
-        pos_ = key_pos;
-        return Error(absl::StrCat("a key other than \"", key, "\", which appears twice"));
-      }
-      SkipSpace();
-      if (Peek() != ':') return Error("':' after an object key");
-      ++pos_;
-      SkipSpace();
-      v->members.emplace_back(std::move(key), JsonValue());
-      BRAID_RETURN_IF_ERROR(Value(&v->members.back().second, depth + 1));
-      SkipSpace();
-      if (Peek() == ',') {
-        ++pos_;
-        SkipSpace();
-        continue;
-      }
-      if (Peek() == '}') {
-        ++pos_;
-        return absl::OkStatus();
-      }
-      return Error("',' or '}' in an object");
-    }
+  bool Close() {
+    open_.pop_back();
+    return true;
   }
 
-  absl::Status Array(JsonValue* v, int depth) {
-    v->kind = JsonValue::Kind::kArray;
-    ++pos_;  // '['
-    SkipSpace();
-    if (Peek() == ']') {
-      ++pos_;
-      return absl::OkStatus();
-    }
-    while (true) {
-      v->items.emplace_back();
-      BRAID_RETURN_IF_ERROR(Value(&v->items.back(), depth + 1));
-      SkipSpace();
-      if (Peek() == ',') {
-        ++pos_;
-        SkipSpace();
-        continue;
-      }
-      if (Peek() == ']') {
-        ++pos_;
-        return absl::OkStatus();
-      }
-      return Error("',' or ']' in an array");
-    }
+  bool Fail(std::string why) {
+    error_ = std::move(why);
+    return false;
   }
 
-  absl::Status Hex4(uint32_t* out) {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) {
-      const char c = Peek();
-      int d;
-      if (c >= '0' && c <= '9') {
-        d = c - '0';
-      } else if (c >= 'a' && c <= 'f') {
-        d = c - 'a' + 10;
-      } else if (c >= 'A' && c <= 'F') {
-        d = c - 'A' + 10;
-      } else {
-        return Error("a hex digit in a \\u escape");
-      }
-      v = v * 16 + uint32_t(d);
-      ++pos_;
-    }
-    *out = v;
-    return absl::OkStatus();
-  }
-
-  absl::Status String(std::string* out) {
-    ++pos_;  // '"'
-    while (true) {
-      if (AtEnd()) return Error("'\"' closing a string");
-      const char c = s_[pos_];
-      if (c == '"') {
-        ++pos_;
-        return absl::OkStatus();
-      }
-      if (uint8_t(c) < 0x20) return Error("no raw control character in a string");
-      if (c != '\\') {
-        out->push_back(c);
-        ++pos_;
-        continue;
-      }
-      ++pos_;
-      const char e = Peek();
-      static constexpr char kFrom[] = "\"\\/bfnrt";
-      static constexpr char kTo[] = "\"\\/\b\f\n\r\t";
-      const char* hit = e == '\0' ? nullptr : std::strchr(kFrom, e);
-      if (hit != nullptr) {
-        out->push_back(kTo[hit - kFrom]);
-        ++pos_;
-        continue;
-      }
-      if (e != 'u') return Error("an escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)");
-      ++pos_;
-      uint32_t cp = 0;
-      BRAID_RETURN_IF_ERROR(Hex4(&cp));
-      if (cp >= 0xdc00 && cp <= 0xdfff) return Error("a high surrogate before a low one");
-      if (cp >= 0xd800 && cp <= 0xdbff) {
-        if (s_.compare(pos_, 2, "\\u") != 0) return Error("'\\u' and a low surrogate");
-        pos_ += 2;
-        uint32_t lo = 0;
-        BRAID_RETURN_IF_ERROR(Hex4(&lo));
-        if (lo < 0xdc00 || lo > 0xdfff) return Error("a low surrogate (\\udc00-\\udfff)");
-        cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-      }
-      AppendUtf8(cp, out);
-    }
-  }
-
-  // -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?, kept as text: only its users know whether
-  // they want an integer.
-  absl::Status Number(JsonValue* v) {
-    const size_t start = pos_;
-    if (Peek() == '-') ++pos_;
-    if (Peek() == '0') {
-      ++pos_;
-    } else if (IsDigit(Peek())) {
-      while (IsDigit(Peek())) ++pos_;
-    } else {
-      return Error("a digit");
-    }
-    if (Peek() == '.') {
-      ++pos_;
-      if (!IsDigit(Peek())) return Error("a digit after '.'");
-      while (IsDigit(Peek())) ++pos_;
-    }
-    if (Peek() == 'e' || Peek() == 'E') {
-      ++pos_;
-      if (Peek() == '+' || Peek() == '-') ++pos_;
-      if (!IsDigit(Peek())) return Error("a digit in an exponent");
-      while (IsDigit(Peek())) ++pos_;
-    }
-    v->kind = JsonValue::Kind::kNumber;
-    v->text = s_.substr(start, pos_ - start);
-    return absl::OkStatus();
-  }
-
-  const std::string& s_;
-  size_t pos_ = 0;
+  Json* root_;
+  std::vector<Json*> open_;
+  Json* slot_ = nullptr;
+  std::string error_;
 };
 
-// A JSON number that is a non-negative integer below 2^63 (what offsets and dimensions are).
-bool ToIndex(const JsonValue& v, uint64_t* out) {
-  if (v.kind != JsonValue::Kind::kNumber || v.text.empty() || v.text.size() > 19) return false;
-  uint64_t x = 0;
-  for (char c : v.text) {
-    if (c < '0' || c > '9') return false;
-    x = x * 10 + uint64_t(c - '0');
+// Parses `text` (valid UTF-8) as one strict RFC 8259 JSON document: no comments, no trailing
+// commas, no NaN, nothing after the value, no duplicate keys, at most kMaxJsonDepth levels.
+absl::StatusOr<Json> ParseJson(const std::string& text) {
+  Json root;
+  StrictJsonBuilder builder(&root);
+  bool ok = false;
+  try {
+    ok = Json::sax_parse(text.begin(), text.end(), &builder, Json::input_format_t::json,
+                         /*strict=*/true, /*ignore_comments=*/false);
+  } catch (const std::exception& e) {  // not expected: SAX parsing reports errors, not throws
+    return absl::InvalidArgumentError(e.what());
   }
-  if (x > uint64_t(INT64_MAX)) return false;
-  *out = x;
+  if (!ok) {
+    return absl::InvalidArgumentError(builder.error().empty() ? "malformed JSON" : builder.error());
+  }
+  return root;
+}
+
+// A JSON number that is a non-negative integer below 2^63 (what offsets and dimensions are).
+// Integers only as written without a fraction or exponent (1.0 and 1e3 are floating for
+// nlohmann); "-0" is 0, as for the reference implementation's reader.
+bool ToIndex(const Json& v, uint64_t* out) {
+  if (v.is_number_unsigned()) {
+    const uint64_t x = v.get<uint64_t>();
+    if (x > uint64_t(INT64_MAX)) return false;
+    *out = x;
+    return true;
+  }
+  if (!v.is_number_integer() || v.get<int64_t>() < 0) return false;
+  *out = uint64_t(v.get<int64_t>());
   return true;
 }
 
-void AppendJsonString(const std::string& s, std::string* out) {
-  out->push_back('"');
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        *out += "\\\"";
-        break;
-      case '\\':
-        *out += "\\\\";
-        break;
-      case '\n':
-        *out += "\\n";
-        break;
-      case '\r':
-        *out += "\\r";
-        break;
-      case '\t':
-        *out += "\\t";
-        break;
-      default:
-        if (uint8_t(c) < 0x20) {
-          absl::StrAppend(out, "\\u00", absl::Hex(uint8_t(c), absl::kZeroPad2));
-        } else {
-          out->push_back(c);
-        }
-    }
-  }
-  out->push_back('"');
-}
+// What a header value was, for errors: a number as written, anything else by its kind.
+std::string Describe(const Json& v) { return v.is_number() ? v.dump() : KindName(v); }
 
 // ----------------------------------------------------------------------------------------------
 // File I/O.
@@ -504,29 +374,21 @@ absl::Status SaveSafetensors(const std::string& path, const std::map<std::string
     e->end = offset;
   }
 
+  // "__metadata__" first, then the tensors by name, each with its fields in the order dtype,
+  // shape, data_offsets (an ordered_json keeps them so). The top level is joined here: an
+  // ordered_json object finds keys by a linear search, quadratic in the number of tensors.
   std::string header = "{";
-  bool first = true;
-  if (!metadata.empty()) {
-    header += "\"__metadata__\":{";
-    for (const auto& [k, v] : metadata) {
-      if (!first) header += ",";
-      first = false;
-      AppendJsonString(k, &header);
-      header += ":";
-      AppendJsonString(v, &header);
+  try {
+    if (!metadata.empty()) absl::StrAppend(&header, "\"__metadata__\":", Json(metadata).dump());
+    for (const Entry& e : entries) {
+      const nlohmann::ordered_json fields = {{"dtype", FormatName(e.host.dtype())},
+                                             {"shape", e.host.shape()},
+                                             {"data_offsets", {e.begin, e.end}}};
+      absl::StrAppend(&header, header.size() > 1 ? "," : "", Json(*e.name).dump(), ":",
+                      fields.dump());
     }
-    header += "}";
-    first = false;
-  }
-  for (const Entry& e : entries) {
-    if (!first) header += ",";
-    first = false;
-    AppendJsonString(*e.name, &header);
-    absl::StrAppend(&header, ":{\"dtype\":\"", FormatName(e.host.dtype()), "\",\"shape\":[");
-    for (size_t i = 0; i < e.host.shape().size(); ++i) {
-      absl::StrAppend(&header, i ? "," : "", e.host.shape()[i]);
-    }
-    absl::StrAppend(&header, "],\"data_offsets\":[", e.begin, ",", e.end, "]}");
+  } catch (const Json::exception& e) {  // not expected: names and metadata were checked above
+    return error(absl::StrCat("cannot write the header: ", e.what()));
   }
   header += "}";
   header.append((8 - header.size() % 8) % 8, ' ');
@@ -613,7 +475,7 @@ absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
   if (size_t bad = FindInvalidUtf8(header); bad != std::string::npos) {
     return error(absl::StrCat("the header is not valid UTF-8 (byte ", bad, ")"));
   }
-  absl::StatusOr<JsonValue> root = JsonParser(header).ParseDocument();
+  absl::StatusOr<Json> root = ParseJson(header);  // an object: the header starts with '{'
   if (!root.ok()) return error(absl::StrCat("invalid JSON header: ", root.status().message()));
 
   const uint64_t data_size = file_size - 8 - header_len;
@@ -626,31 +488,31 @@ absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
   };
   std::vector<Span> spans;
   SafetensorsContents out;
-  for (const auto& [name, value] : root->members) {
+  for (const auto& [name, value] : root->get_ref<const Json::object_t&>()) {
     if (name == "__metadata__") {
-      if (value.kind != JsonValue::Kind::kObject) {
-        return error(absl::StrCat("\"__metadata__\" is ", KindName(value.kind),
+      if (!value.is_object()) {
+        return error(absl::StrCat("\"__metadata__\" is ", KindName(value),
                                   ", not an object of strings"));
       }
-      for (const auto& [k, v] : value.members) {
-        if (v.kind != JsonValue::Kind::kString) {
-          return error(absl::StrCat("metadata entry '", k, "' is ", KindName(v.kind),
+      for (const auto& [k, v] : value.get_ref<const Json::object_t&>()) {
+        if (!v.is_string()) {
+          return error(absl::StrCat("metadata entry '", k, "' is ", KindName(v),
                                     "; metadata values must be strings"));
         }
-        out.metadata[k] = v.text;
+        out.metadata[k] = v.get_ref<const std::string&>();
       }
       continue;
     }
     auto terror = [&](const std::string& msg) {
       return error(absl::StrCat("tensor '", name, "': ", msg));
     };
-    if (value.kind != JsonValue::Kind::kObject) {
-      return terror(absl::StrCat("entry is ", KindName(value.kind), ", not an object"));
+    if (!value.is_object()) {
+      return terror(absl::StrCat("entry is ", KindName(value), ", not an object"));
     }
-    const JsonValue* dtype = nullptr;
-    const JsonValue* shape = nullptr;
-    const JsonValue* offsets = nullptr;
-    for (const auto& [field, fv] : value.members) {
+    const Json* dtype = nullptr;
+    const Json* shape = nullptr;
+    const Json* offsets = nullptr;
+    for (const auto& [field, fv] : value.get_ref<const Json::object_t&>()) {
       if (field == "dtype") {
         dtype = &fv;
       } else if (field == "shape") {
@@ -670,46 +532,45 @@ absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
                                                     : "data_offsets",
                                  "\""));
     }
-    if (dtype->kind != JsonValue::Kind::kString) {
-      return terror(absl::StrCat("dtype is ", KindName(dtype->kind), ", not a string"));
+    if (!dtype->is_string()) {
+      return terror(absl::StrCat("dtype is ", KindName(*dtype), ", not a string"));
     }
+    const std::string& dtype_name = dtype->get_ref<const std::string&>();
     Span span{0, 0, &name, DType::kF32, {}};
     bool known = false;
     for (const DTypeEntry& e : kDTypes) {
-      if (dtype->text == e.name) {
+      if (dtype_name == e.name) {
         span.dtype = e.dtype;
         known = true;
       }
     }
     if (!known) {
       for (const char* other : kOtherFormatDTypes) {
-        if (dtype->text == other) {
+        if (dtype_name == other) {
           return terror(absl::StrCat("dtype ", other,
                                      " is valid safetensors but Braid has no such tensor type "
                                      "(it has F32 BF16 F16 I32 I64 U8 I8); convert it first"));
         }
       }
       return terror(
-          absl::StrCat("unknown dtype \"", dtype->text, "\" (known: F32 BF16 F16 I32 I64 U8 I8)"));
+          absl::StrCat("unknown dtype \"", dtype_name, "\" (known: F32 BF16 F16 I32 I64 U8 I8)"));
     }
-    if (shape->kind != JsonValue::Kind::kArray) {
-      return terror(absl::StrCat("shape is ", KindName(shape->kind), ", not an array"));
+    if (!shape->is_array()) {
+      return terror(absl::StrCat("shape is ", KindName(*shape), ", not an array"));
     }
     uint64_t numel = 1;
-    for (const JsonValue& d : shape->items) {
+    for (const Json& d : *shape) {
       uint64_t dim;
       if (!ToIndex(d, &dim)) {
-        return terror(absl::StrCat("shape entry ",
-                                   d.kind == JsonValue::Kind::kNumber ? d.text : KindName(d.kind),
-                                   " is not a non-negative integer"));
+        return terror(absl::StrCat("shape entry ", Describe(d), " is not a non-negative integer"));
       }
       if (__builtin_mul_overflow(numel, dim, &numel) || numel > uint64_t(INT64_MAX)) {
         return terror("the shape's element count overflows 64 bits");
       }
       span.shape.push_back(int64_t(dim));
     }
-    if (offsets->kind != JsonValue::Kind::kArray || offsets->items.size() != 2 ||
-        !ToIndex(offsets->items[0], &span.begin) || !ToIndex(offsets->items[1], &span.end)) {
+    if (!offsets->is_array() || offsets->size() != 2 || !ToIndex((*offsets)[0], &span.begin) ||
+        !ToIndex((*offsets)[1], &span.end)) {
       return terror("data_offsets must be [begin, end], two non-negative integers");
     }
     if (span.begin > span.end) {
@@ -724,7 +585,7 @@ absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
     uint64_t bytes;
     if (__builtin_mul_overflow(numel, uint64_t(SizeOf(span.dtype)), &bytes) ||
         bytes != span.end - span.begin) {
-      return terror(absl::StrCat("shape ", ShapeToString(span.shape), " of ", dtype->text,
+      return terror(absl::StrCat("shape ", ShapeToString(span.shape), " of ", dtype_name,
                                  " needs ", numel, " x ", SizeOf(span.dtype),
                                  " bytes but data_offsets [", span.begin, ", ", span.end, "] hold ",
                                  span.end - span.begin));

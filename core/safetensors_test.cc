@@ -252,6 +252,30 @@ TEST(Safetensors, RejectsCorruptFiles) {
   ExpectError(
       File("{\"__metadata__\":" + std::string(1000, '[') + std::string(1000, ']') + "}", ""),
       {"nested"});
+  std::string deep_objects = "{";
+  for (int i = 0; i < 100; ++i) deep_objects += "\"k\":{";
+  ExpectError(File(deep_objects + std::string(101, '}'), ""), {"nested"});
+  ExpectError(File("{\"a\":{\"b\":1,\"b\":2}}", ""), {"\"b\"", "appears twice"});
+  ExpectError(File("{\"x\":1", ""), {"invalid JSON", "end of the header"});
+  ExpectError(File("{\"x\":\"\\udc00\"}", ""), {"invalid JSON", "low surrogate"});
+  ExpectError(File("{\"a\":NaN}", ""), {"invalid JSON", "at byte 5"});
+  ExpectError(File("{\"a\":1e999}", ""), {"invalid JSON", "1e999"});
+  ExpectError(File("{\"x\":{\"dtype\":\"U8\",\"shape\":[1e0],\"data_offsets\":[0,1]}}", "a"),
+              {"tensor 'x'", "shape entry", "non-negative integer"});
+  ExpectError(File("{" + Entry("x", "U8", "[9223372036854775808]", 0, 0) + "}", ""),
+              {"tensor 'x'", "9223372036854775808", "non-negative integer"});
+}
+
+TEST(Safetensors, JsonErrorsQuoteLongTokensShortened) {
+  // A syntax error at the end of a 1 MB string: the message quotes the string's end only.
+  const std::string path = TempPath("corrupt.safetensors");
+  WriteAll(path, File("{\"x\":\"" + std::string(1 << 20, 'a') + "\\q\"}", ""));
+  auto r = LoadSafetensors(path);
+  ASSERT_FALSE(r.ok());
+  const std::string msg(r.status().message());
+  EXPECT_NE(msg.find(absl::StrCat("at byte ", 6 + (1 << 20) + 1)), std::string::npos) << msg;
+  EXPECT_NE(msg.find("backslash"), std::string::npos) << msg;
+  EXPECT_LT(msg.size(), 400u) << msg;
 }
 
 TEST(Safetensors, RejectsAnOversizedHeaderWithoutReadingIt) {

@@ -14,9 +14,15 @@
 namespace braid::gloo_test {
 namespace {
 
+const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};
+
+// The ops that reduce dtype t: those core's rule (CheckReduction) accepts.
 std::vector<ReduceOp> OpsFor(DType t) {
-  if (IsFloating(t)) return {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin};
-  return {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin};
+  std::vector<ReduceOp> ops;
+  for (ReduceOp op : kAllOps) {
+    if (CheckReduction(op, t).ok()) ops.push_back(op);
+  }
+  return ops;
 }
 
 std::vector<int> Iota(int n) {
@@ -246,6 +252,63 @@ TEST_P(CollectivesTest, ReduceToEveryRoot) {
         }
       }
     }
+  });
+}
+
+// Gloo takes exactly the (op, dtype) pairs of core's rule (CheckReduction) in every reducing
+// collective: accepted pairs give the serial result, refused ones fail on every rank with the
+// rule's message.
+TEST_P(CollectivesTest, EveryOpAndDtypeFollowsTheCoreReductionRule) {
+  const int n = world();
+  FileStore store(FreshDir());
+  RunRanks(n, [&](int rank) {
+    // A refused call breaks the communicator it was issued on (its peers would wait for it in
+    // vain), so refused pairs go to a communicator of their own.
+    auto accepting = MakeGloo(rank, n, &store);
+    ASSERT_TRUE(accepting.ok()) << accepting.status();
+    auto refusing = MakeGloo(rank, n, &store);
+    ASSERT_TRUE(refusing.ok()) << refusing.status();
+    const int64_t block = 3;
+    const int64_t count = block * n;
+    int salt = 500;
+    int pairs = 0, refused = 0;
+    for (ReduceOp op : kAllOps) {
+      for (DType t : AllDTypes()) {
+        ++salt;
+        ++pairs;
+        const absl::Status rule = CheckReduction(op, t);
+        refused += !rule.ok();
+        SCOPED_TRACE(Case(t, op, count));
+        Communicator& c = rule.ok() ? **accepting : **refusing;
+        auto check = [&](const absl::Status& st, const char* what) {
+          if (rule.ok()) {
+            EXPECT_TRUE(st.ok()) << what << ": " << st;
+          } else {
+            EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << what << ": " << st;
+            EXPECT_NE(std::string(st.message()).find(std::string(rule.message())),
+                      std::string::npos)
+                << what << " should fail with the rule's message; got: " << st;
+          }
+          return st.ok();
+        };
+        const Tensor want = rule.ok() ? SerialReduce(t, op, Iota(n), count, salt) : Tensor();
+        Tensor all = Input(t, rank, count, salt);
+        if (check(c.AllReduce(all, op)->Wait(), "AllReduce")) {
+          EXPECT_TRUE(SameValues(all, want)) << "AllReduce";
+        }
+        Tensor in = Input(t, rank, count, salt);
+        Tensor out = Tensor::Empty({block}, t);
+        if (check(c.ReduceScatter(in, out, op)->Wait(), "ReduceScatter")) {
+          EXPECT_TRUE(SameValues(out, Range(want, rank * block, block))) << "ReduceScatter";
+        }
+        Tensor x = Input(t, rank, count, salt);
+        if (check(c.Reduce(x, n - 1, op)->Wait(), "Reduce") && rank == n - 1) {
+          EXPECT_TRUE(SameValues(x, want)) << "Reduce";
+        }
+      }
+    }
+    EXPECT_EQ(pairs, 4 * 7);
+    EXPECT_EQ(refused, 4);  // avg of i32, i64, u8, i8
   });
 }
 

@@ -597,21 +597,6 @@ std::string Elements(const Tensor& t) {
   return absl::StrCat(DTypeName(t.dtype()), ", ", t.numel(), " elements");
 }
 
-bool CanReduce(DType t, ReduceOp op) {
-  switch (t) {
-    case DType::kF32:
-    case DType::kBF16:
-    case DType::kF16:
-      return true;
-    case DType::kI32:
-    case DType::kI64:
-    case DType::kU8:
-    case DType::kI8:
-      return op != ReduceOp::kAvg;
-  }
-  return false;
-}
-
 // Grow-only scratch memory, used by the worker thread only.
 class Scratch {
  public:
@@ -1279,12 +1264,9 @@ class GlooCommunicator final : public Communicator {
     return absl::OkStatus();
   }
 
+  // The rule every communicator shares (core/communicator.h).
   absl::Status CheckReducible(const std::string& what, DType t, ReduceOp op) const {
-    if (CanReduce(t, op)) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " on ", core_->group.Rank(rank()), ": the gloo communicator cannot reduce ",
-        DTypeName(t), " with ", ReduceOpName(op),
-        " (f32/bf16/f16 take every op; i32/i64/u8/i8 take sum, max and min)"));
+    return CheckReduction(op, t, absl::StrCat(what, " on ", core_->group.Rank(rank())));
   }
 
   absl::Status CheckRoot(const std::string& what, int root) const {

@@ -818,11 +818,9 @@ class NcclCommunicatorImpl final : public NcclCommunicator {
     return absl::OkStatus();
   }
 
+  // The rule every communicator shares (core/communicator.h).
   absl::Status CheckReducible(const char* op_name, DType t, ReduceOp op) const {
-    if (op != ReduceOp::kAvg || IsFloating(t)) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "NCCL ", op_name, " on ", state_->Where(), ": avg needs a floating dtype, got ",
-        DTypeName(t), " (integer tensors take sum, max and min)"));
+    return CheckReduction(op, t, absl::StrCat("NCCL ", op_name, " on ", state_->Where()));
   }
 
   absl::Status CheckRoot(const char* op, int root) const {
