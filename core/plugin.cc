@@ -1,5 +1,6 @@
 #include "core/plugin.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
@@ -7,9 +8,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -211,6 +214,72 @@ std::vector<std::string> PluginSearchPath(const std::vector<std::string>& extra)
 absl::Status LoadPlugin(const std::string& name_or_path,
                         const std::vector<std::string>& search_path) {
   return LoadAndReturnPath(name_or_path, search_path).status();
+}
+
+namespace {
+
+// The plugin files in `dir` as (name, path): dir/libbraid_<name>.so and
+// dir/<folder>/libbraid_<name>.so, in sorted order. Symlinks (runfiles) count as their targets.
+void PluginFilesIn(const std::string& dir, std::vector<std::pair<std::string, std::string>>* out) {
+  auto plugin_name = [](const std::string& file) -> std::string {
+    static const std::string kPrefix = "libbraid_", kSuffix = ".so";
+    if (file.size() <= kPrefix.size() + kSuffix.size() || !absl::StartsWith(file, kPrefix) ||
+        !absl::EndsWith(file, kSuffix)) {
+      return "";
+    }
+    return file.substr(kPrefix.size(), file.size() - kPrefix.size() - kSuffix.size());
+  };
+  auto list = [](const std::string& d) {
+    std::vector<std::string> names;
+    if (DIR* handle = ::opendir(d.c_str())) {
+      while (const struct dirent* e = ::readdir(handle)) {
+        std::string n = e->d_name;
+        if (n != "." && n != "..") names.push_back(n);
+      }
+      ::closedir(handle);
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  for (const std::string& entry : list(dir)) {
+    const std::string path = JoinPath(dir, entry);
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) continue;
+    if (S_ISREG(st.st_mode)) {
+      std::string name = plugin_name(entry);
+      if (!name.empty()) out->emplace_back(name, path);
+    } else if (S_ISDIR(st.st_mode)) {
+      for (const std::string& inner : list(path)) {
+        std::string name = plugin_name(inner);
+        if (!name.empty() && IsFile(JoinPath(path, inner))) {
+          out->emplace_back(name, JoinPath(path, inner));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+PluginScan LoadAllPlugins(const std::vector<std::string>& search_path) {
+  PluginScan scan;
+  std::set<std::string> names_seen, paths_seen;
+  for (const std::string& dir : search_path) {
+    if (dir.empty()) continue;
+    std::vector<std::pair<std::string, std::string>> files;
+    PluginFilesIn(dir, &files);
+    for (const auto& [name, file] : files) {
+      // The first folder that has a name wins, as when loading by name.
+      if (!names_seen.insert(name).second) continue;
+      absl::StatusOr<std::string> path = LoadAndReturnPath(file, {});
+      if (!path.ok()) {
+        scan.failed.push_back(path.status());
+      } else if (paths_seen.insert(*path).second) {
+        scan.loaded.push_back(*path);
+      }
+    }
+  }
+  return scan;
 }
 
 namespace {

@@ -26,6 +26,17 @@ std::vector<std::string> PluginSearchPath(const std::vector<std::string>& extra 
 absl::Status LoadPlugin(const std::string& name_or_path,
                         const std::vector<std::string>& search_path);
 
+// Every plugin file on `search_path`, each loaded as LoadPlugin(name) would: for each folder D in
+// order, D/libbraid_*.so and D/*/libbraid_*.so; a name found in several folders is loaded from
+// the first only (as LoadPlugin by name would), and files already loaded are not loaded again.
+// A file that fails to load does not stop the others: it is reported in `failed`. Used to find
+// which strategy provides a feature (StrategyTraits) when the chosen one does not.
+struct PluginScan {
+  std::vector<std::string> loaded;  // canonical paths of the plugins now loaded
+  std::vector<absl::Status> failed;  // one per file that could not be loaded; each names it
+};
+PluginScan LoadAllPlugins(const std::vector<std::string>& search_path);
+
 // Makes sure strategy `name` is registered, loading plugin `name` from the search path if not.
 absl::Status EnsureStrategy(const std::string& name, const std::vector<std::string>& search_path);
 

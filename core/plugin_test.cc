@@ -189,6 +189,49 @@ TEST(PluginTest, EnsureStrategyLoadsThePluginOfThatName) {
   EXPECT_THAT(Message(absent), HasSubstr("libbraid_test_absent.so"));
 }
 
+TEST(PluginTest, LoadAllPluginsLoadsEveryFileAndReportsTheBrokenOnes) {
+  // Two folders: the first holds plugins flat and in a plugin folder, a broken file, a file
+  // that is not a plugin and one that is not a Braid plugin; the second a second copy of a
+  // name the first has (the first folder wins, as when loading by name).
+  const std::string first = TempDir() + "/all_first", second = TempDir() + "/all_second";
+  for (const std::string& d : {first, second, first + "/test_misnamed"}) ::mkdir(d.c_str(), 0755);
+  auto link = [](const std::string& target, const std::string& at) {
+    ::unlink(at.c_str());
+    ASSERT_EQ(::symlink(target.c_str(), at.c_str()), 0) << at;
+  };
+  link(PluginPath("test_good"), first + "/libbraid_test_good.so");
+  link(PluginPath("test_misnamed"), first + "/test_misnamed/libbraid_test_misnamed.so");
+  link(PluginPath("test_no_entry"), first + "/libbraid_test_no_entry.so");
+  std::ofstream(first + "/libbraid_all_junk.so") << "not an ELF file\n";
+  std::ofstream(first + "/README") << "not a plugin\n";
+  // A real copy (another canonical path): loading it would register "test_good" twice.
+  {
+    std::ifstream in(PluginPath("test_good"), std::ios::binary);
+    std::ofstream(second + "/libbraid_test_good.so", std::ios::binary) << in.rdbuf();
+  }
+
+  PluginScan scan = LoadAllPlugins({"/nonexistent/braid", first, second});
+  std::vector<std::string> loaded;
+  for (const std::string& p : scan.loaded) loaded.push_back(p.substr(p.rfind('/') + 1));
+  std::sort(loaded.begin(), loaded.end());
+  EXPECT_EQ(loaded, (std::vector<std::string>{"libbraid_test_good.so",
+                                              "libbraid_test_misnamed.so"}));
+  std::vector<std::string> failed;
+  for (const absl::Status& f : scan.failed) failed.push_back(Message(f));
+  EXPECT_THAT(failed, ::testing::UnorderedElementsAre(
+                          AllOf(HasSubstr("libbraid_all_junk.so"), HasSubstr("dlopen failed")),
+                          AllOf(HasSubstr("libbraid_test_no_entry.so"),
+                                HasSubstr(BRAID_PLUGIN_ABI_VERSION_SYMBOL))));
+  EXPECT_TRUE(Registry::Get().HasStrategy("test_good"));
+  EXPECT_TRUE(Registry::Get().HasStrategy("test_misnamed_strategy"));
+
+  // Again: nothing registers twice; the broken files are reported again.
+  PluginScan again = LoadAllPlugins({first, second});
+  EXPECT_EQ(again.loaded.size(), 2u);
+  EXPECT_EQ(again.failed.size(), 2u);
+  EXPECT_TRUE(LoadAllPlugins({}).loaded.empty());
+}
+
 TEST(RegistryTest, AddStrategyRejectsDuplicatesNamingBothOrigins) {
   auto factory = [] { return std::unique_ptr<Strategy>(); };
   ASSERT_TRUE(Registry::Get().AddStrategy("registry_test_a", factory, "first origin").ok());

@@ -1,32 +1,152 @@
-// The process's one registry of named factories (strategies, and later other plugin kinds).
-// It lives in core, which the host program links once and exports to plugins (-rdynamic); a
-// plugin that linked its own copy of core would register into an invisible second registry.
+// The process's one registry of named factories: strategies and communicators (from plugins),
+// models and datasets (registered by their libraries under models/, linked into the training
+// program) and optimizers (core's own, later plugins too). It lives in core, which the host
+// program links once and exports to plugins (-rdynamic); a plugin that linked its own copy of
+// core would register into an invisible second registry.
+//
+// Core knows no model, dataset or optimizer by name: config validation (core/config) and the
+// training program look every name up here.
 #ifndef BRAID_CORE_REGISTRY_H_
 #define BRAID_CORE_REGISTRY_H_
 
+#include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/communicator.h"
+#include "core/device.h"
+#include "core/module.h"
+#include "core/optimizer.h"
 #include "core/strategy.h"
 
 namespace braid {
+
+namespace config {
+class ModelConfig;      // core/config/train_config.proto
+class OptimizerConfig;  // core/config/train_config.proto
+}  // namespace config
+
+// What a strategy implements beyond plain training: the features (config sections) it provides,
+// by the names of core/config/config.h ("fp16", "bf16", "zero1".."zero3",
+// "activation_checkpointing"). Validation rejects a section the chosen strategy does not declare.
+struct StrategyTraits {
+  std::vector<std::string> features;
+};
+
+// Problems a validation hook found, one message each, naming the field and its value
+// ("model.n_embd (250) is not a multiple of ..."); ValidateConfig reports them with the others.
+using ConfigProblems = std::vector<std::string>;
+
+// A dataset, described by what it yields, so that validation can check a model and the data
+// section against it. (The loader itself is the training program's.)
+struct DatasetSpec {
+  // What one sample is; a model trains on it if its ModelSpec::takes is the same ("tokens").
+  std::string yields;
+  // The data.token_dtype values it takes, in the order messages list them; empty: it has no
+  // tokens (data.token_dtype must be empty). `default_token_dtype` fills an empty one.
+  std::vector<std::string> token_dtypes;
+  std::string default_token_dtype;
+  // Distinct token values it holds (256 for bytes); 0: it depends on the file.
+  int64_t vocab_size = 0;
+  // Non-empty: data.path must be set, and this says what it is ("the token file's path").
+  std::string path_needed;
+  // The dataset of an empty config (at most one dataset may claim it).
+  bool is_default = false;
+};
+
+// A model: how to build it from its config section, and what its section may hold.
+struct ModelSpec {
+  // Builds the model from its validated section (`validate` has filled in its defaults) with
+  // initialisation seed `seed` on `device`.
+  std::function<absl::StatusOr<std::unique_ptr<Module>>(const config::ModelConfig& model,
+                                                        uint64_t seed, Device device)>
+      build;
+  // The ModelConfig fields besides `name` that apply to it ("n_layer", "n_embd", ...); setting
+  // any other is an error naming these.
+  std::vector<std::string> fields;
+  // The kind of data it trains on: the DatasetSpec::yields of its datasets ("tokens").
+  std::string takes;
+  // Optional, run after the generic checks passed (accepted fields, all >= 1): fills in the
+  // model's defaults (its preset's shape) and appends what is wrong with the combination.
+  // `dataset` is data.dataset's description, null when that name is unknown.
+  std::function<void(config::ModelConfig* model, const std::string& dataset_name,
+                     const DatasetSpec* dataset, ConfigProblems* problems)>
+      validate;
+  // The model of an empty config (at most one model may claim it).
+  bool is_default = false;
+};
+
+// An optimizer: how to build it from the config's optimizer section.
+struct OptimizerSpec {
+  // Builds it over `groups` (each with its lr and weight decay set) from the validated section.
+  std::function<std::unique_ptr<Optimizer>(std::vector<ParamGroup> groups,
+                                           const config::OptimizerConfig& optimizer)>
+      make;
+  // The OptimizerParams fields it takes besides lr and weight_decay ("betas", "momentum", ...);
+  // setting another is an error naming the optimizers that do take it.
+  std::vector<std::string> params;
+  // Optional, run after the generic checks: fills in its defaults (weight_decay included, when
+  // unset) and appends problems.
+  std::function<void(config::OptimizerConfig* optimizer, ConfigProblems* problems)> validate;
+  // The optimizer of an empty config (at most one may claim it).
+  bool is_default = false;
+};
 
 class Registry {
  public:
   static Registry& Get();
 
   // Fails if the name is taken (two plugins claiming one name is a configuration error).
+  // `traits` declares the features the strategy provides.
   absl::Status AddStrategy(const std::string& name, StrategyFactory factory,
-                           const std::string& origin = "built-in");
+                           const std::string& origin = "built-in", StrategyTraits traits = {});
+  // The same with the default origin (inside a plugin's register call: that plugin's file).
+  absl::Status AddStrategy(const std::string& name, StrategyFactory factory,
+                           StrategyTraits traits);
   // Unknown names are an error listing the known ones.
   absl::StatusOr<std::unique_ptr<Strategy>> MakeStrategy(const std::string& name) const;
   bool HasStrategy(const std::string& name) const;
   std::vector<std::string> StrategyNames() const;
+  absl::StatusOr<StrategyTraits> GetStrategyTraits(const std::string& name) const;
+  // Every registered strategy that declares `feature`, as (name, origin) pairs by name; the
+  // origin of a plugin's strategy is the plugin file's path.
+  std::vector<std::pair<std::string, std::string>> StrategiesProviding(
+      const std::string& feature) const;
+
+  // Models ("gpt-mini", registered by models/gpt), same rules. MakeModel builds `name` from
+  // its validated config section.
+  absl::Status AddModel(const std::string& name, ModelSpec spec,
+                        const std::string& origin = "built-in");
+  absl::StatusOr<ModelSpec> GetModel(const std::string& name) const;
+  absl::StatusOr<std::unique_ptr<Module>> MakeModel(const std::string& name,
+                                                    const config::ModelConfig& model,
+                                                    uint64_t seed, Device device) const;
+  std::vector<std::string> ModelNames() const;
+  std::string DefaultModel() const;  // "" if no model claims it
+
+  // Datasets ("moby-dick", registered by models/data), same rules.
+  absl::Status AddDataset(const std::string& name, DatasetSpec spec,
+                          const std::string& origin = "built-in");
+  absl::StatusOr<DatasetSpec> GetDataset(const std::string& name) const;
+  std::vector<std::string> DatasetNames() const;
+  std::string DefaultDataset() const;
+
+  // Optimizers ("AdamW", "SGD": core/optimizer.cc), same rules.
+  absl::Status AddOptimizer(const std::string& name, OptimizerSpec spec,
+                            const std::string& origin = "built-in");
+  absl::StatusOr<OptimizerSpec> GetOptimizer(const std::string& name) const;
+  absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(
+      const std::string& name, std::vector<ParamGroup> groups,
+      const config::OptimizerConfig& optimizer) const;
+  std::vector<std::string> OptimizerNames() const;
+  std::string DefaultOptimizer() const;
 
   // Communicator backends ("gloo", "nccl"), same rules as strategies.
   absl::Status AddCommunicator(const std::string& name, CommunicatorFactory factory,
@@ -48,11 +168,13 @@ class Registry {
   template <typename Factory>
   struct Table {
     const char* kind;  // "strategy", "communicator": for messages
+    const char* hint;  // where entries of this kind come from, for the unknown-name message
     struct Entry {
       Factory factory;
       std::string origin;
     };
     std::map<std::string, Entry> entries;
+    std::string default_name;  // the entry that claimed to be the default (specs only)
   };
   template <typename Factory>
   absl::Status Add(Table<Factory>& table, const std::string& name, Factory factory,
@@ -62,10 +184,21 @@ class Registry {
                                                        const std::string& name) const;
   template <typename Factory>
   std::vector<std::string> Names(const Table<Factory>& table) const;
+  template <typename Factory>
+  std::string Default(const Table<Factory>& table) const;
+
+  static constexpr char kFromPlugin[] =
+      "comes from a plugin: load it (LoadPlugin / EnsureStrategy) first";
+  static constexpr char kFromLibrary[] =
+      "registers itself from the library that defines it: link that library into the program";
 
   mutable std::mutex mu_;
-  Table<StrategyFactory> strategies_{"strategy", {}};
-  Table<CommunicatorFactory> communicators_{"communicator", {}};
+  Table<StrategyFactory> strategies_{"strategy", kFromPlugin, {}, {}};
+  std::map<std::string, StrategyTraits> strategy_traits_;  // by name, for registered strategies
+  Table<CommunicatorFactory> communicators_{"communicator", kFromPlugin, {}, {}};
+  Table<ModelSpec> models_{"model", kFromLibrary, {}, {}};
+  Table<DatasetSpec> datasets_{"dataset", kFromLibrary, {}, {}};
+  Table<OptimizerSpec> optimizers_{"optimizer", kFromLibrary, {}, {}};
 };
 
 }  // namespace braid

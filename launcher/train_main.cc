@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -17,6 +18,8 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/check.h"
 #include "core/config/config.h"
+#include "core/plugin.h"
+#include "core/registry.h"
 #include "launcher/trainer.h"
 #include "tools/cpp/runfiles/runfiles.h"
 
@@ -59,12 +62,6 @@ absl::Status Run(const char* argv0) {
   braid::launcher::TrainerEnv env;
   env.rank = EnvInt("RANK", 0);
   env.world_size = EnvInt("WORLD_SIZE", 1);
-  BRAID_RETURN_IF_ERROR(braid::config::ValidateConfig(&cfg, env.world_size, /*features=*/{}));
-  if (absl::GetFlag(FLAGS_print_config)) {
-    std::printf("%s", braid::config::ConfigToText(cfg).c_str());
-    return absl::OkStatus();
-  }
-  braid::cpu::SetNumThreads(cfg.threads());
 
   // Plugins ship in this program's runfiles as plugins/<name>/libbraid_<name>.so and
   // backends/<name>/libbraid_<name>.so; the loader looks in <folder>/<name>/ of each folder.
@@ -88,6 +85,41 @@ absl::Status Run(const char* argv0) {
   }
   env.plugin_search_path.push_back(root + "/plugins");
   env.plugin_search_path.push_back(root + "/backends");
+
+  // Feature sections (fp16, zero_optimization, ...) are validated against what the chosen
+  // strategy declares when it registers: its plugin is loaded for that (only when the config
+  // asks for a feature). When it lacks one, every plugin on the search path is loaded to name
+  // the strategies that have it.
+  const std::vector<std::string> search_path = braid::PluginSearchPath(env.plugin_search_path);
+  braid::config::StrategyCatalog catalog;
+  catalog.features_of =
+      [&](const std::string& name) -> absl::StatusOr<std::vector<std::string>> {
+    if (!cfg.strategy().path().empty()) {
+      BRAID_RETURN_IF_ERROR(braid::LoadPlugin(cfg.strategy().path(), search_path));
+    }
+    BRAID_RETURN_IF_ERROR(braid::EnsureStrategy(name, search_path));
+    BRAID_ASSIGN_OR_RETURN(braid::StrategyTraits traits,
+                           braid::Registry::Get().GetStrategyTraits(name));
+    return traits.features;
+  };
+  catalog.providers_of = [&](const std::string& feature) {
+    braid::PluginScan scan = braid::LoadAllPlugins(search_path);
+    braid::config::FeatureProviders found;
+    for (auto& [name, origin] : braid::Registry::Get().StrategiesProviding(feature)) {
+      found.strategies.push_back({name, origin});
+    }
+    for (const absl::Status& failed : scan.failed) {
+      found.unloadable.push_back(std::string(failed.message()));
+    }
+    return found;
+  };
+  catalog.searched = "strategy in the plugins on the search path";
+  BRAID_RETURN_IF_ERROR(braid::config::ValidateConfigWith(&cfg, env.world_size, catalog));
+  if (absl::GetFlag(FLAGS_print_config)) {
+    std::printf("%s", braid::config::ConfigToText(cfg).c_str());
+    return absl::OkStatus();
+  }
+  braid::cpu::SetNumThreads(cfg.threads());
 
   std::string log_dir = absl::GetFlag(FLAGS_log_dir);
   if (log_dir.empty()) log_dir = cfg.log().dir();

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/check.h"
+#include "core/registry.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
@@ -245,29 +246,42 @@ std::string DescribeJsonError(const std::string& text, const std::string& origin
 constexpr int kDefaultMicroBatch = 16;
 constexpr int kDefaultSteps = 200;
 constexpr double kDefaultLr = 1e-3;
-constexpr double kDefaultBeta1 = 0.9, kDefaultBeta2 = 0.95;
-constexpr double kDefaultEps = 1e-8;
-constexpr double kDefaultAdamWWeightDecay = 0.1;
 constexpr uint64_t kDefaultSeed = 1234;
 constexpr int kDefaultPrintEvery = 10;
 
-const std::vector<std::string> kOptimizers = {"AdamW", "SGD"};
+// Models, datasets and optimizers, and their defaults, come from the registry (core/registry.h).
 const std::vector<std::string> kSchedulers = {"Constant", "WarmupCosine"};
-const std::vector<std::string> kModels = {"gpt-mini", "gpt2-124m", "mlp"};
-const std::vector<std::string> kDatasets = {"moby-dick", "mnist", "tokens"};
 const std::vector<std::string> kSamplers = {"random", "sequential"};
-const std::vector<std::string> kTokenDtypes = {"u8", "u16"};
-
-// The GPT presets' shapes, only to check overrides against (models/gpt owns the real ones).
-struct GptShape {
-  int n_layer, n_head, n_embd, block_size, vocab_size;
-};
-GptShape PresetShape(const std::string& model) {
-  if (model == "gpt2-124m") return {12, 12, 768, 1024, 50257};
-  return {4, 4, 256, 128, 256};  // gpt-mini
-}
 
 std::string Quoted(const std::string& s) { return absl::StrCat("\"", s, "\""); }
+
+// "a", "a and b", "a, b and c" (`last` = "and" or "or").
+std::string JoinWords(const std::vector<std::string>& words, const std::string& last) {
+  if (words.size() <= 1) return absl::StrJoin(words, "");
+  std::vector<std::string> head(words.begin(), words.end() - 1);
+  return absl::StrCat(absl::StrJoin(head, ", "), " ", last, " ", words.back());
+}
+
+std::vector<std::string> QuotedAll(const std::vector<std::string>& words) {
+  std::vector<std::string> out;
+  for (const std::string& w : words) out.push_back(Quoted(w));
+  return out;
+}
+
+// The fields of `message` that are set: present (optional scalars, messages) or non-empty
+// (repeated). `skip` are left out.
+std::vector<const pb::FieldDescriptor*> SetFields(const pb::Message& message,
+                                                  const std::vector<std::string>& skip) {
+  std::vector<const pb::FieldDescriptor*> set;
+  const pb::Descriptor* d = message.GetDescriptor();
+  const pb::Reflection* r = message.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const pb::FieldDescriptor* f = d->field(i);
+    if (std::find(skip.begin(), skip.end(), f->name()) != skip.end()) continue;
+    if (f->is_repeated() ? r->FieldSize(message, f) > 0 : r->HasField(message, f)) set.push_back(f);
+  }
+  return set;
+}
 
 std::string Num(double v) {
   std::ostringstream os;
@@ -290,6 +304,11 @@ class Checker {
   // when empty; false (and an error listing the known names) if it matches none.
   bool Name(std::string* value, const std::string& field, const std::vector<std::string>& known,
             const std::string& fallback) {
+    if (value->empty() && fallback.empty()) {
+      Error(absl::StrCat(field, " is not set and nothing is registered as its default; known: ",
+                         known.empty() ? "(none registered)" : absl::StrJoin(known, ", ")));
+      return false;
+    }
     if (value->empty()) {
       *value = fallback;
       return true;
@@ -339,15 +358,67 @@ bool Has(const std::vector<std::string>& features, const std::string& name) {
   return std::find(features.begin(), features.end(), name) != features.end();
 }
 
-void RequireFeature(Checker& c, const std::vector<std::string>& features,
-                    const std::string& section, const std::string& feature) {
-  if (Has(features, feature)) return;
-  c.Error(absl::StrCat(
-      section, " is not available yet: no plugin provides it (it needs the feature ",
-      Quoted(feature),
-      "; available features: ", features.empty() ? "none" : absl::StrJoin(features, ", "),
-      "); remove the section or load a plugin that provides it"));
+// "plugin libbraid_zero.so" for a plugin's file, the origin itself otherwise ("built-in").
+std::string DescribeOrigin(const std::string& origin) {
+  if (absl::EndsWith(origin, ".so")) {
+    return absl::StrCat("plugin ", origin.substr(origin.rfind('/') + 1));
+  }
+  return origin;
 }
+
+// Checks feature sections against what the chosen strategy declares, asking the catalog only
+// when a section needs a feature (so a config without one loads no plugin to be validated).
+class FeatureCheck {
+ public:
+  FeatureCheck(Checker& c, const StrategyCatalog& catalog, const std::string& strategy)
+      : c_(c), catalog_(catalog), strategy_(strategy) {}
+
+  void Require(const std::string& section, const std::string& feature) {
+    if (strategy_.empty()) return;  // strategy.path without a name: reported with strategy
+    if (!asked_) {
+      asked_ = true;
+      absl::StatusOr<std::vector<std::string>> features = std::vector<std::string>();
+      if (catalog_.features_of) features = catalog_.features_of(strategy_);
+      if (features.ok()) {
+        features_ = *std::move(features);
+      } else {
+        // Without the strategy its features are unknown: one problem, not one per section.
+        unknown_ = true;
+        c_.Error(absl::StrCat("strategy.name ", Quoted(strategy_), " (needed to check ", section,
+                              "): ", features.status().message()));
+      }
+    }
+    if (unknown_ || Has(features_, feature)) return;
+    FeatureProviders found;
+    if (catalog_.providers_of) found = catalog_.providers_of(feature);
+    std::string message =
+        absl::StrCat(section, " needs a strategy that provides ", Quoted(feature), "; strategy ",
+                     Quoted(strategy_), " does not");
+    if (!found.strategies.empty()) {
+      std::vector<std::string> uses;
+      for (const FeatureProvider& p : found.strategies) {
+        uses.push_back(absl::StrCat(Quoted(p.strategy), " (", DescribeOrigin(p.origin), ")"));
+      }
+      absl::StrAppend(&message, "; use strategy.name ", JoinWords(uses, "or"));
+    } else {
+      absl::StrAppend(&message, ", and no ", catalog_.searched,
+                      " does: it is not available yet; remove the section or add a plugin "
+                      "whose strategy provides it");
+    }
+    if (!found.unloadable.empty()) {
+      absl::StrAppend(&message, " (plugin files that could not be loaded while looking: ",
+                      absl::StrJoin(found.unloadable, ", "), ")");
+    }
+    c_.Error(std::move(message));
+  }
+
+ private:
+  Checker& c_;
+  const StrategyCatalog& catalog_;
+  const std::string strategy_;
+  bool asked_ = false, unknown_ = false;
+  std::vector<std::string> features_;
+};
 
 void CheckBatch(Checker& c, TrainConfig* cfg, int dp) {
   bool has_total = cfg->has_train_batch_size();
@@ -409,47 +480,38 @@ void CheckBatch(Checker& c, TrainConfig* cfg, int dp) {
 }
 
 void CheckOptimizer(Checker& c, TrainConfig* cfg) {
+  const Registry& registry = Registry::Get();
   OptimizerConfig* opt = cfg->mutable_optimizer();
-  if (!c.Name(opt->mutable_type(), "optimizer.type", kOptimizers, "AdamW")) return;
+  if (!c.Name(opt->mutable_type(), "optimizer.type", registry.OptimizerNames(),
+              registry.DefaultOptimizer())) {
+    return;
+  }
+  absl::StatusOr<OptimizerSpec> spec = registry.GetOptimizer(opt->type());
+  if (!spec.ok()) {
+    c.Error(std::string(spec.status().message()));
+    return;
+  }
   OptimizerParams* p = opt->mutable_params();
-  const bool adamw = opt->type() == "AdamW";
-  const std::string only = adamw ? " applies to SGD only" : " applies to AdamW only";
-  const std::string type = absl::StrCat(" (optimizer.type is ", Quoted(opt->type()), ")");
-
   if (!p->has_lr()) p->set_lr(kDefaultLr);
   c.PositiveReal("optimizer.params.lr", p->lr());
-  if (p->has_weight_decay()) {
-    c.NonNegativeReal("optimizer.params.weight_decay", p->weight_decay());
-  } else {
-    p->set_weight_decay(adamw ? kDefaultAdamWWeightDecay : 0.0);
+  if (p->has_weight_decay()) c.NonNegativeReal("optimizer.params.weight_decay", p->weight_decay());
+  // Every optimizer takes lr and weight_decay; the other params belong to those that name them.
+  for (const pb::FieldDescriptor* f : SetFields(*p, {"lr", "weight_decay"})) {
+    if (Has(spec->params, f->name())) continue;
+    std::vector<std::string> takers;
+    for (const std::string& name : registry.OptimizerNames()) {
+      absl::StatusOr<OptimizerSpec> other = registry.GetOptimizer(name);
+      if (other.ok() && Has(other->params, f->name())) takers.push_back(name);
+    }
+    c.Error(absl::StrCat("optimizer.params.", f->name(), " applies to ",
+                         takers.empty() ? "no registered optimizer"
+                                        : absl::StrCat(JoinWords(takers, "and"), " only"),
+                         " (optimizer.type is ", Quoted(opt->type()), ")"));
   }
-  if (adamw) {
-    if (p->has_momentum()) c.Error("optimizer.params.momentum" + only + type);
-    if (p->has_nesterov()) c.Error("optimizer.params.nesterov" + only + type);
-    if (p->betas_size() == 0) {
-      p->add_betas(kDefaultBeta1);
-      p->add_betas(kDefaultBeta2);
-    } else if (p->betas_size() != 2) {
-      std::vector<std::string> values;
-      for (double b : p->betas()) values.push_back(Num(b));
-      c.Error(absl::StrCat("optimizer.params.betas has ", p->betas_size(), " value(s) [",
-                           absl::StrJoin(values, ", "), "]; it needs exactly 2 (beta1, beta2)"));
-    } else {
-      c.UnitInterval("optimizer.params.betas[0]", p->betas(0));
-      c.UnitInterval("optimizer.params.betas[1]", p->betas(1));
-    }
-    if (!p->has_eps()) p->set_eps(kDefaultEps);
-    c.PositiveReal("optimizer.params.eps", p->eps());
-  } else {
-    if (p->betas_size() > 0) c.Error("optimizer.params.betas" + only + type);
-    if (p->has_eps()) c.Error("optimizer.params.eps" + only + type);
-    if (!p->has_momentum()) p->set_momentum(0.0);
-    if (!p->has_nesterov()) p->set_nesterov(false);
-    c.UnitInterval("optimizer.params.momentum", p->momentum());
-    if (p->nesterov() && !(p->momentum() > 0)) {
-      c.Error(absl::StrCat("optimizer.params.nesterov needs optimizer.params.momentum > 0 (it is ",
-                           Num(p->momentum()), ")"));
-    }
+  if (spec->validate) {
+    ConfigProblems problems;
+    spec->validate(opt, &problems);
+    for (std::string& problem : problems) c.Error(std::move(problem));
   }
 }
 
@@ -508,9 +570,10 @@ void CheckScheduler(Checker& c, TrainConfig* cfg) {
   }
 }
 
-void CheckFeatures(Checker& c, TrainConfig* cfg, const std::vector<std::string>& features) {
+void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog) {
+  FeatureCheck features(c, catalog, cfg->strategy().name());
   if (cfg->fp16().enabled()) {
-    RequireFeature(c, features, "fp16", kFeatureFp16);
+    features.Require("fp16", kFeatureFp16);
     Fp16Config* f = cfg->mutable_fp16();
     if (f->has_loss_scale()) c.NonNegativeReal("fp16.loss_scale", f->loss_scale());
     if (f->has_initial_scale_power() &&
@@ -527,7 +590,7 @@ void CheckFeatures(Checker& c, TrainConfig* cfg, const std::vector<std::string>&
     if (!f->has_hysteresis()) f->set_hysteresis(2);
     if (!f->has_min_loss_scale()) f->set_min_loss_scale(1);
   }
-  if (cfg->bf16().enabled()) RequireFeature(c, features, "bf16", kFeatureBf16);
+  if (cfg->bf16().enabled()) features.Require("bf16", kFeatureBf16);
   if (cfg->fp16().enabled() && cfg->bf16().enabled()) {
     c.Error("fp16.enabled and bf16.enabled are both true; enable at most one");
   }
@@ -536,8 +599,8 @@ void CheckFeatures(Checker& c, TrainConfig* cfg, const std::vector<std::string>&
   if (z.stage() < 0 || z.stage() > 3) {
     c.Error(absl::StrCat("zero_optimization.stage (", z.stage(), ") must be 0, 1, 2 or 3"));
   } else if (z.stage() > 0) {
-    RequireFeature(c, features, absl::StrCat("zero_optimization (stage ", z.stage(), ")"),
-                   ZeroFeatureName(z.stage()));
+    features.Require(absl::StrCat("zero_optimization (stage ", z.stage(), ")"),
+                     ZeroFeatureName(z.stage()));
   }
   if (z.has_reduce_bucket_size())
     c.Positive("zero_optimization.reduce_bucket_size", z.reduce_bucket_size());
@@ -546,7 +609,7 @@ void CheckFeatures(Checker& c, TrainConfig* cfg, const std::vector<std::string>&
   }
 
   if (cfg->has_activation_checkpointing()) {
-    RequireFeature(c, features, "activation_checkpointing", kFeatureActivationCheckpointing);
+    features.Require("activation_checkpointing", kFeatureActivationCheckpointing);
     const ActivationCheckpointingConfig& a = cfg->activation_checkpointing();
     if (a.has_number_checkpoints()) {
       c.Positive("activation_checkpointing.number_checkpoints", a.number_checkpoints());
@@ -554,82 +617,84 @@ void CheckFeatures(Checker& c, TrainConfig* cfg, const std::vector<std::string>&
   }
 }
 
+// The model and data sections, against the registered models and datasets: their names, the
+// model's fields, what the model takes against what the dataset yields, the dataset's token
+// widths and path; then the model's own hook (its preset's defaults and shape rules).
 void CheckModelAndData(Checker& c, TrainConfig* cfg) {
+  const Registry& registry = Registry::Get();
   ModelConfig* m = cfg->mutable_model();
   DataConfig* d = cfg->mutable_data();
-  const bool model_ok = c.Name(m->mutable_name(), "model.name", kModels, "gpt-mini");
-  const bool data_ok = c.Name(d->mutable_dataset(), "data.dataset", kDatasets, "moby-dick");
-  const bool gpt = m->name() != "mlp";
-
-  struct Override {
-    const char* name;
-    bool has;
-    int32_t value;
-  };
-  const Override overrides[] = {
-      {"n_layer", m->has_n_layer(), m->n_layer()},
-      {"n_head", m->has_n_head(), m->n_head()},
-      {"n_embd", m->has_n_embd(), m->n_embd()},
-      {"block_size", m->has_block_size(), m->block_size()},
-      {"vocab_size", m->has_vocab_size(), m->vocab_size()},
-  };
-  bool shape_ok = true;
-  for (const Override& o : overrides) {
-    if (o.has) shape_ok &= c.Positive(absl::StrCat("model.", o.name), o.value);
+  absl::StatusOr<ModelSpec> model = absl::NotFoundError("");
+  absl::StatusOr<DatasetSpec> data = absl::NotFoundError("");
+  if (c.Name(m->mutable_name(), "model.name", registry.ModelNames(), registry.DefaultModel())) {
+    model = registry.GetModel(m->name());
   }
-  if (model_ok && !gpt) {
-    for (const char* name : {"n_head", "block_size", "vocab_size"}) {
-      for (const Override& o : overrides) {
-        if (o.has && std::string(o.name) == name) {
-          c.Error(absl::StrCat("model.", name,
-                               " does not apply to model \"mlp\" (it takes n_layer "
-                               "and n_embd only)"));
-        }
-      }
-    }
-  }
-  GptShape shape = PresetShape(m->name());
-  if (m->has_n_head()) shape.n_head = m->n_head();
-  if (m->has_n_embd()) shape.n_embd = m->n_embd();
-  if (m->has_vocab_size()) shape.vocab_size = m->vocab_size();
-  if (model_ok && gpt && shape_ok && shape.n_embd % shape.n_head != 0) {
-    c.Error(absl::StrCat("model.n_embd (", shape.n_embd, ") is not a multiple of model.n_head (",
-                         shape.n_head, ") for model ", Quoted(m->name())));
+  if (c.Name(d->mutable_dataset(), "data.dataset", registry.DatasetNames(),
+             registry.DefaultDataset())) {
+    data = registry.GetDataset(d->dataset());
   }
 
-  if (!data_ok) return;
-  if (model_ok) {
-    const bool data_for_gpt = d->dataset() != "mnist";
-    if (gpt != data_for_gpt) {
-      c.Error(absl::StrCat("model.name ", Quoted(m->name()), " cannot train on data.dataset ",
-                           Quoted(d->dataset()), ": ",
-                           gpt ? "GPT models take token data (\"moby-dick\" or \"tokens\")"
-                               : "\"mlp\" takes \"mnist\""));
+  // Shape fields: counts (>= 1), and only those the model takes.
+  bool fields_ok = true;
+  for (const pb::FieldDescriptor* f : SetFields(*m, {"name"})) {
+    const pb::Reflection* r = m->GetReflection();
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_INT32) {
+      fields_ok &= c.Positive(absl::StrCat("model.", f->name()), r->GetInt32(*m, f));
+    } else if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_INT64) {
+      fields_ok &= c.Positive(absl::StrCat("model.", f->name()), r->GetInt64(*m, f));
     }
+    if (model.ok() && !Has(model->fields, f->name())) {
+      fields_ok = false;
+      c.Error(absl::StrCat("model.", f->name(), " does not apply to model ", Quoted(m->name()),
+                           model->fields.empty()
+                               ? " (it takes none of the model fields)"
+                               : absl::StrCat(" (it takes ", JoinWords(model->fields, "and"),
+                                              " only)")));
+    }
+  }
+  if (model.ok() && fields_ok && model->validate) {
+    ConfigProblems problems;
+    model->validate(m, d->dataset(), data.ok() ? &*data : nullptr, &problems);
+    for (std::string& problem : problems) c.Error(std::move(problem));
+  }
+
+  if (!data.ok()) return;
+  if (model.ok() && model->takes != data->yields) {
+    std::vector<std::string> suitable;
+    for (const std::string& name : registry.DatasetNames()) {
+      absl::StatusOr<DatasetSpec> other = registry.GetDataset(name);
+      if (other.ok() && other->yields == model->takes) suitable.push_back(name);
+    }
+    c.Error(absl::StrCat(
+        "model.name ", Quoted(m->name()), " cannot train on data.dataset ", Quoted(d->dataset()),
+        ": ", Quoted(m->name()), " takes ", model->takes, " (",
+        suitable.empty() ? "no registered dataset yields them"
+                         : absl::StrCat("data.dataset ", JoinWords(QuotedAll(suitable), "or")),
+        "), ", Quoted(d->dataset()), " yields ", data->yields));
   }
   c.Name(d->mutable_sampler(), "data.sampler", kSamplers, "random");
   if (!d->has_seed()) d->set_seed(kDefaultSeed);
 
-  if (d->dataset() == "mnist") {
+  if (data->token_dtypes.empty()) {
     if (!d->token_dtype().empty()) {
       c.Error(absl::StrCat("data.token_dtype (", Quoted(d->token_dtype()),
-                           ") does not apply to data.dataset \"mnist\" (it has no tokens)"));
+                           ") does not apply to data.dataset ", Quoted(d->dataset()),
+                           " (it has no tokens)"));
     }
-  } else if (d->dataset() == "moby-dick") {
-    if (!d->token_dtype().empty() && d->token_dtype() != "u8") {
-      c.Error(absl::StrCat("data.token_dtype (", Quoted(d->token_dtype()),
-                           ") must be \"u8\" for data.dataset \"moby-dick\" (one token per byte)"));
+  } else if (data->token_dtypes.size() == 1) {
+    const std::string& only = data->token_dtypes[0];
+    if (!d->token_dtype().empty() && d->token_dtype() != only) {
+      c.Error(absl::StrCat("data.token_dtype (", Quoted(d->token_dtype()), ") must be ",
+                           Quoted(only), " for data.dataset ", Quoted(d->dataset())));
     }
-    d->set_token_dtype("u8");
-    if (model_ok && gpt && shape_ok && shape.vocab_size < 256) {
-      c.Error(absl::StrCat("model.vocab_size (", shape.vocab_size,
-                           ") < 256: data.dataset \"moby-dick\" has one token per byte value"));
-    }
-  } else {  // tokens
-    c.Name(d->mutable_token_dtype(), "data.token_dtype", kTokenDtypes, "u16");
-    if (d->path().empty()) {
-      c.Error("data.path is empty: data.dataset \"tokens\" needs the token file's path");
-    }
+    d->set_token_dtype(only);
+  } else {
+    c.Name(d->mutable_token_dtype(), "data.token_dtype", data->token_dtypes,
+           data->default_token_dtype);
+  }
+  if (!data->path_needed.empty() && d->path().empty()) {
+    c.Error(absl::StrCat("data.path is empty: data.dataset ", Quoted(d->dataset()), " needs ",
+                         data->path_needed));
   }
 }
 
@@ -648,7 +713,7 @@ void CheckRun(Checker& c, TrainConfig* cfg, int dp) {
     }
     // The default trains on any world size: one process alone, data parallel otherwise (the
     // training program prints the strategy it runs with at start).
-    s->set_name(dp > 1 ? "ddp" : "single");
+    s->set_name(DefaultStrategyName(dp));
   }
   if (s->name() == "single" && dp > 1) {
     c.Error(
@@ -753,8 +818,36 @@ std::string ConfigToJson(const TrainConfig& cfg) {
 
 std::string ZeroFeatureName(int stage) { return absl::StrCat("zero", stage); }
 
+std::vector<std::string> RequestedFeatures(const TrainConfig& cfg) {
+  std::vector<std::string> features;
+  if (cfg.fp16().enabled()) features.push_back(kFeatureFp16);
+  if (cfg.bf16().enabled()) features.push_back(kFeatureBf16);
+  const int stage = cfg.zero_optimization().stage();
+  if (stage >= 1 && stage <= 3) features.push_back(ZeroFeatureName(stage));
+  if (cfg.has_activation_checkpointing()) features.push_back(kFeatureActivationCheckpointing);
+  return features;
+}
+
+std::string DefaultStrategyName(int data_parallel_size) {
+  return data_parallel_size > 1 ? "ddp" : "single";
+}
+
 absl::Status ValidateConfig(TrainConfig* cfg, int data_parallel_size,
                             const std::vector<std::string>& available_features) {
+  StrategyCatalog catalog;
+  catalog.features_of = [&](const std::string&) { return available_features; };
+  catalog.providers_of = [](const std::string& feature) {
+    FeatureProviders found;
+    for (auto& [name, origin] : Registry::Get().StrategiesProviding(feature)) {
+      found.strategies.push_back({name, origin});
+    }
+    return found;
+  };
+  return ValidateConfigWith(cfg, data_parallel_size, catalog);
+}
+
+absl::Status ValidateConfigWith(TrainConfig* cfg, int data_parallel_size,
+                                const StrategyCatalog& strategies) {
   if (data_parallel_size < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("data-parallel size (", data_parallel_size, ") must be >= 1"));
@@ -770,7 +863,7 @@ absl::Status ValidateConfig(TrainConfig* cfg, int data_parallel_size,
   CheckRun(c, cfg, data_parallel_size);
   CheckOptimizer(c, cfg);
   CheckScheduler(c, cfg);
-  CheckFeatures(c, cfg, available_features);
+  CheckFeatures(c, cfg, strategies);
   CheckModelAndData(c, cfg);
   return c.Status();
 }

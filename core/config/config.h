@@ -6,9 +6,15 @@
 //   2. ValidateConfig: fills in defaults and derived values (batch sizes, schedule length, ...)
 //      and rejects values that are out of range, unknown names and inconsistent combinations,
 //      naming the field(s) and the values. Every problem found is reported at once.
+//
+// Models, datasets and optimizers are not known here by name: validation looks them up in the
+// process's registry (core/registry.h), where their libraries registered them (models/,
+// core/optimizer.cc), and runs their validation hooks. Feature sections (fp16, zero_optimization,
+// ...) are checked against what the chosen strategy declares (StrategyTraits).
 #ifndef BRAID_CORE_CONFIG_CONFIG_H_
 #define BRAID_CORE_CONFIG_CONFIG_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -36,11 +42,46 @@ inline constexpr char kFeatureActivationCheckpointing[] = "activation_checkpoint
 // ZeRO stage N (1..3) is the feature "zeroN".
 std::string ZeroFeatureName(int stage);
 
+// The feature sections `cfg` asks for (fp16, bf16, zeroN, activation_checkpointing), by name.
+std::vector<std::string> RequestedFeatures(const TrainConfig& cfg);
+
+// The strategy of a config that names none: "single" for one process, "ddp" for more.
+std::string DefaultStrategyName(int data_parallel_size);
+
+// A strategy that declares a feature, for the message when the chosen one does not.
+struct FeatureProvider {
+  std::string strategy;  // its registered name
+  std::string origin;    // the plugin file that registered it (or "built-in", ...)
+};
+struct FeatureProviders {
+  std::vector<FeatureProvider> strategies;
+  // Plugin files that could not be loaded while looking, each with the reason.
+  std::vector<std::string> unloadable;
+};
+
+// What validation asks about strategies. Both are called only when the config requests a
+// feature section, with strategy.name after its default is filled in.
+struct StrategyCatalog {
+  // The features strategy `name` declares (may load its plugin). An error is reported as a
+  // problem of strategy.name.
+  std::function<absl::StatusOr<std::vector<std::string>>(const std::string& name)> features_of;
+  // The strategies that declare `feature` (the training program loads every plugin on the
+  // search path first); called only for a feature the chosen strategy lacks. Null: none known.
+  std::function<FeatureProviders(const std::string& feature)> providers_of;
+  // Which strategies providers_of looked at, for the message when none provides a feature.
+  std::string searched = "registered strategy";
+};
+
 // Fills defaults and derived values into `cfg` and checks it for a job with
 // `data_parallel_size` ranks. Sections needing a feature (fp16, bf16, zero_optimization.stage
-// > 0, activation_checkpointing) are rejected unless the feature's name is in
-// `available_features`. Call it once: afterwards the batch-size fields are all set, so calling
-// it again with another data-parallel size reports them as inconsistent.
+// > 0, activation_checkpointing) are rejected unless the chosen strategy provides the feature;
+// the message names the strategies that do. Call it once: afterwards the batch-size fields are
+// all set, so calling it again with another data-parallel size reports them as inconsistent.
+absl::Status ValidateConfigWith(TrainConfig* cfg, int data_parallel_size,
+                                const StrategyCatalog& strategies);
+
+// The same with the chosen strategy's features given as a list; the strategies that provide a
+// missing feature are looked up among those registered so far (nothing is loaded).
 absl::Status ValidateConfig(TrainConfig* cfg, int data_parallel_size,
                             const std::vector<std::string>& available_features);
 

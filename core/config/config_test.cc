@@ -5,6 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "core/check.h"
+#include "core/registry.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
@@ -15,6 +18,67 @@ namespace {
 using ::google::protobuf::util::MessageDifferencer;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using ::testing::Not;
+
+// Core knows no model or dataset by name (models/ registers the real ones, tested with their
+// messages in //models:config_test). Validation is tested here on doubles registered the same
+// way: a language model "toy-lm" (the default) and a classifier, a byte dataset "toy-bytes"
+// (the default), an image dataset and a token-file dataset. The optimizers are core's own.
+absl::StatusOr<std::unique_ptr<Module>> NoBuild(const ModelConfig&, uint64_t, Device) {
+  return absl::UnimplementedError("a test double");
+}
+
+const bool kDoublesRegistered = [] {
+  Registry& r = Registry::Get();
+  ModelSpec lm;
+  lm.build = NoBuild;
+  lm.fields = {"n_layer", "n_head", "n_embd", "block_size", "vocab_size"};
+  lm.takes = "tokens";
+  lm.is_default = true;
+  lm.validate = [](ModelConfig* m, const std::string& dataset_name, const DatasetSpec* dataset,
+                   ConfigProblems* problems) {
+    if (!m->has_n_head()) m->set_n_head(4);
+    if (!m->has_n_embd()) m->set_n_embd(256);
+    if (!m->has_vocab_size()) m->set_vocab_size(256);
+    if (m->n_embd() % m->n_head() != 0) {
+      problems->push_back(absl::StrCat("model.n_embd (", m->n_embd(),
+                                       ") is not a multiple of model.n_head (", m->n_head(), ")"));
+    }
+    if (dataset != nullptr && m->vocab_size() < dataset->vocab_size) {
+      problems->push_back(absl::StrCat("model.vocab_size (", m->vocab_size(), ") < ",
+                                       dataset->vocab_size, " of ", dataset_name));
+    }
+  };
+  BRAID_CHECK_OK(r.AddModel("toy-lm", lm, "config_test"));
+  ModelSpec classifier;
+  classifier.build = NoBuild;
+  classifier.fields = {"n_layer", "n_embd"};
+  classifier.takes = "images";
+  BRAID_CHECK_OK(r.AddModel("toy-classifier", classifier, "config_test"));
+
+  DatasetSpec bytes;
+  bytes.yields = "tokens";
+  bytes.token_dtypes = {"u8"};
+  bytes.default_token_dtype = "u8";
+  bytes.vocab_size = 256;
+  bytes.is_default = true;
+  BRAID_CHECK_OK(r.AddDataset("toy-bytes", bytes, "config_test"));
+  DatasetSpec images;
+  images.yields = "images";
+  BRAID_CHECK_OK(r.AddDataset("toy-images", images, "config_test"));
+  DatasetSpec tokens;
+  tokens.yields = "tokens";
+  tokens.token_dtypes = {"u8", "u16"};
+  tokens.default_token_dtype = "u16";
+  tokens.path_needed = "the token file's path";
+  BRAID_CHECK_OK(r.AddDataset("toy-tokens", tokens, "config_test"));
+
+  // A strategy that provides ZeRO stages 2 and 3, as a plugin would register it.
+  BRAID_CHECK_OK(r.AddStrategy(
+      "test_zero", [] { return std::unique_ptr<Strategy>(); }, "/some/dir/libbraid_test_zero.so",
+      StrategyTraits{{"zero2", "zero3"}}));
+  return true;
+}();
 
 TrainConfig Text(const std::string& text) {
   auto cfg = ParseTextConfig(text, "test.pbtxt");
@@ -229,8 +293,9 @@ TEST(ConfigValidate, EmptyConfigIsTheReferenceRun) {
   EXPECT_DOUBLE_EQ(p.weight_decay(), 0.1);
   EXPECT_EQ(cfg.scheduler().type(), "Constant");
   EXPECT_DOUBLE_EQ(cfg.gradient_clipping(), 0.0);
-  EXPECT_EQ(cfg.model().name(), "gpt-mini");
-  EXPECT_EQ(cfg.data().dataset(), "moby-dick");
+  // The registered defaults (here the doubles; gpt-mini on moby-dick in the training program).
+  EXPECT_EQ(cfg.model().name(), "toy-lm");
+  EXPECT_EQ(cfg.data().dataset(), "toy-bytes");
   EXPECT_EQ(cfg.data().sampler(), "random");
   EXPECT_EQ(cfg.data().seed(), 1234u);
   EXPECT_EQ(cfg.data().token_dtype(), "u8");
@@ -326,14 +391,18 @@ TEST(ConfigValidate, RejectsUnknownNamesListingTheKnownOnes) {
               AllOf(HasSubstr("optimizer.type \"Lamb\" is unknown"), HasSubstr("AdamW, SGD")));
   EXPECT_THAT(ValidationError("scheduler { type: \"OneCycle\" }"),
               AllOf(HasSubstr("scheduler.type \"OneCycle\""), HasSubstr("Constant, WarmupCosine")));
+  // Models and datasets: the registered names (here the doubles).
   EXPECT_THAT(ValidationError("model { name: \"gpt3\" }"),
-              AllOf(HasSubstr("model.name \"gpt3\""), HasSubstr("gpt-mini, gpt2-124m, mlp")));
+              AllOf(HasSubstr("model.name \"gpt3\" is unknown"),
+                    HasSubstr("known: toy-classifier, toy-lm")));
   EXPECT_THAT(ValidationError("data { dataset: \"cifar\" }"),
-              AllOf(HasSubstr("data.dataset \"cifar\""), HasSubstr("moby-dick, mnist, tokens")));
+              AllOf(HasSubstr("data.dataset \"cifar\" is unknown"),
+                    HasSubstr("known: toy-bytes, toy-images, toy-tokens")));
   EXPECT_THAT(ValidationError("data { sampler: \"shuffle\" }"),
               AllOf(HasSubstr("data.sampler \"shuffle\""), HasSubstr("random, sequential")));
-  EXPECT_THAT(ValidationError("data { dataset: \"tokens\" path: \"t.bin\" token_dtype: \"u32\" }"),
-              AllOf(HasSubstr("data.token_dtype \"u32\""), HasSubstr("u8, u16")));
+  EXPECT_THAT(
+      ValidationError("data { dataset: \"toy-tokens\" path: \"t.bin\" token_dtype: \"u32\" }"),
+      AllOf(HasSubstr("data.token_dtype \"u32\""), HasSubstr("u8, u16")));
   EXPECT_THAT(ValidationError("device: \"tpu\""), HasSubstr("device \"tpu\" is unknown"));
   EXPECT_THAT(ValidationError("device: \"cuda:x\""), HasSubstr("device \"cuda:x\""));
   EXPECT_THAT(ValidationError("device: \"cuda:-1\""), HasSubstr("device \"cuda:-1\""));
@@ -342,12 +411,14 @@ TEST(ConfigValidate, RejectsUnknownNamesListingTheKnownOnes) {
 TEST(ConfigValidate, NamesAreCaseInsensitiveAndStoredCanonical) {
   TrainConfig cfg = Text(R"pb(optimizer { type: "adamw" }
                               scheduler { type: "warmupcosine" }
-                              model { name: "GPT-Mini" }
+                              model { name: "TOY-Lm" }
+                              data { dataset: "Toy-Bytes" }
                               device: "cuda")pb");
   ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
   EXPECT_EQ(cfg.optimizer().type(), "AdamW");
   EXPECT_EQ(cfg.scheduler().type(), "WarmupCosine");
-  EXPECT_EQ(cfg.model().name(), "gpt-mini");
+  EXPECT_EQ(cfg.model().name(), "toy-lm");
+  EXPECT_EQ(cfg.data().dataset(), "toy-bytes");
   EXPECT_EQ(cfg.device(), "cuda:0");
 }
 
@@ -413,17 +484,22 @@ TEST(ConfigValidate, Scheduler) {
               AllOf(HasSubstr("warmup_num_steps, min_lr"), HasSubstr("\"WarmupCosine\" only")));
 }
 
-TEST(ConfigValidate, SectionsWithoutAPluginAreNotAvailableYet) {
+TEST(ConfigValidate, FeatureSectionsNeedAStrategyThatProvidesThem) {
+  // No registered strategy provides these: the message says so, in one problem.
   const std::pair<const char*, const char*> cases[] = {
-      {"fp16 { enabled: true }", "fp16 is not available yet: no plugin provides it"},
-      {"bf16 { enabled: true }", "bf16 is not available yet: no plugin provides it"},
-      {"zero_optimization { stage: 2 }",
-       "zero_optimization (stage 2) is not available yet: no plugin provides it"},
+      {"fp16 { enabled: true }", "fp16 needs a strategy that provides \"fp16\""},
+      {"bf16 { enabled: true }", "bf16 needs a strategy that provides \"bf16\""},
+      {"zero_optimization { stage: 1 }",
+       "zero_optimization (stage 1) needs a strategy that provides \"zero1\""},
       {"activation_checkpointing { }",
-       "activation_checkpointing is not available yet: no plugin provides it"},
+       "activation_checkpointing needs a strategy that provides \"activation_checkpointing\""},
   };
   for (const auto& [text, expected] : cases) {
-    EXPECT_THAT(ValidationError(text), HasSubstr(expected)) << text;
+    EXPECT_THAT(ValidationError(text),
+                AllOf(HasSubstr(expected), HasSubstr("strategy \"single\" does not"),
+                      HasSubstr("and no registered strategy does: it is not available yet"),
+                      Not(HasSubstr("problems"))))
+        << text;
     // Another feature does not help.
     EXPECT_THAT(ValidationError(text, 1, {"something_else"}), HasSubstr(expected)) << text;
   }
@@ -435,8 +511,13 @@ TEST(ConfigValidate, SectionsWithoutAPluginAreNotAvailableYet) {
   EXPECT_EQ(ValidationError("zero_optimization { stage: 2 } strategy { name: \"zero\" }", 2,
                             {ZeroFeatureName(2)}),
             "");
-  EXPECT_THAT(ValidationError("zero_optimization { stage: 3 }", 1, {ZeroFeatureName(2)}),
-              HasSubstr("zero_optimization (stage 3) is not available yet"));
+  // One stage does not imply another. A registered strategy that provides the feature is named,
+  // with its plugin's file.
+  EXPECT_EQ(ValidationError("zero_optimization { stage: 3 }", 1, {ZeroFeatureName(2)}),
+            "zero_optimization (stage 3) needs a strategy that provides \"zero3\"; strategy "
+            "\"single\" does not; use strategy.name \"test_zero\" (plugin libbraid_test_zero.so)");
+  EXPECT_THAT(ValidationError("zero_optimization { stage: 2 }", 2),
+              HasSubstr("strategy \"ddp\" does not; use strategy.name \"test_zero\""));
   // Disabled or stage 0 sections need nothing.
   EXPECT_EQ(ValidationError("fp16 { enabled: false loss_scale: 128 } bf16 { enabled: false } "
                             "zero_optimization { stage: 0 }"),
@@ -453,33 +534,119 @@ TEST(ConfigValidate, SectionsWithoutAPluginAreNotAvailableYet) {
   EXPECT_DOUBLE_EQ(cfg.fp16().loss_scale(), 0.0);  // dynamic, DeepSpeed's default
 }
 
-TEST(ConfigValidate, ModelAndData) {
+TEST(ConfigValidate, RequestedFeatures) {
+  EXPECT_TRUE(RequestedFeatures(Text("fp16 { enabled: false } zero_optimization { stage: 0 }"))
+                  .empty());
+  EXPECT_EQ(RequestedFeatures(Text("fp16 { enabled: true } bf16 { enabled: true } "
+                                   "zero_optimization { stage: 3 } activation_checkpointing {}")),
+            (std::vector<std::string>{"fp16", "bf16", "zero3", "activation_checkpointing"}));
+}
+
+// The training program's way: the catalog loads the chosen strategy, and every plugin when a
+// feature is missing.
+TEST(ConfigValidate, CatalogIsAskedOnlyForFeaturesWithTheFinalStrategyName) {
+  std::vector<std::string> asked_features_of, asked_providers_of;
+  StrategyCatalog catalog;
+  catalog.features_of = [&](const std::string& name) -> absl::StatusOr<std::vector<std::string>> {
+    asked_features_of.push_back(name);
+    if (name == "broken") return absl::NotFoundError("plugin 'broken' not found: looked for ...");
+    return std::vector<std::string>{"fp16"};
+  };
+  catalog.providers_of = [&](const std::string& feature) {
+    asked_providers_of.push_back(feature);
+    FeatureProviders found;
+    if (feature == "zero2") {
+      found.strategies = {{"zero", "/p/libbraid_zero.so"}, {"fsdp", "built-in"}};
+    }
+    found.unloadable = {"cannot load plugin /p/libbraid_junk.so: dlopen failed: not an ELF file"};
+    return found;
+  };
+  catalog.searched = "strategy in the plugins on the search path";
+  auto validate = [&](const std::string& text, int dp) {
+    TrainConfig cfg = Text(text);
+    absl::Status st = ValidateConfigWith(&cfg, dp, catalog);
+    return st.ok() ? "" : std::string(st.message());
+  };
+
+  // No feature section: nothing is loaded (so --print_config needs no plugin).
+  EXPECT_EQ(validate("steps: 3", 1), "");
+  EXPECT_TRUE(asked_features_of.empty());
+
+  // Asked once, with the default name filled in.
+  EXPECT_EQ(validate("fp16 { enabled: true }", 2), "");
+  EXPECT_EQ(asked_features_of, std::vector<std::string>{"ddp"});
+  EXPECT_TRUE(asked_providers_of.empty());
+
+  // Two providers, and the files that could not be loaded while looking, on one line.
+  std::string zero = validate("zero_optimization { stage: 2 } fp16 { enabled: true }", 1);
+  EXPECT_EQ(zero,
+            "zero_optimization (stage 2) needs a strategy that provides \"zero2\"; strategy "
+            "\"single\" does not; use strategy.name \"zero\" (plugin libbraid_zero.so) or "
+            "\"fsdp\" (built-in) (plugin files that could not be loaded while looking: cannot "
+            "load plugin /p/libbraid_junk.so: dlopen failed: not an ELF file)");
+  EXPECT_EQ(asked_providers_of, std::vector<std::string>{"zero2"});
+
+  EXPECT_THAT(validate("bf16 { enabled: true }", 1),
+              HasSubstr("bf16 needs a strategy that provides \"bf16\"; strategy \"single\" does "
+                        "not, and no strategy in the plugins on the search path does: it is not "
+                        "available yet"));
+
+  // A strategy that cannot be loaded is one problem, whatever the number of sections.
+  EXPECT_EQ(validate("strategy { name: \"broken\" } fp16 { enabled: true } "
+                     "activation_checkpointing {}",
+                     1),
+            "strategy.name \"broken\" (needed to check fp16): plugin 'broken' not found: looked "
+            "for ...");
+}
+
+TEST(ConfigValidate, ModelAndDataAgainstTheirRegistrations) {
+  // The model's hook: its defaults and its rules.
+  TrainConfig cfg;
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  EXPECT_EQ(cfg.model().n_head(), 4);
+  EXPECT_EQ(cfg.model().n_embd(), 256);
+  EXPECT_FALSE(cfg.model().has_n_layer());
   EXPECT_THAT(ValidationError("model { n_embd: 250 }"),
               AllOf(HasSubstr("model.n_embd (250)"), HasSubstr("model.n_head (4)")));
-  EXPECT_THAT(ValidationError("model { n_head: 5 }"),
-              AllOf(HasSubstr("model.n_embd (256)"), HasSubstr("model.n_head (5)")));
   EXPECT_EQ(ValidationError("model { n_head: 8 n_layer: 2 }"), "");
-  EXPECT_THAT(ValidationError("model { name: \"mlp\" }"),
-              AllOf(HasSubstr("model.name \"mlp\""), HasSubstr("data.dataset \"moby-dick\"")));
-  EXPECT_THAT(ValidationError("data { dataset: \"mnist\" }"),
-              AllOf(HasSubstr("model.name \"gpt-mini\""), HasSubstr("data.dataset \"mnist\"")));
-  EXPECT_EQ(ValidationError("model { name: \"mlp\" n_layer: 2 n_embd: 128 } "
-                            "data { dataset: \"mnist\" }"),
-            "");
-  EXPECT_THAT(ValidationError("model { name: \"mlp\" block_size: 8 } data { dataset: \"mnist\" }"),
-              HasSubstr("model.block_size does not apply to model \"mlp\""));
   EXPECT_THAT(ValidationError("model { vocab_size: 100 }"),
-              AllOf(HasSubstr("model.vocab_size (100)"), HasSubstr("moby-dick")));
-  EXPECT_THAT(ValidationError("data { token_dtype: \"u16\" }"),
-              HasSubstr("data.token_dtype (\"u16\") must be \"u8\""));
-  EXPECT_THAT(ValidationError("data { dataset: \"tokens\" }"), HasSubstr("data.path is empty"));
-  EXPECT_THAT(
-      ValidationError("model { name: \"mlp\" } data { dataset: \"mnist\" token_dtype: \"u8\" }"),
-      HasSubstr("data.token_dtype (\"u8\") does not apply"));
+              HasSubstr("model.vocab_size (100) < 256 of toy-bytes"));
+  // The hook runs only on fields that passed the generic checks (no division by n_head 0).
+  EXPECT_EQ(ValidationError("model { n_head: 0 }"), "model.n_head (0) must be >= 1");
 
-  TrainConfig cfg = Text("model { name: \"gpt2-124m\" } data { dataset: \"tokens\" path: \"x\" }");
+  // Fields the model does not take.
+  EXPECT_EQ(ValidationError("model { name: \"toy-classifier\" block_size: 8 } "
+                            "data { dataset: \"toy-images\" }"),
+            "model.block_size does not apply to model \"toy-classifier\" (it takes n_layer and "
+            "n_embd only)");
+  EXPECT_EQ(ValidationError("model { name: \"toy-classifier\" n_layer: 2 n_embd: 128 } "
+                            "data { dataset: \"toy-images\" }"),
+            "");
+
+  // What the model takes against what the dataset yields.
+  EXPECT_EQ(ValidationError("model { name: \"toy-classifier\" }"),
+            "model.name \"toy-classifier\" cannot train on data.dataset \"toy-bytes\": "
+            "\"toy-classifier\" takes images (data.dataset \"toy-images\"), \"toy-bytes\" yields "
+            "tokens");
+  EXPECT_THAT(ValidationError("data { dataset: \"toy-images\" }"),
+              AllOf(HasSubstr("model.name \"toy-lm\""), HasSubstr("data.dataset \"toy-images\""),
+                    HasSubstr("(data.dataset \"toy-bytes\" or \"toy-tokens\")")));
+
+  // The dataset's token widths and path.
+  EXPECT_EQ(ValidationError("data { token_dtype: \"u16\" }"),
+            "data.token_dtype (\"u16\") must be \"u8\" for data.dataset \"toy-bytes\"");
+  EXPECT_EQ(ValidationError("model { name: \"toy-classifier\" } "
+                            "data { dataset: \"toy-images\" token_dtype: \"u8\" }"),
+            "data.token_dtype (\"u8\") does not apply to data.dataset \"toy-images\" (it has no "
+            "tokens)");
+  EXPECT_EQ(ValidationError("data { dataset: \"toy-tokens\" }"),
+            "data.path is empty: data.dataset \"toy-tokens\" needs the token file's path");
+  cfg = Text("data { dataset: \"toy-tokens\" path: \"x\" }");
   ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
   EXPECT_EQ(cfg.data().token_dtype(), "u16");
+  cfg = Text("data { dataset: \"toy-tokens\" path: \"x\" token_dtype: \"U8\" }");
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  EXPECT_EQ(cfg.data().token_dtype(), "u8");
 }
 
 TEST(ConfigValidate, Strategy) {

@@ -21,11 +21,22 @@ printf 'steps: 2\nmodle { name: "gpt-mini" }\n' > "$tmp/typo.pbtxt"
 printf '{"steps": "many"}\n' > "$tmp/wrong_type.json"
 printf 'train_batch_size: 48\ntrain_micro_batch_size_per_gpu: 16\ngradient_accumulation_steps: 2\n' > "$tmp/batch.pbtxt"
 printf 'fp16 { enabled: true }\n' > "$tmp/fp16.pbtxt"
+printf 'zero_optimization { stage: 2 }\n' > "$tmp/zero2.pbtxt"
 echo "not a safetensors file" > "$tmp/bad.safetensors"
 expect unknown-field 'typo.pbtxt:2:1: unknown field "modle"' -- "$train" --config="$tmp/typo.pbtxt" --log_dir="$tmp/l"
 expect wrong-type 'steps.*many' -- "$train" --config="$tmp/wrong_type.json" --log_dir="$tmp/l"
 expect batch-mismatch 'train_batch_size \(48\)' -- "$train" --config="$tmp/batch.pbtxt" --log_dir="$tmp/l"
 expect not-available 'fp16.*not available yet' -- "$train" --config="$tmp/fp16.pbtxt" --log_dir="$tmp/l"
+# A feature the default strategy lacks: one line naming the feature and the strategy, and either
+# the strategy (and plugin) that provides it or that none on the plugin search path does.
+zero_pattern='^braid train: zero_optimization \(stage 2\) needs a strategy that provides "zero2"; strategy "single" does not(; use strategy.name "[^"]+" \(plugin libbraid_[^ ]+\.so\)|, and no strategy in the plugins on the search path does: it is not available yet)'
+expect zero-needs-a-strategy "$zero_pattern" -- "$train" --config="$tmp/zero2.pbtxt" --log_dir="$tmp/l"
+zero_out=$(timeout 60 "$train" --config="$tmp/zero2.pbtxt" --log_dir="$tmp/l" 2>&1)
+if [ "$(printf '%s\n' "$zero_out" | wc -l)" != 1 ]; then
+  echo "FAIL zero-one-line: want one line, got:"; echo "$zero_out" | head -5; fails=$((fails+1))
+else
+  echo "ok   zero-one-line"
+fi
 expect missing-config 'no-such.pbtxt' -- "$train" --config="$tmp/no-such.pbtxt" --log_dir="$tmp/l"
 expect unknown-strategy "nosuch.*(searched|looked)" -- "$train" --strategy=nosuch --steps=1 --log_dir="$tmp/l"
 expect plugin-path-missing 'libbraid_gone.so' -- env BRAID_PLUGIN_PATH=/nonexistent "$train" --steps=1 --log_dir="$tmp/l" --strategy=gone

@@ -1,0 +1,35 @@
+// Registers the datasets the training program can load (core/registry.h), described by what
+// they yield so that config validation can check the model and the data section against them.
+#include <string>
+
+#include "core/check.h"
+#include "core/registry.h"
+
+namespace braid::data {
+namespace {
+
+const bool kRegistered = [] {
+  Registry& r = Registry::Get();
+  DatasetSpec moby;  // the novel's text, one token per byte (find_data.h: kMobyDickText)
+  moby.yields = "tokens";
+  moby.token_dtypes = {"u8"};
+  moby.default_token_dtype = "u8";
+  moby.vocab_size = 256;
+  moby.is_default = true;  // the reference run (docs/REFERENCE_RUN.md)
+  BRAID_CHECK_OK(r.AddDataset("moby-dick", moby, "models/data"));
+
+  DatasetSpec mnist;  // 28x28 grey digits with their labels (mnist.h)
+  mnist.yields = "labelled 28x28 images";
+  BRAID_CHECK_OK(r.AddDataset("mnist", mnist, "models/data"));
+
+  DatasetSpec tokens;  // a flat binary file of token ids (token_data.h)
+  tokens.yields = "tokens";
+  tokens.token_dtypes = {"u8", "u16"};
+  tokens.default_token_dtype = "u16";
+  tokens.path_needed = "the token file's path";
+  BRAID_CHECK_OK(r.AddDataset("tokens", tokens, "models/data"));
+  return true;
+}();
+
+}  // namespace
+}  // namespace braid::data
