@@ -288,6 +288,11 @@ std::unique_ptr<LrSchedule> WarmupCosineLr(float max_lr, float min_lr, int64_t w
 }
 
 float ClipGradNorm(const std::vector<Tensor>& params, float max_norm) {
+  return ClipGradNormSharded(params, max_norm, [](double local) { return local; });
+}
+
+float ClipGradNormSharded(const std::vector<Tensor>& params, float max_norm,
+                          const std::function<double(double)>& global_sum) {
   double total = 0;
   for (const Tensor& p : params) {
     Tensor g = p.grad();
@@ -298,7 +303,7 @@ float ClipGradNorm(const std::vector<Tensor>& params, float max_norm) {
     kernels::sum_all.Get(g.device())(sq, s);
     total += double(s.item());
   }
-  double norm = std::sqrt(total);
+  double norm = std::sqrt(global_sum(total));
   if (max_norm > 0 && norm > max_norm) {
     float scale = float(max_norm / (norm + 1e-6));
     for (const Tensor& p : params) {
@@ -309,4 +314,89 @@ float ClipGradNorm(const std::vector<Tensor>& params, float max_norm) {
   return float(norm);
 }
 
+}  // namespace braid
+
+// ---------------------------------------------------------------------------------------------
+// Registration of the built-in optimizers (core/registry.h): config validation and the training
+// program find "AdamW" and "SGD" by name in the registry, as they will find plugins' optimizers.
+// (Kept apart, with its own includes, from the optimizers above.)
+
+#include "core/config/train_config.pb.h"
+#include "core/registry.h"
+
+namespace braid {
+namespace {
+
+constexpr double kAdamWDefaultBeta1 = 0.9, kAdamWDefaultBeta2 = 0.95;  // GPT training's
+constexpr double kAdamWDefaultEps = 1e-8;
+constexpr double kAdamWDefaultWeightDecay = 0.1;
+
+void CheckUnitInterval(const std::string& field, double v, ConfigProblems* problems) {  // [0, 1)
+  if (!(v >= 0 && v < 1)) problems->push_back(absl::StrCat(field, " (", v, ") must be in [0, 1)"));
+}
+
+void ValidateAdamW(config::OptimizerConfig* opt, ConfigProblems* problems) {
+  config::OptimizerParams* p = opt->mutable_params();
+  if (!p->has_weight_decay()) p->set_weight_decay(kAdamWDefaultWeightDecay);
+  if (p->betas_size() == 0) {
+    p->add_betas(kAdamWDefaultBeta1);
+    p->add_betas(kAdamWDefaultBeta2);
+  } else if (p->betas_size() != 2) {
+    problems->push_back(absl::StrCat("optimizer.params.betas has ", p->betas_size(),
+                                     " value(s) [", absl::StrJoin(p->betas(), ", "),
+                                     "]; it needs exactly 2 (beta1, beta2)"));
+  } else {
+    CheckUnitInterval("optimizer.params.betas[0]", p->betas(0), problems);
+    CheckUnitInterval("optimizer.params.betas[1]", p->betas(1), problems);
+  }
+  if (!p->has_eps()) p->set_eps(kAdamWDefaultEps);
+  if (!(std::isfinite(p->eps()) && p->eps() > 0)) {
+    problems->push_back(
+        absl::StrCat("optimizer.params.eps (", p->eps(), ") must be a finite number > 0"));
+  }
+}
+
+void ValidateSgd(config::OptimizerConfig* opt, ConfigProblems* problems) {
+  config::OptimizerParams* p = opt->mutable_params();
+  if (!p->has_weight_decay()) p->set_weight_decay(0.0);
+  if (!p->has_momentum()) p->set_momentum(0.0);
+  if (!p->has_nesterov()) p->set_nesterov(false);
+  CheckUnitInterval("optimizer.params.momentum", p->momentum(), problems);
+  if (p->nesterov() && !(p->momentum() > 0)) {
+    problems->push_back(absl::StrCat(
+        "optimizer.params.nesterov needs optimizer.params.momentum > 0 (it is ", p->momentum(),
+        ")"));
+  }
+}
+
+const bool kBuiltInOptimizersRegistered = [] {
+  OptimizerSpec adamw;
+  adamw.params = {"betas", "eps"};
+  adamw.validate = ValidateAdamW;
+  adamw.is_default = true;  // the reference run's
+  adamw.make = [](std::vector<ParamGroup> groups, const config::OptimizerConfig& opt) {
+    const config::OptimizerParams& p = opt.params();
+    AdamWOptions o;
+    if (p.betas_size() == 2) {
+      o.beta1 = float(p.betas(0));
+      o.beta2 = float(p.betas(1));
+    }
+    if (p.has_eps()) o.eps = float(p.eps());
+    return MakeAdamW(std::move(groups), o);
+  };
+  OptimizerSpec sgd;
+  sgd.params = {"momentum", "nesterov"};
+  sgd.validate = ValidateSgd;
+  sgd.make = [](std::vector<ParamGroup> groups, const config::OptimizerConfig& opt) {
+    SgdOptions o;
+    o.momentum = float(opt.params().momentum());
+    o.nesterov = opt.params().nesterov();
+    return MakeSgd(std::move(groups), o);
+  };
+  BRAID_CHECK_OK(Registry::Get().AddOptimizer("AdamW", std::move(adamw)));
+  BRAID_CHECK_OK(Registry::Get().AddOptimizer("SGD", std::move(sgd)));
+  return true;
+}();
+
+}  // namespace
 }  // namespace braid

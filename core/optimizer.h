@@ -4,6 +4,7 @@
 #ifndef BRAID_CORE_OPTIMIZER_H_
 #define BRAID_CORE_OPTIMIZER_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -68,6 +69,11 @@ std::unique_ptr<LrSchedule> WarmupCosineLr(float max_lr, float min_lr, int64_t w
 // Scales the gradients of `params` so that their global L2 norm is at most max_norm (as
 // PyTorch's clip_grad_norm_); returns the norm before clipping. max_norm <= 0: measure only.
 float ClipGradNorm(const std::vector<Tensor>& params, float max_norm);
+// The same for gradients sharded across ranks (ZeRO): `global_sum` turns this rank's sum of
+// squares into the sum over every rank (an all-reduce), so every rank gets the same norm and
+// scales its shard by the same factor.
+float ClipGradNormSharded(const std::vector<Tensor>& params, float max_norm,
+                          const std::function<double(double)>& global_sum);
 
 }  // namespace braid
 

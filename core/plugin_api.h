@@ -11,7 +11,7 @@
 
 #include <stdint.h>
 
-#define BRAID_PLUGIN_ABI_VERSION 3u
+#define BRAID_PLUGIN_ABI_VERSION 4u
 
 #ifdef __cplusplus
 namespace braid {

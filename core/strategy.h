@@ -21,6 +21,10 @@
 
 namespace braid {
 
+namespace config {
+class TrainConfig;  // core/config/train_config.proto
+}  // namespace config
+
 struct Batch {
   Tensor inputs;
   Tensor targets;
@@ -49,6 +53,11 @@ struct StrategyContext {
   // How to build another copy of the model; null when the program cannot (strategies that need
   // replicas then fail Setup saying so).
   ModuleFactory make_replica;
+  // The whole validated training config (core/config/train_config.proto), for the sections a
+  // strategy implements (zero_optimization, fp16, ...: the features it declares in
+  // StrategyTraits). Null when the caller has none (tests). A plugin reads it through
+  // //core/config:train_config_headers, never by linking the config library.
+  const config::TrainConfig* config = nullptr;
 };
 
 struct StepStats {
@@ -82,6 +91,31 @@ class Strategy {
   virtual Optimizer* optimizer() = 0;
   // The full model state (gathered if sharded), named as the model names it.
   virtual absl::StatusOr<std::map<std::string, Tensor>> FullStateDict() = 0;
+  // Loads full (unsharded) weights named as the model names them (--init_from): a strategy that
+  // shards parameters keeps this rank's part. Called after Setup.
+  virtual absl::Status LoadFullStateDict(const std::map<std::string, Tensor>& state) = 0;
+
+  // Which shard of the data this rank reads: its place in the data-parallel group (after
+  // Setup). Every rank is a data-parallel replica under single, DDP and ZeRO; pipeline and
+  // tensor parallelism make several ranks read the same data.
+  virtual int data_parallel_rank() const = 0;
+  virtual int data_parallel_size() const = 0;
+
+  // Runs `eval` (forwards only, under NoGradGuard) on the model as this strategy holds it: a
+  // strategy that shards parameters gathers each layer's around its forward. Called on every
+  // rank at the same point.
+  virtual absl::Status Evaluate(const std::function<void(Module&)>& eval) = 0;
+
+  // True when the strategy wants the model built with deferred initialisation
+  // (core/deferred_init.h): no parameter memory until the strategy materialises what this rank
+  // holds (ZeRO-3 keeps only its shard, with the values a full initialisation would give).
+  // Asked before the model is built, with the context Setup will get (its model-independent
+  // fields: communicator, device, options, config).
+  virtual bool wants_deferred_init(const StrategyContext& ctx) const { return false; }
+
+  // Peak bytes this rank held for the model's state, by kind ("parameters", "gradients",
+  // "optimizer state", "transient"), for the training summary; empty when not tracked.
+  virtual std::vector<std::pair<std::string, int64_t>> ModelStatePeaks() const { return {}; }
 };
 
 using StrategyFactory = std::function<std::unique_ptr<Strategy>()>;

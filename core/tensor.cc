@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -19,16 +20,67 @@ int64_t NumElements(const Shape& s) {
   return n;
 }
 
-Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
-  data_ = GetAllocator(device)->Allocate(bytes);
+Storage::Storage(size_t bytes, Device device, bool allocate) : bytes_(bytes), device_(device) {
+  if (allocate) {
+    data_ = GetAllocator(device)->Allocate(bytes);
+  } else {
+    released_ = true;
+  }
 }
 
-Storage::~Storage() { GetAllocator(device_)->Deallocate(data_, bytes_); }
+Storage::~Storage() {
+  if (!released_) GetAllocator(device_)->Deallocate(data_, bytes_);
+}
+
+void Storage::Release() {
+  if (released_) return;
+  GetAllocator(device_)->Deallocate(data_, bytes_);
+  data_ = nullptr;
+  released_ = true;
+}
+
+void Storage::Reallocate() {
+  if (!released_) return;
+  data_ = GetAllocator(device_)->Allocate(bytes_);
+  released_ = false;
+}
+
+void Tensor::FailReleased() const {
+  BRAID_CHECK(false) << "tensor " << DescribeForError()
+                     << " has no memory: its storage is released (a sharded parameter used "
+                        "outside its gather, or a deferred one never materialised)";
+  std::abort();
+}
+
+void Tensor::RebindTo(const Tensor& source) const {
+  BRAID_CHECK(defined() && source.defined()) << "RebindTo of an undefined tensor";
+  BRAID_CHECK(shape() == source.shape() && dtype() == source.dtype())
+      << "RebindTo: " << DescribeForError() << " cannot become a view of "
+      << source.DescribeForError() << " (shape and dtype must match)";
+  impl_->storage = source.storage();
+  impl_->offset = source.storage_offset();
+  impl_->grad.reset();
+}
+
+void Tensor::MoveTo(Device device) const {
+  if (this->device() == device) return;
+  RebindTo(Detach().To(device));
+}
 
 Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape) BRAID_CHECK(d >= 0) << "negative dimension in shape " << ShapeToString(shape);
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(size_t(NumElements(shape)) * SizeOf(dtype), device);
+  impl->shape = shape;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::Unallocated(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape) BRAID_CHECK(d >= 0) << "negative dimension in shape " << ShapeToString(shape);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(size_t(NumElements(shape)) * SizeOf(dtype), device,
+                                            /*allocate=*/false);
   impl->shape = shape;
   impl->dtype = dtype;
   return Tensor(std::move(impl));

@@ -27,9 +27,16 @@ std::string ShapeToString(const Shape& s);
 int64_t NumElements(const Shape& s);
 
 // Raw device memory owned by one allocator. Shared by all views of it.
+//
+// The memory can be given back while the Storage object lives on, and allocated again later:
+// strategies that shard parameters (ZeRO-3) release a layer's gathered parameters after its
+// forward and refill them before its backward, and every view of the storage (the model's
+// parameters, the autograd graph's saved tensors) sees the refilled values. A storage can also
+// be created released (deferred initialisation). Reading a released storage is a fatal error.
 class Storage {
  public:
-  Storage(size_t bytes, Device device);
+  // `allocate` false: created released (no memory until Reallocate).
+  Storage(size_t bytes, Device device, bool allocate = true);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -37,10 +44,17 @@ class Storage {
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
 
+  bool released() const { return released_; }
+  // Gives the memory back to the device's allocator (a no-op when already released).
+  void Release();
+  // Allocates the memory again; the contents are uninitialised (a no-op when not released).
+  void Reallocate();
+
  private:
-  void* data_;
+  void* data_ = nullptr;
   size_t bytes_;
   Device device_;
+  bool released_ = false;
 };
 
 class Tensor;
@@ -59,6 +73,11 @@ struct TensorImpl {
   std::shared_ptr<autograd::Node> grad_accumulator;  // leaves only, made on first use
   std::vector<std::pair<uint64_t, GradHook>> post_accumulate_hooks;
   std::string name;  // parameters carry their state-dict name, for error messages
+  // Optimizer grouping: false for parameters that take no weight decay (biases, norms). Set by
+  // the model, so it survives flattening and sharding (a strategy copies it to its shards).
+  bool weight_decay = true;
+  // Deferred initialisation (core/deferred_init.h): how to produce the initial values.
+  std::shared_ptr<const std::function<void(float*, int64_t, int64_t)>> initializer;
 };
 
 class Tensor {
@@ -75,6 +94,9 @@ class Tensor {
   static Tensor FromVector(const std::vector<T>& values, const Shape& shape,
                            Device device = Device::CPU());
   static Tensor Scalar(float v, Device device = Device::CPU()) { return Full({}, v, DType::kF32, device); }
+  // A tensor whose storage is created released: shape and dtype only, no memory yet.
+  static Tensor Unallocated(const Shape& shape, DType dtype = DType::kF32,
+                            Device device = Device::CPU());
 
   bool defined() const { return impl_ != nullptr; }
   const Shape& shape() const { return impl_->shape; }
@@ -85,8 +107,11 @@ class Tensor {
   DType dtype() const { return impl_->dtype; }
   Device device() const { return impl_->storage->device(); }
   void* raw_data() const {
+    if (impl_->storage->released()) FailReleased();
     return static_cast<char*>(impl_->storage->data()) + impl_->offset * SizeOf(impl_->dtype);
   }
+  // False while the storage's memory is released (a sharded or not yet initialised parameter).
+  bool has_data() const { return !impl_->storage->released(); }
   template <typename T>
   T* data() const {
     BRAID_CHECK(impl_->dtype == DTypeOf<T>::value)
@@ -105,6 +130,16 @@ class Tensor {
   Tensor FlatRange(int64_t offset, int64_t numel, const Shape& shape = {}) const;
   // Same storage, no autograd history: never differentiable.
   Tensor Detach() const;
+
+  // Re-homing, for strategies (plugins never write a tensor's internals): this tensor becomes a
+  // view of `source`'s storage at `source`'s offset, keeping its identity, so every handle to it
+  // (the model's, the optimizer's) follows. Same shape and dtype required; the values are now
+  // `source`'s; its gradient is dropped. This is how a strategy puts parameters into one flat
+  // buffer, or onto another device.
+  // (const: it changes the tensor every handle shares, not this handle.)
+  void RebindTo(const Tensor& source) const;
+  // Moves the values to `device` the same way (a no-op when already there).
+  void MoveTo(Device device) const;
 
   // Copies (new storage).
   Tensor Clone() const;
@@ -137,6 +172,12 @@ class Tensor {
   uint64_t RegisterPostAccumulateGradHook(GradHook hook);
   void RemoveHook(uint64_t id);
 
+  bool weight_decay() const { return impl_->weight_decay; }
+  Tensor& set_weight_decay(bool on) {
+    impl_->weight_decay = on;
+    return *this;
+  }
+
   const std::string& name() const { return impl_->name; }
   Tensor& set_name(const std::string& n) {
     impl_->name = n;
@@ -146,6 +187,7 @@ class Tensor {
   std::string ToString(int max_values = 8) const;
 
  private:
+  [[noreturn]] void FailReleased() const;
   std::shared_ptr<TensorImpl> impl_;
 };
 

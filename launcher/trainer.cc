@@ -24,6 +24,7 @@
 #include "core/safetensors.h"
 #include "core/store.h"
 #include "launcher/net.h"
+#include "core/deferred_init.h"
 #include "core/strategy.h"
 #include "models/data/distributed_sampler.h"
 #include "models/data/find_data.h"
@@ -117,30 +118,10 @@ class MnistBatches : public BatchSource {
   int64_t pos_ = 0, epoch_ = 0;
 };
 
+// The model's library registered it (models/gpt, models/mlp); validation has checked the model
+// section against it and filled in its defaults.
 absl::StatusOr<std::unique_ptr<Module>> BuildModel(const TrainConfig& cfg, Device device) {
-  const auto& m = cfg.model();
-  if (m.name() == "mlp") {
-    models::MlpConfig mc;
-    mc.seed = cfg.seed();
-    if (m.has_n_embd()) mc.hidden = m.n_embd();
-    if (m.has_n_layer() && m.n_layer() != 1) {
-      return absl::UnimplementedError(absl::StrCat(
-          "model.n_layer = ", m.n_layer(), " for mlp: Braid's mlp has exactly one hidden layer"));
-    }
-    return std::unique_ptr<Module>(std::make_unique<models::Mlp>(mc, device));
-  }
-  BRAID_ASSIGN_OR_RETURN(models::GptConfig gc, models::GptConfig::ByName(m.name()));
-  if (m.has_n_layer()) gc.n_layer = m.n_layer();
-  if (m.has_n_head()) gc.n_head = m.n_head();
-  if (m.has_n_embd()) gc.n_embd = m.n_embd();
-  if (m.has_block_size()) gc.block_size = m.block_size();
-  if (m.has_vocab_size()) {
-    gc.vocab_size = m.vocab_size();
-    gc.padded_vocab_size = std::max<int64_t>(gc.vocab_size, (gc.vocab_size + 63) / 64 * 64);
-    if (gc.vocab_size == 256) gc.padded_vocab_size = 256;
-  }
-  gc.seed = cfg.seed();
-  return std::unique_ptr<Module>(std::make_unique<models::Gpt>(gc, device));
+  return Registry::Get().MakeModel(cfg.model().name(), cfg.model(), cfg.seed(), device);
 }
 
 int64_t ContextOf(const TrainConfig& cfg, Module& model) {
@@ -148,8 +129,9 @@ int64_t ContextOf(const TrainConfig& cfg, Module& model) {
   return 1;
 }
 
+// `dp_rank` of `dp_size`: this rank's place in the data-parallel group (the strategy says).
 absl::StatusOr<std::unique_ptr<BatchSource>> BuildData(const TrainConfig& cfg, Module& model,
-                                                       const TrainerEnv& env, Device device) {
+                                                       int dp_rank, int dp_size, Device device) {
   const auto& d = cfg.data();
   int64_t batch = cfg.train_micro_batch_size_per_gpu();
   if (d.dataset() == "mnist") {
@@ -157,7 +139,7 @@ absl::StatusOr<std::unique_ptr<BatchSource>> BuildData(const TrainConfig& cfg, M
     data::DistributedSamplerOptions o;
     o.seed = d.seed();
     BRAID_ASSIGN_OR_RETURN(auto sampler, data::DistributedSampler::Create(
-                                             split.train.size(), env.rank, env.world_size, o));
+                                             split.train.size(), dp_rank, dp_size, o));
     return std::unique_ptr<BatchSource>(
         std::make_unique<MnistBatches>(std::move(split), std::move(sampler), batch, device));
   }
@@ -170,12 +152,12 @@ absl::StatusOr<std::unique_ptr<BatchSource>> BuildData(const TrainConfig& cfg, M
   auto shared = std::make_shared<const data::TokenFile>(std::move(file));
   int64_t t = ContextOf(cfg, model);
   if (d.sampler() == "sequential") {
-    BRAID_ASSIGN_OR_RETURN(auto s, data::SequentialLoader::Create(shared, batch, t, env.rank,
-                                                                  env.world_size, device));
+    BRAID_ASSIGN_OR_RETURN(auto s, data::SequentialLoader::Create(shared, batch, t, dp_rank,
+                                                                  dp_size, device));
     return std::unique_ptr<BatchSource>(std::make_unique<Sequential>(std::move(s), batch * t));
   }
   BRAID_ASSIGN_OR_RETURN(auto s, data::RandomWindowSampler::Create(shared, batch, t, d.seed(),
-                                                                   env.rank, device));
+                                                                   dp_rank, device));
   return std::unique_ptr<BatchSource>(std::make_unique<RandomWindows>(std::move(s)));
 }
 
@@ -192,17 +174,11 @@ OptimizerFactory MakeOptimizerFactory(const TrainConfig& cfg) {
     for (ParamGroup* g : {&decay, &no_decay}) {
       if (!g->params.empty()) groups.push_back(*g);
     }
-    if (cfg.optimizer().type() == "SGD") {
-      SgdOptions o;
-      o.momentum = float(p.momentum());
-      o.nesterov = p.nesterov();
-      return MakeSgd(std::move(groups), o);
-    }
-    AdamWOptions o;
-    o.beta1 = float(p.betas(0));
-    o.beta2 = float(p.betas(1));
-    o.eps = float(p.eps());
-    return MakeAdamW(std::move(groups), o);
+    // Registered by core (AdamW, SGD) or a plugin; validation checked the name.
+    absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
+        Registry::Get().MakeOptimizer(cfg.optimizer().type(), std::move(groups), cfg.optimizer());
+    BRAID_CHECK(optimizer.ok()) << optimizer.status().ToString();
+    return std::move(*optimizer);
   };
 }
 
@@ -303,14 +279,13 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   }
 
   if (!env.plugin_origin.empty()) rep.Note(absl::StrCat("braid: plugins ", env.plugin_origin));
-  BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Module> model, BuildModel(cfg, device));
+  // Read (and checked) before any communication, so a bad file fails at once on every rank.
+  std::map<std::string, Tensor> init_weights;
   if (!cfg.init_from().empty()) {
-    BRAID_ASSIGN_OR_RETURN(auto weights, LoadSafetensors(cfg.init_from()));
+    BRAID_ASSIGN_OR_RETURN(init_weights, LoadSafetensors(cfg.init_from()));
     // PyTorch's nanoGPT state dict also carries the tied head under its own name.
-    auto head = weights.find("lm_head.weight");
-    if (head != weights.end() && weights.count("wte.weight")) weights.erase(head);
-    absl::Status st = model->LoadStateDict(weights, /*strict=*/true);
-    if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat(cfg.init_from(), ": ", st.message()));
+    auto head = init_weights.find("lm_head.weight");
+    if (head != init_weights.end() && init_weights.count("wte.weight")) init_weights.erase(head);
   }
 
   // The strategy: a plugin found by name on the search path, or an explicit .so.
@@ -360,21 +335,38 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   ctx.device = device;
   for (auto& [k, v] : cfg.strategy().options()) ctx.options[k] = v;
   ctx.max_grad_norm = float(cfg.gradient_clipping());
+  ctx.config = &cfg;  // the sections the strategy implements (zero_optimization, ...)
   // Strategies that keep several copies of the model (dp) build them with the same config.
   ctx.make_replica = [&cfg](Device d) -> std::unique_ptr<Module> {
     auto m = BuildModel(cfg, d);
     return m.ok() ? std::move(*m) : nullptr;
   };
+  // The model, built whole, or without parameter memory when the strategy materialises only
+  // what this rank keeps (ZeRO-3): every rank then never holds the whole model.
+  std::unique_ptr<Module> model;
+  if (strategy->wants_deferred_init(ctx)) {
+    DeferredInitScope deferred;
+    BRAID_ASSIGN_OR_RETURN(model, BuildModel(cfg, device));
+  } else {
+    BRAID_ASSIGN_OR_RETURN(model, BuildModel(cfg, device));
+  }
   BRAID_RETURN_IF_ERROR(strategy->Setup(*model, MakeOptimizerFactory(cfg), ctx));
+  // Applied after Setup: a strategy that shards parameters keeps only this rank's part.
+  if (!cfg.init_from().empty()) {
+    absl::Status st = strategy->LoadFullStateDict(init_weights);
+    if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat(cfg.init_from(), ": ", st.message()));
+  }
 
-  BRAID_ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source, BuildData(cfg, *model, env, device));
+  BRAID_ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source, BuildData(cfg, *model, strategy->data_parallel_rank(),
+                                   strategy->data_parallel_size(), device));
   std::unique_ptr<LrSchedule> schedule = MakeSchedule(cfg);
   LossFn loss_fn = [](Module& m, const Batch& b) { return ops::CrossEntropy(m(b.inputs), b.targets); };
 
   const int steps = cfg.steps();
   const int accum = cfg.gradient_accumulation_steps();
   const int print_every = std::max(1, cfg.log().print_every());
-  const int64_t tokens_per_step = source->TokensPerBatch() * accum * env.world_size;
+  const int64_t tokens_per_step =
+      source->TokensPerBatch() * accum * strategy->data_parallel_size();
   const char* unit = cfg.data().dataset() == "mnist" ? "samples" : "tok";
   rep.Line(absl::StrFormat(
       "braid: training %s (%d parameters) on %s, strategy %s, %d step(s) of %d %s "
@@ -450,6 +442,18 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
       result.median_tokens_per_s, unit, double(result.peak_bytes) / (1 << 20),
       double(peak_rss) / (1 << 20), pct(fwd),
       pct(bwd), pct(comm), pct(opt)));
+  // What the strategy held of the model's state on this rank (ZeRO's sharding shows here).
+  if (auto peaks = strategy->ModelStatePeaks(); !peaks.empty()) {
+    std::string line = "braid: model state per rank (peak):";
+    int64_t sum = 0;
+    for (auto& [kind, bytes] : peaks) {
+      absl::StrAppend(&line, " ", kind, " ", absl::StrFormat("%.2f MiB", double(bytes) / (1 << 20)), ",");
+      sum += bytes;
+    }
+    line.back() = ';';
+    absl::StrAppend(&line, absl::StrFormat(" sum of peaks %.2f MiB", double(sum) / (1 << 20)));
+    rep.Line(line);
+  }
   auto per_device = AllMemoryStats();
   if (per_device.size() > 1) {
     std::string line = "       peak tensor memory per device:";
@@ -466,7 +470,8 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
         double(comm_bytes) / steps / (1 << 20), 100.0 * double(comm_overlapped) / double(comm_bytes),
         1e3 * comm / steps));
   }
-  std::string eval = source->Evaluate(*model);
+  std::string eval;
+  BRAID_RETURN_IF_ERROR(strategy->Evaluate([&](Module& m) { eval = source->Evaluate(m); }));
   if (!eval.empty()) rep.Line("braid: " + eval);
   rep.Metric(absl::StrFormat(
       "{\"summary\": true, \"eval\": \"%s\", \"steps\": %d, \"first_loss\": %.6f, \"final_loss\": %.6f, "

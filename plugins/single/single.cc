@@ -10,6 +10,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "core/autograd.h"
+#include "core/check.h"
+#include "core/micro_batches.h"
 #include "core/ops.h"
 #include "core/optimizer.h"
 #include "core/plugin_api.h"
@@ -20,15 +22,6 @@ namespace braid {
 namespace {
 
 double Seconds(absl::Time from) { return absl::ToDoubleSeconds(absl::Now() - from); }
-
-// Moves `t`'s values to `device` in place: every handle to it (the model's included) follows.
-void MoveTo(const Tensor& t, Device device) {
-  if (t.device() == device) return;
-  Tensor moved = t.Detach().To(device);
-  t.impl()->storage = moved.storage();
-  t.impl()->offset = 0;
-  t.impl()->grad.reset();
-}
 
 class SingleStrategy final : public Strategy {
  public:
@@ -51,8 +44,8 @@ class SingleStrategy final : public Strategy {
     if (!make_optimizer) {
       return absl::InvalidArgumentError("strategy 'single': no optimizer factory given");
     }
-    for (const auto& [n, p] : model.NamedParameters()) MoveTo(p, ctx.device);
-    for (const auto& [n, b] : model.NamedBuffers()) MoveTo(b, ctx.device);
+    for (const auto& [n, p] : model.NamedParameters()) p.MoveTo(ctx.device);
+    for (const auto& [n, b] : model.NamedBuffers()) b.MoveTo(ctx.device);
     optimizer_ = make_optimizer(model.NamedParameters());
     if (optimizer_ == nullptr) {
       return absl::InvalidArgumentError("strategy 'single': the optimizer factory returned null");
@@ -72,29 +65,12 @@ class SingleStrategy final : public Strategy {
     }
     StepStats stats;
     optimizer_->ZeroGrad();
-    const float scale = 1.0f / float(micro_batches.size());
-    double loss_sum = 0;
-    for (size_t i = 0; i < micro_batches.size(); ++i) {
-      absl::Time start = absl::Now();
-      Tensor loss = loss_fn(*model_, micro_batches[i]);
-      if (!loss.defined() || loss.numel() != 1 || !loss.requires_grad()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "strategy 'single': the loss of micro-batch ", i, " is ", loss.DescribeForError(),
-            loss.defined() && !loss.requires_grad() ? " and depends on no trainable parameter" : "",
-            "; the loss function must return a scalar computed from the model's parameters"));
-      }
-      loss_sum += loss.item();
-      stats.forward_s += Seconds(start);
-      start = absl::Now();
-      ops::Scale(loss, scale).Backward();
-      stats.backward_s += Seconds(start);
-    }
+    BRAID_RETURN_IF_ERROR(RunMicroBatches(name(), *model_, micro_batches, loss_fn, &stats));
     absl::Time start = absl::Now();
     // Always measured (max_grad_norm_ <= 0 only measures); clipped when clipping is on.
     stats.grad_norm = ClipGradNorm(model_->Parameters(), max_grad_norm_);
     optimizer_->Step();
     stats.optimizer_s = Seconds(start);
-    stats.loss = float(loss_sum / double(micro_batches.size()));
     return stats;
   }
 
@@ -105,6 +81,23 @@ class SingleStrategy final : public Strategy {
       return absl::FailedPreconditionError("strategy 'single': FullStateDict before Setup");
     }
     return model_->StateDict();
+  }
+
+  absl::Status LoadFullStateDict(const std::map<std::string, Tensor>& state) override {
+    if (model_ == nullptr) {
+      return absl::FailedPreconditionError("strategy 'single': LoadFullStateDict before Setup");
+    }
+    return model_->LoadStateDict(state, /*strict=*/true);
+  }
+
+  int data_parallel_rank() const override { return 0; }
+  int data_parallel_size() const override { return 1; }
+
+  absl::Status Evaluate(const std::function<void(Module&)>& eval) override {
+    if (model_ == nullptr) return absl::FailedPreconditionError("strategy 'single': Evaluate before Setup");
+    autograd::NoGradGuard no_grad;
+    eval(*model_);
+    return absl::OkStatus();
   }
 
  private:

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/autograd.h"
+#include "core/micro_batches.h"
 #include "core/ops.h"
 #include "core/optimizer.h"
 #include "core/plugin_api.h"
@@ -48,15 +50,11 @@ class ExternalExampleStrategy final : public Strategy {
           "strategy 'external_example': TrainStep needs Setup and at least one micro-batch");
     }
     optimizer_->ZeroGrad();
-    double loss_sum = 0;
-    for (const Batch& b : micro_batches) {
-      Tensor loss = loss_fn(*model_, b);
-      loss_sum += loss.item();
-      ops::Scale(loss, 1.0f / float(micro_batches.size())).Backward();
-    }
-    optimizer_->Step();
     StepStats stats;
-    stats.loss = float(loss_sum / double(micro_batches.size()));
+    // The loop every strategy shares: forward, loss check, backward of loss / k.
+    absl::Status st = RunMicroBatches(name(), *model_, micro_batches, loss_fn, &stats);
+    if (!st.ok()) return st;
+    optimizer_->Step();
     return stats;
   }
 
@@ -67,6 +65,18 @@ class ExternalExampleStrategy final : public Strategy {
       return absl::FailedPreconditionError("strategy 'external_example': not set up");
     }
     return model_->StateDict();
+  }
+  absl::Status LoadFullStateDict(const std::map<std::string, Tensor>& state) override {
+    if (model_ == nullptr) return absl::FailedPreconditionError("strategy 'external_example': not set up");
+    return model_->LoadStateDict(state, /*strict=*/true);
+  }
+  int data_parallel_rank() const override { return 0; }
+  int data_parallel_size() const override { return 1; }
+  absl::Status Evaluate(const std::function<void(Module&)>& eval) override {
+    if (model_ == nullptr) return absl::FailedPreconditionError("strategy 'external_example': not set up");
+    autograd::NoGradGuard no_grad;
+    eval(*model_);
+    return absl::OkStatus();
   }
 
  private:

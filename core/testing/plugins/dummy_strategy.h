@@ -25,6 +25,12 @@ class DummyStrategy : public Strategy {
   absl::StatusOr<std::map<std::string, Tensor>> FullStateDict() override {
     return std::map<std::string, Tensor>{};
   }
+  absl::Status LoadFullStateDict(const std::map<std::string, Tensor>&) override {
+    return absl::OkStatus();
+  }
+  int data_parallel_rank() const override { return 0; }
+  int data_parallel_size() const override { return 1; }
+  absl::Status Evaluate(const std::function<void(Module&)>&) override { return absl::OkStatus(); }
 
  private:
   std::string name_;

@@ -1,0 +1,46 @@
+// The micro-batch loop every strategy runs inside TrainStep: forward and loss, the loss checked,
+// backward of loss / k. One copy of it, so that the 1/k scaling, the loss check and the timing
+// mean the same thing under every strategy; strategies attach to it through the events below
+// and through the model's hooks (DDP's reductions, ZeRO's gathers run inside backward).
+#ifndef BRAID_CORE_MICRO_BATCHES_H_
+#define BRAID_CORE_MICRO_BATCHES_H_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/module.h"
+#include "core/strategy.h"
+#include "core/tensor.h"
+
+namespace braid {
+
+// Optional callbacks; `last` is true for the final micro-batch of the step.
+struct MicroBatchEvents {
+  // Before micro-batch i's forward (DDP: a pass that reduces only when `last`).
+  std::function<void(int i, bool last)> before_forward;
+  // Its loss is checked and about to be differentiated.
+  std::function<void(int i, bool last, const Tensor& loss)> before_backward;
+  // Its backward has returned.
+  std::function<void(int i, bool last)> after_backward;
+  // Its loss failed the check: a strategy whose ranks must stay in step (collectives inside
+  // backward) takes part in them here, flagged as abandoned, before the error is returned.
+  std::function<void(int i)> on_bad_loss;
+};
+
+// "strategy '<who>': the loss of micro-batch i is ..." unless `loss` is a defined scalar that
+// requires grad (a loss that depends on no parameter would silently train nothing).
+absl::Status CheckLoss(const std::string& who, int i, const Tensor& loss);
+
+// For each of the k micro-batches: forward and loss through `loss_fn`, CheckLoss, backward of
+// loss / k, so the gradients accumulated in .grad are those of the mean loss over their
+// concatenation (equal micro-batches). Adds the time in forward and backward to `stats` and sets
+// stats->loss to the mean loss. Does not zero gradients, reduce, clip or step.
+absl::Status RunMicroBatches(const std::string& who, Module& model,
+                             const std::vector<Batch>& micro_batches, const LossFn& loss_fn,
+                             StepStats* stats, const MicroBatchEvents& events = {});
+
+}  // namespace braid
+
+#endif  // BRAID_CORE_MICRO_BATCHES_H_
