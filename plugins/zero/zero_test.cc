@@ -1,0 +1,420 @@
+// ZeRO stages 1-3 on N ranks (threads over the in-process communicator) equal one process
+// training on the global batch; the real plugin .so is loaded into a program linked like the
+// trainer. Multi-process runs over Gloo are in tests/distributed/zero_equivalence_test.sh.
+#include <algorithm>
+#include <cstdio>
+#include <cmath>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/autograd.h"
+#include "core/config/train_config.pb.h"
+#include "core/deferred_init.h"
+#include "core/in_process_communicator.h"
+#include "core/micro_batches.h"
+#include "core/ops.h"
+#include "core/optimizer.h"
+#include "core/plugin.h"
+#include "core/registry.h"
+#include "core/strategy.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "models/gpt/gpt.h"
+#include "models/mlp/mlp.h"
+#include "third_party/runfiles.h"
+
+namespace braid {
+namespace {
+
+using ::bazel::tools::cpp::runfiles::Runfiles;
+using ::testing::HasSubstr;
+using StateDict = std::map<std::string, Tensor>;
+
+// Parameter counts no world size divides: 13*7+7 + 7*5+5 = 138 (2 | 138, so the MLP's units are
+// padded for 4... and the GPT's odd vocabulary makes every size uneven somewhere).
+std::unique_ptr<Module> MakeMlp(uint64_t seed) {
+  models::MlpConfig c;
+  c.in = 13;
+  c.hidden = 7;
+  c.out = 5;
+  c.seed = seed;
+  return std::make_unique<models::Mlp>(c);
+}
+
+std::unique_ptr<Module> MakeGpt(uint64_t seed) {
+  models::GptConfig c;
+  c.vocab_size = 61;
+  c.padded_vocab_size = 61;
+  c.block_size = 8;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 18;
+  c.seed = seed;
+  return std::make_unique<models::Gpt>(c);
+}
+
+// Rows [first, first + rows) of step `step`'s global batch, the same for every run.
+Batch MlpRows(int step, int first, int rows) {
+  std::mt19937 rng(1000u + unsigned(step));
+  std::normal_distribution<float> x(0, 1);
+  std::vector<float> all_x(size_t(64 * 13));
+  std::vector<int32_t> all_y(64);
+  for (float& v : all_x) v = x(rng);
+  for (int32_t& v : all_y) v = int32_t(rng() % 5);
+  return {Tensor::FromVector(std::vector<float>(all_x.begin() + first * 13, all_x.begin() + (first + rows) * 13),
+                             {rows, 13}),
+          Tensor::FromVector(std::vector<int32_t>(all_y.begin() + first, all_y.begin() + first + rows), {rows})};
+}
+
+Batch GptRows(int step, int first, int rows) {
+  std::mt19937 rng(2000u + unsigned(step));
+  std::vector<int32_t> all(size_t(64 * 9));
+  for (int32_t& v : all) v = int32_t(rng() % 61);
+  std::vector<int32_t> x, y;
+  for (int r = first; r < first + rows; ++r) {
+    x.insert(x.end(), all.begin() + r * 9, all.begin() + r * 9 + 8);
+    y.insert(y.end(), all.begin() + r * 9 + 1, all.begin() + r * 9 + 9);
+  }
+  return {Tensor::FromVector(x, {rows, 8}), Tensor::FromVector(y, {rows, 8})};
+}
+
+LossFn CrossEntropyLoss() {
+  return [](Module& m, const Batch& b) { return ops::CrossEntropy(m(b.inputs), b.targets); };
+}
+
+// Weight decay by the parameters' own attribute, as the trainer does.
+OptimizerFactory Optim(bool adamw) {
+  return [adamw](const std::vector<std::pair<std::string, Tensor>>& named) {
+    ParamGroup decay, none;
+    decay.lr = none.lr = adamw ? 1e-2f : 0.1f;
+    decay.weight_decay = adamw ? 0.1f : 0.0f;
+    for (auto& [n, t] : named) (t.weight_decay() ? decay : none).params.push_back(t);
+    std::vector<ParamGroup> groups;
+    for (ParamGroup* g : {&decay, &none}) {
+      if (!g->params.empty()) groups.push_back(*g);
+    }
+    return adamw ? MakeAdamW(std::move(groups)) : MakeSgd(std::move(groups));
+  };
+}
+
+struct Spec {
+  int stage = 1;
+  int ranks = 2;
+  int rows = 2;  // per micro-batch
+  int accumulation = 1;
+  int steps = 4;
+  bool gpt = false;
+  bool adamw = false;
+  float max_grad_norm = 0;
+  bool deferred = false;  // build the model under DeferredInitScope (stage 3 asks for it)
+};
+
+struct Result {
+  std::vector<StateDict> state;  // per rank, FullStateDict after training
+  std::vector<std::vector<StepStats>> stats;
+  std::vector<std::vector<std::pair<std::string, int64_t>>> peaks;
+  StateDict reference;
+  std::vector<float> reference_loss, reference_norm;
+};
+
+class ZeroTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string error;
+    std::unique_ptr<Runfiles> rf(Runfiles::CreateForTest(&error));
+    ASSERT_NE(rf, nullptr) << error;
+    absl::Status st = LoadPlugin(rf->Rlocation("braid/plugins/zero/libbraid_zero.so"), {});
+    ASSERT_TRUE(st.ok()) << st;
+  }
+
+  static Result Run(const Spec& spec) {
+    auto make_model = spec.gpt ? MakeGpt : MakeMlp;
+    auto rows = spec.gpt ? GptRows : MlpRows;
+    const int per_rank = spec.rows * spec.accumulation;
+    Result out;
+    // One process on the global batch: every rank's micro-batches, in rank order.
+    {
+      std::unique_ptr<Module> model = make_model(7);
+      std::unique_ptr<Optimizer> opt = Optim(spec.adamw)(model->NamedParameters());
+      for (int step = 0; step < spec.steps; ++step) {
+        std::vector<Batch> mbs;
+        for (int r = 0; r < spec.ranks; ++r) {
+          for (int a = 0; a < spec.accumulation; ++a) {
+            mbs.push_back(rows(step, r * per_rank + a * spec.rows, spec.rows));
+          }
+        }
+        opt->ZeroGrad();
+        StepStats st;
+        EXPECT_TRUE(RunMicroBatches("reference", *model, mbs, CrossEntropyLoss(), &st).ok());
+        out.reference_norm.push_back(ClipGradNorm(model->Parameters(), spec.max_grad_norm));
+        opt->Step();
+        out.reference_loss.push_back(st.loss);
+      }
+      out.reference = model->StateDict();
+    }
+    out.state.resize(size_t(spec.ranks));
+    out.stats.resize(size_t(spec.ranks));
+    out.peaks.resize(size_t(spec.ranks));
+    std::vector<std::unique_ptr<Communicator>> group = MakeInProcessGroup(spec.ranks);
+    for (auto& c : group) c->set_timeout(absl::Seconds(60));  // a hang fails, not stalls
+    std::vector<std::thread> threads;
+    for (int rank = 0; rank < spec.ranks; ++rank) {
+      threads.emplace_back([&, rank] {
+        auto made = Registry::Get().MakeStrategy("zero");
+        ASSERT_TRUE(made.ok()) << made.status();
+        std::unique_ptr<Strategy> zero = std::move(made).value();
+        StrategyContext ctx;
+        ctx.comm = group[size_t(rank)].get();
+        ctx.options["stage"] = std::to_string(spec.stage);
+        ctx.max_grad_norm = spec.max_grad_norm;
+        EXPECT_EQ(zero->wants_deferred_init(ctx), spec.stage == 3);
+        std::unique_ptr<Module> model;
+        if (spec.deferred) {
+          DeferredInitScope scope;
+          model = make_model(7);
+        } else {
+          model = make_model(7);
+        }
+        absl::Status st = zero->Setup(*model, Optim(spec.adamw), ctx);
+        ASSERT_TRUE(st.ok()) << st;
+        EXPECT_EQ(zero->data_parallel_rank(), rank);
+        EXPECT_EQ(zero->data_parallel_size(), spec.ranks);
+        for (int step = 0; step < spec.steps; ++step) {
+          std::vector<Batch> mbs;
+          for (int a = 0; a < spec.accumulation; ++a) {
+            mbs.push_back(rows(step, rank * per_rank + a * spec.rows, spec.rows));
+          }
+          auto stats = zero->TrainStep(mbs, CrossEntropyLoss());
+          ASSERT_TRUE(stats.ok()) << stats.status();
+          out.stats[size_t(rank)].push_back(*stats);
+        }
+        auto full = zero->FullStateDict();
+        ASSERT_TRUE(full.ok()) << full.status();
+        out.state[size_t(rank)] = *full;
+        out.peaks[size_t(rank)] = zero->ModelStatePeaks();
+      });
+    }
+    for (auto& t : threads) t.join();
+    return out;
+  }
+
+  // Max |a - b| / (1 + max|b|) over every tensor, naming the worst.
+  static double MaxRelDiff(const StateDict& got, const StateDict& want, std::string* worst) {
+    double max = 0;
+    EXPECT_EQ(got.size(), want.size());
+    for (auto& [n, w] : want) {
+      auto it = got.find(n);
+      if (it == got.end()) {
+        ADD_FAILURE() << "missing " << n;
+        continue;
+      }
+      std::vector<float> a = it->second.ToFloatVector(), b = w.ToFloatVector();
+      EXPECT_EQ(a.size(), b.size()) << n;
+      double scale = 1;
+      for (float v : b) scale = std::max(scale, double(std::fabs(v)));
+      for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+        double d = std::fabs(double(a[i]) - double(b[i])) / scale;
+        if (d > max) {
+          max = d;
+          *worst = n;
+        }
+      }
+    }
+    return max;
+  }
+
+  static void ExpectMatches(const Spec& spec, const Result& r, double tol) {
+    for (int rank = 0; rank < spec.ranks; ++rank) {
+      SCOPED_TRACE(absl::StrCat("rank ", rank));
+      std::string worst;
+      double d = MaxRelDiff(r.state[size_t(rank)], r.reference, &worst);
+      std::printf("stage %d, %d rank(s), rank %d: max relative weight difference %.3g (%s)\n",
+                  spec.stage, spec.ranks, rank, d, worst.c_str());
+      EXPECT_LE(d, tol) << "worst tensor " << worst;
+      ASSERT_EQ(r.stats[size_t(rank)].size(), r.reference_loss.size());
+      for (size_t s = 0; s < r.reference_loss.size(); ++s) {
+        // The mean loss over all ranks equals the reference's; each rank's own is part of it.
+        EXPECT_NEAR(r.stats[size_t(rank)][s].grad_norm, r.reference_norm[s],
+                    tol * 10 * std::max(1.0f, r.reference_norm[s]))
+            << "step " << s;
+      }
+    }
+    for (size_t s = 0; s < r.reference_loss.size(); ++s) {
+      double mean = 0;
+      for (int rank = 0; rank < spec.ranks; ++rank) mean += r.stats[size_t(rank)][s].loss;
+      mean /= spec.ranks;
+      EXPECT_NEAR(mean, r.reference_loss[s], 1e-5 * std::max(1.0f, r.reference_loss[s])) << "step " << s;
+    }
+  }
+};
+
+// SGD shows any scale error (a missing 1/N or 1/k, a shard counted twice); AdamW would hide a
+// constant factor. 1e-7 relative: float32 sums over differently ordered reductions of a few
+// hundred terms (measured at most 3e-8).
+TEST_F(ZeroTest, EveryStageOnTwoAndThreeRanksEqualsOneProcessWithSgd) {
+  for (bool gpt : {false, true}) {
+    for (int stage : {1, 2, 3}) {
+      for (int ranks : {2, 3}) {
+        SCOPED_TRACE(absl::StrCat(gpt ? "gpt" : "mlp", " stage ", stage, " ranks ", ranks));
+        Spec spec;
+        spec.gpt = gpt;
+        spec.stage = stage;
+        spec.ranks = ranks;
+        spec.deferred = stage == 3;
+        ExpectMatches(spec, Run(spec), 1e-7);
+      }
+    }
+  }
+}
+
+TEST_F(ZeroTest, AccumulationAndClippingWithSgd) {
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE(absl::StrCat("stage ", stage));
+    Spec spec;
+    spec.gpt = true;
+    spec.stage = stage;
+    spec.ranks = 3;
+    spec.accumulation = 2;
+    spec.max_grad_norm = 0.05f;  // below the gradients' norm: clipping is active every step
+    spec.deferred = stage == 3;
+    Result r = Run(spec);
+    for (float n : r.reference_norm) EXPECT_GT(n, spec.max_grad_norm);
+    ExpectMatches(spec, r, 1e-7);
+  }
+}
+
+// AdamW divides by the running gradient magnitude, so rounding-sized gradient differences turn
+// into lr-sized steps for near-zero gradients: a looser bound (measured 7e-6 after 4 steps).
+TEST_F(ZeroTest, AdamWOnThreeRanks) {
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE(absl::StrCat("stage ", stage));
+    Spec spec;
+    spec.gpt = true;
+    spec.adamw = true;
+    spec.stage = stage;
+    spec.ranks = 3;
+    spec.accumulation = 2;
+    spec.deferred = stage == 3;
+    ExpectMatches(spec, Run(spec), 2e-5);
+  }
+}
+
+// One rank is plain single-process training: bit for bit (AdamW and clipping included).
+TEST_F(ZeroTest, OneRankEqualsOneProcessExactly) {
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE(absl::StrCat("stage ", stage));
+    Spec spec;
+    spec.gpt = true;
+    spec.adamw = true;
+    spec.stage = stage;
+    spec.ranks = 1;
+    spec.accumulation = 2;
+    spec.max_grad_norm = 0.05f;
+    spec.deferred = stage == 3;
+    Result r = Run(spec);
+    std::string worst;
+    EXPECT_EQ(MaxRelDiff(r.state[0], r.reference, &worst), 0.0) << worst;
+    for (size_t s = 0; s < r.reference_loss.size(); ++s) {
+      EXPECT_EQ(r.stats[0][s].loss, r.reference_loss[s]);
+    }
+  }
+}
+
+// Deferred initialisation gives each stage-3 rank exactly the values a full initialisation
+// gives: after zero steps, the gathered state equals the model built whole.
+TEST_F(ZeroTest, DeferredInitialisationEqualsFullInitialisation) {
+  Spec spec;
+  spec.gpt = true;
+  spec.stage = 3;
+  spec.ranks = 3;
+  spec.steps = 0;
+  spec.deferred = true;
+  Result r = Run(spec);
+  for (int rank = 0; rank < 3; ++rank) {
+    std::string worst;
+    EXPECT_EQ(MaxRelDiff(r.state[size_t(rank)], r.reference, &worst), 0.0) << worst;
+  }
+}
+
+int64_t Peak(const std::vector<std::pair<std::string, int64_t>>& peaks, const std::string& kind) {
+  for (auto& [k, v] : peaks) {
+    if (k == kind) return v;
+  }
+  ADD_FAILURE() << "no peak for " << kind;
+  return -1;
+}
+
+// Stage 3 never holds more full parameters than its shards plus the documented transient: the
+// units in use at once, here the parameters outside the blocks (embeddings, final norm: used
+// from the first layer to the head) and one block.
+TEST_F(ZeroTest, StageThreeHoldsShardsPlusTwoUnits) {
+  Spec spec;
+  spec.gpt = true;
+  spec.stage = 3;
+  spec.ranks = 3;
+  spec.steps = 2;
+  spec.deferred = true;
+  Result r = Run(spec);
+  std::unique_ptr<Module> m = MakeGpt(7);
+  int64_t total = 0, outside = 0, block = 0;
+  for (auto& [n, p] : m->NamedParameters()) {
+    total += p.numel();
+    if (n.rfind("h.", 0) == 0) {
+      if (n.rfind("h.0.", 0) == 0) block += p.numel();
+    } else {
+      outside += p.numel();
+    }
+  }
+  auto padded = [](int64_t n) { return (n + 2) / 3 * 3; };
+  const int64_t shards = (2 * padded(block) + padded(outside)) / 3 * 4;
+  const int64_t bound = shards + (padded(outside) + padded(block)) * 4;
+  for (int rank = 0; rank < 3; ++rank) {
+    int64_t p = Peak(r.peaks[size_t(rank)], "parameters");
+    EXPECT_LE(p, bound) << "rank " << rank;
+    EXPECT_LT(p, total * 4) << "stage 3 should never hold the whole model";
+  }
+  // Stage 2 holds full parameters but only gradient shards (plus one unit's transient buffer).
+  spec.stage = 2;
+  spec.deferred = false;
+  Result r2 = Run(spec);
+  EXPECT_EQ(Peak(r2.peaks[0], "parameters"), (2 * padded(block) + padded(outside)) * 4);
+  EXPECT_EQ(Peak(r2.peaks[0], "gradients"), shards);
+}
+
+TEST_F(ZeroTest, BadOptionsAreRefusedNamingThem) {
+  std::vector<std::unique_ptr<Communicator>> group = MakeInProcessGroup(1);
+  for (auto [key, value, want] :
+       {std::tuple<std::string, std::string, std::string>{"stage", "4", "ZeRO stage 4 is not 1, 2 or 3"},
+        {"stage", "x", "option stage='x'"},
+        {"bucket", "1", "unknown option 'bucket'"}}) {
+    auto zero = Registry::Get().MakeStrategy("zero");
+    ASSERT_TRUE(zero.ok());
+    StrategyContext ctx;
+    ctx.comm = group[0].get();
+    ctx.options[key] = value;
+    std::unique_ptr<Module> model = MakeMlp(1);
+    absl::Status st = (*zero)->Setup(*model, Optim(false), ctx);
+    EXPECT_THAT(std::string(st.message()), HasSubstr(want));
+  }
+  // DeepSpeed settings Braid lacks are errors, not ignored.
+  config::TrainConfig cfg;
+  cfg.mutable_zero_optimization()->set_stage(2);
+  cfg.mutable_zero_optimization()->set_reduce_bucket_size(500000000);
+  auto zero = Registry::Get().MakeStrategy("zero");
+  ASSERT_TRUE(zero.ok());
+  StrategyContext ctx;
+  ctx.comm = group[0].get();
+  ctx.config = &cfg;
+  std::unique_ptr<Module> model = MakeMlp(1);
+  absl::Status st = (*zero)->Setup(*model, Optim(false), ctx);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("reduce_bucket_size not supported"));
+}
+
+}  // namespace
+}  // namespace braid

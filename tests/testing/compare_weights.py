@@ -1,0 +1,30 @@
+#!/usr/bin/env python3
+"""Compares two safetensors files of f32 tensors: the same names and shapes, and every value
+within TOL (absolute). Prints the worst difference and the tensor it is in.
+
+Usage: compare_weights.py A B TOL   (exit 1 when they differ by more)
+"""
+import json
+import struct
+import sys
+
+import torch
+
+
+def load(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        blob = f.read()
+    return {k: torch.frombuffer(bytearray(blob[v["data_offsets"][0]:v["data_offsets"][1]]),
+                                dtype=torch.float32).reshape(v["shape"])
+            for k, v in header.items() if k != "__metadata__"}
+
+
+a, b, tol = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+if a.keys() != b.keys():
+    sys.exit(f"different tensors: only in A {sorted(a.keys() - b.keys())}, "
+             f"only in B {sorted(b.keys() - a.keys())}")
+worst = max(((a[k] - b[k]).abs().max().item(), k) for k in a)
+print(f"   max |difference| {worst[0]:.2e} ({worst[1]}), tolerance {tol:g}")
+sys.exit(0 if worst[0] <= tol else 1)
