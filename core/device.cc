@@ -25,6 +25,7 @@ absl::StatusOr<Device> Device::Parse(const std::string& s) {
 }
 
 std::string Device::ToString() const {
+  if (*this == Host()) return "host";
   return absl::StrCat(type == DeviceType::kCPU ? "cpu" : "cuda", ":", index);
 }
 

@@ -19,6 +19,11 @@ struct Device {
 
   static Device CPU(int index = 0) { return Device{DeviceType::kCPU, index}; }
   static Device CUDA(int index = 0) { return Device{DeviceType::kCUDA, index}; }
+  // Host memory kept apart from the training device: where offloaded state lives (ZeRO-Offload's
+  // optimizer). A CPU device with an allocator and counters of its own, so that on CPU-only runs
+  // too the summary shows what moved off the training device. Printed "host".
+  static constexpr int kHostIndex = -1;
+  static Device Host() { return Device{DeviceType::kCPU, kHostIndex}; }
   static absl::StatusOr<Device> Parse(const std::string& s);  // "cpu", "cpu:1", "cuda:0"
   std::string ToString() const;
   bool operator==(const Device& o) const { return type == o.type && index == o.index; }

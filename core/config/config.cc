@@ -607,6 +607,23 @@ void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog)
   if (z.has_allgather_bucket_size()) {
     c.Positive("zero_optimization.allgather_bucket_size", z.allgather_bucket_size());
   }
+  if (z.has_stage3_prefetch_bucket_size() && z.stage3_prefetch_bucket_size() < 0) {
+    c.Error(absl::StrCat("zero_optimization.stage3_prefetch_bucket_size (",
+                         z.stage3_prefetch_bucket_size(), ") must be >= 0"));
+  }
+  if (z.has_stage3_param_persistence_threshold() && z.stage3_param_persistence_threshold() < 0) {
+    c.Error(absl::StrCat("zero_optimization.stage3_param_persistence_threshold (",
+                         z.stage3_param_persistence_threshold(), ") must be >= 0"));
+  }
+  for (auto [field, off] : {std::pair<const char*, const OffloadConfig*>{"offload_optimizer", &z.offload_optimizer()},
+                            {"offload_param", &z.offload_param()}}) {
+    const std::string& d = off->device();
+    if (!d.empty() && d != "none" && d != "cpu") {
+      c.Error(absl::StrCat("zero_optimization.", field, ".device \"", d,
+                           "\" is unknown; known: \"none\", \"cpu\"",
+                           d == "nvme" ? " (Braid has no NVMe offload)" : ""));
+    }
+  }
 
   if (cfg->has_activation_checkpointing()) {
     features.Require("activation_checkpointing", kFeatureActivationCheckpointing);

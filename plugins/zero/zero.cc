@@ -65,6 +65,9 @@ struct Options {
   int stage = 0;
   bool overlap_comm = true;  // stage 2/3: reduce-scatter each unit while backward goes on
   int64_t persistence_threshold = 0;  // stage 3: units this small stay gathered
+  // Stage 3: parameter elements all-gathered ahead of use; -1 = the next unit whatever its size.
+  int64_t prefetch_elements = -1;
+  bool offload_optimizer = false;  // the optimizer's states and step in host memory
 };
 
 absl::StatusOr<Options> ParseOptions(const StrategyContext& ctx) {
@@ -84,6 +87,14 @@ absl::StatusOr<Options> ParseOptions(const StrategyContext& ctx) {
     if (z.has_allgather_partitions() && !z.allgather_partitions()) {
       unsupported.push_back("allgather_partitions: false");
     }
+    if (z.has_stage3_prefetch_bucket_size()) o.prefetch_elements = z.stage3_prefetch_bucket_size();
+    if (z.has_stage3_param_persistence_threshold()) {
+      o.persistence_threshold = z.stage3_param_persistence_threshold();
+    }
+    o.offload_optimizer = z.offload_optimizer().device() == "cpu";
+    if (z.offload_param().device() == "cpu") {
+      unsupported.push_back("offload_param (device \"cpu\")");
+    }
     if (!unsupported.empty()) {
       return Invalid(absl::StrCat(
           "zero_optimization: ", absl::StrJoin(unsupported, ", "),
@@ -100,6 +111,16 @@ absl::StatusOr<Options> ParseOptions(const StrategyContext& ctx) {
         return Invalid(absl::StrCat("option overlap_comm='", v, "' is not true or false"));
       }
       o.overlap_comm = v == "true";
+    } else if (k == "offload_optimizer") {
+      if (v != "cpu" && v != "none") {
+        return Invalid(absl::StrCat("option offload_optimizer='", v, "' is not cpu or none"));
+      }
+      o.offload_optimizer = v == "cpu";
+    } else if (k == "prefetch_elements") {
+      if (!absl::SimpleAtoi(v, &o.prefetch_elements) || o.prefetch_elements < -1) {
+        return Invalid(absl::StrCat("option prefetch_elements='", v,
+                                    "' is not a number of elements >= 0 (or -1: the next layer)"));
+      }
     } else if (k == "param_persistence_threshold") {
       if (!absl::SimpleAtoi(v, &o.persistence_threshold) || o.persistence_threshold < 0) {
         return Invalid(absl::StrCat("option param_persistence_threshold='", v,
@@ -107,7 +128,8 @@ absl::StatusOr<Options> ParseOptions(const StrategyContext& ctx) {
       }
     } else {
       return Invalid(absl::StrCat("unknown option '", k,
-                                  "' (known: stage, overlap_comm, param_persistence_threshold)"));
+                                  "' (known: stage, overlap_comm, offload_optimizer, prefetch_elements, "
+                                  "param_persistence_threshold)"));
     }
   }
   if (o.stage < 1 || o.stage > 3) {
@@ -139,6 +161,7 @@ struct Unit {
   Tensor param_shard;  // [shard]: this rank's parameters at stage 3 (the optimizer's)
   bool persistent = false;  // stage 3: never released (small units)
   int gathered = 0;         // stage 3: nesting depth of uses (forward/backward)
+  std::shared_ptr<Work> prefetch;  // stage 3: an all-gather launched ahead of use
   std::shared_ptr<Work> pending;  // the reduce-scatter in flight
   bool reduced = false;           // this micro-batch's gradients are in grad_shard
   Tensor pending_out;             // its output (stage 2/3; added into grad_shard when done)
@@ -175,10 +198,12 @@ class ZeroStrategy final : public Strategy {
     return comm_status_;
   }
   std::vector<std::pair<std::string, int64_t>> ModelStatePeaks() const override {
-    return {{"parameters", params_.peak},
-            {"gradients", grads_.peak},
-            {"optimizer state", optim_.peak},
-            {"transient", transient_.peak}};
+    std::vector<std::pair<std::string, int64_t>> out = {
+        {"parameters", params_.peak}, {"gradients", grads_.peak},
+        {opts_.offload_optimizer ? "optimizer state (host)" : "optimizer state", optim_.peak},
+        {"transient", transient_.peak}};
+    if (opts_.offload_optimizer) out.emplace_back("host copies of shards", host_.peak);
+    return out;
   }
 
  private:
@@ -201,6 +226,9 @@ class ZeroStrategy final : public Strategy {
   void InstallStage3Hooks();
   void Gather(Unit& u);
   void ReleaseIfDone(Unit& u);
+  void Prefetch(Unit& u);
+  void PrefetchAfter(int unit, const std::vector<int>& order);
+  void Record(int unit, std::vector<int>* order);
   void PrepareGrads(Unit& u);
   void LaunchReduceScatter(Unit& u);
   void FinishReduceScatter(Unit& u, StepStats* stats);
@@ -213,7 +241,14 @@ class ZeroStrategy final : public Strategy {
   float max_grad_norm_ = 0;
   std::vector<Unit> units_;
   std::map<const Module*, int> unit_of_module_;
-  std::vector<Tensor> pieces_;  // what the optimizer steps: views of this rank's shards
+  std::vector<Tensor> pieces_;  // views of this rank's shards, one per parameter piece
+  // With offload_optimizer: host copies of the pieces (and of their gradients), which the
+  // optimizer steps; the device pieces get the result copied back.
+  std::vector<Tensor> host_pieces_;
+  Account host_;
+  // Stage 3: the order units are used in, recorded in the first step, for prefetching.
+  std::vector<int> forward_order_, backward_order_;
+  bool orders_known_ = false;
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<uint64_t> hook_ids_;
   std::vector<std::pair<Module*, uint64_t>> module_hooks_;
@@ -377,6 +412,18 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
     pieces_.push_back(named[i].second);
   }
   named = std::move(sorted);
+  if (opts_.offload_optimizer) {
+    // ZeRO-Offload: the optimizer steps host copies; only gradients go to the host and
+    // updated parameters come back, each step.
+    for (auto& [n, piece] : named) {
+      Tensor h = piece.Detach().To(Device::Host());
+      h.set_name(piece.name()).set_weight_decay(piece.weight_decay());
+      h.set_grad(Tensor::Zeros(piece.shape(), DType::kF32, Device::Host()));
+      host_.Add(2 * int64_t(piece.nbytes()));
+      host_pieces_.push_back(h);
+      piece = h;
+    }
+  }
   optimizer_ = make_optimizer(named);
   if (optimizer_ == nullptr) return Invalid("the optimizer factory returned null");
   if (opts_.stage == 3) InstallStage3Hooks();
@@ -388,7 +435,11 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
       Module* m = units_[i].module;
       module_hooks_.emplace_back(m, m->AddBackwardPreHook([this, i](Module&) {
         if (!in_backward_) return;
-        if (opts_.stage == 3) Gather(units_[i]);  // ops saved views of the parameters
+        if (opts_.stage == 3) {
+          Gather(units_[i]);  // ops saved views of the parameters
+          Record(int(i), &backward_order_);
+          PrefetchAfter(int(i), backward_order_);
+        }
         PrepareGrads(units_[i]);
       }));
       module_hooks_.emplace_back(m, m->AddBackwardHook([this, i](Module&) {
@@ -410,6 +461,11 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
 
 void ZeroStrategy::Gather(Unit& u) {
   if (u.gathered++ > 0) return;
+  if (u.prefetch) {  // launched ahead of use: wait for it
+    (void)Wait(u.prefetch, "all-gathering parameters (prefetched)");
+    u.prefetch.reset();
+    return;
+  }
   if (u.flat.has_data()) return;  // persistent
   u.flat.storage()->Reallocate();
   params_.Add(Bytes(u.padded));
@@ -417,15 +473,49 @@ void ZeroStrategy::Gather(Unit& u) {
 }
 
 void ZeroStrategy::ReleaseIfDone(Unit& u) {
-  if (--u.gathered > 0 || u.persistent) return;
+  if (--u.gathered > 0 || u.persistent || u.prefetch) return;
   u.flat.storage()->Release();
   params_.Sub(Bytes(u.padded));
+}
+
+// Starts all-gathering a unit that is not gathered yet, without waiting: it then arrives while
+// the unit before it computes.
+void ZeroStrategy::Prefetch(Unit& u) {
+  if (u.gathered > 0 || u.prefetch || u.flat.has_data()) return;
+  u.flat.storage()->Reallocate();
+  params_.Add(Bytes(u.padded));
+  u.prefetch = comm_->AllGather(u.param_shard, u.flat);
+}
+
+// Prefetches the units that follow `unit` in `order`, up to the element budget (-1: one unit).
+void ZeroStrategy::PrefetchAfter(int unit, const std::vector<int>& order) {
+  if (!orders_known_ || opts_.prefetch_elements == 0) return;
+  auto it = std::find(order.begin(), order.end(), unit);
+  if (it == order.end()) return;
+  int64_t budget = opts_.prefetch_elements;
+  for (++it; it != order.end(); ++it) {
+    Unit& next = units_[size_t(*it)];
+    if (budget >= 0 && next.padded > budget) break;
+    Prefetch(next);
+    if (budget < 0) break;
+    budget -= next.padded;
+  }
+}
+
+void ZeroStrategy::Record(int unit, std::vector<int>* order) {
+  if (!orders_known_ && std::find(order->begin(), order->end(), unit) == order->end()) {
+    order->push_back(unit);
+  }
 }
 
 void ZeroStrategy::InstallStage3Hooks() {
   for (size_t i = 0; i < units_.size(); ++i) {
     Module* m = units_[i].module;
-    module_hooks_.emplace_back(m, m->AddForwardPreHook([this, i](Module&) { Gather(units_[i]); }));
+    module_hooks_.emplace_back(m, m->AddForwardPreHook([this, i](Module&) {
+      Gather(units_[i]);
+      Record(int(i), &forward_order_);
+      PrefetchAfter(int(i), forward_order_);
+    }));
     module_hooks_.emplace_back(m, m->AddForwardHook([this, i](Module&) { ReleaseIfDone(units_[i]); }));
   }
 }
@@ -516,15 +606,24 @@ absl::StatusOr<StepStats> ZeroStrategy::TrainStep(const std::vector<Batch>& micr
   if (!st.ok()) return st;
   BRAID_RETURN_IF_ERROR(comm_status_);
 
+  orders_known_ = opts_.stage == 3;  // the first step has shown the order units are used in
+
   absl::Time start = absl::Now();
+  if (opts_.offload_optimizer) {
+    for (size_t i = 0; i < pieces_.size(); ++i) host_pieces_[i].grad().CopyFrom(pieces_[i].grad());
+  }
   // The global norm over every rank's shard; every rank scales by the same factor.
-  stats.grad_norm = ClipGradNormSharded(pieces_, max_grad_norm_, [this](double local) {
+  const std::vector<Tensor>& stepped = opts_.offload_optimizer ? host_pieces_ : pieces_;
+  stats.grad_norm = ClipGradNormSharded(stepped, max_grad_norm_, [this](double local) {
     if (world_ == 1) return local;  // exactly what one process computes
     Tensor t = Tensor::Full({1}, float(local));
     (void)Wait(comm_->AllReduce(t, ReduceOp::kSum), "all-reducing the gradient norm");
     return double(t.item());
   });
   optimizer_->Step();
+  if (opts_.offload_optimizer) {
+    for (size_t i = 0; i < pieces_.size(); ++i) Tensor(pieces_[i]).CopyFrom(host_pieces_[i]);
+  }
   if (optim_.peak == 0) {  // the optimizer makes its state at its first step
     int64_t bytes = 0;
     for (auto& [n, t] : optimizer_->StateDict()) bytes += int64_t(t.nbytes());
@@ -565,7 +664,15 @@ absl::StatusOr<std::map<std::string, Tensor>> ZeroStrategy::FullStateDict() {
 
 absl::Status ZeroStrategy::LoadFullStateDict(const std::map<std::string, Tensor>& state) {
   if (model_ == nullptr) return Error(absl::StatusCode::kFailedPrecondition, "LoadFullStateDict before Setup");
-  if (opts_.stage < 3) return model_->LoadStateDict(state, /*strict=*/true);
+  // The optimizer's host copies follow whatever was loaded.
+  auto refresh_host = [this] {
+    for (size_t i = 0; i < host_pieces_.size(); ++i) host_pieces_[i].CopyFrom(pieces_[i]);
+  };
+  if (opts_.stage < 3) {
+    BRAID_RETURN_IF_ERROR(model_->LoadStateDict(state, /*strict=*/true));
+    refresh_host();
+    return absl::OkStatus();
+  }
   // Stage 3: every name checked as the model would, then each rank keeps its shard's part.
   std::vector<std::string> problems;
   std::map<std::string, bool> seen;
@@ -615,6 +722,7 @@ absl::Status ZeroStrategy::LoadFullStateDict(const std::map<std::string, Tensor>
       (void)Wait(comm_->AllGather(u.param_shard, u.flat), "all-gathering parameters");
     }
   }
+  refresh_host();
   return comm_status_;
 }
 

@@ -113,6 +113,7 @@ struct Spec {
   bool adamw = false;
   float max_grad_norm = 0;
   bool deferred = false;  // build the model under DeferredInitScope (stage 3 asks for it)
+  std::map<std::string, std::string> options;  // more strategy options
 };
 
 struct Result {
@@ -171,6 +172,7 @@ class ZeroTest : public ::testing::Test {
         std::unique_ptr<Strategy> zero = std::move(made).value();
         StrategyContext ctx;
         ctx.comm = group[size_t(rank)].get();
+        ctx.options = spec.options;
         ctx.options["stage"] = std::to_string(spec.stage);
         ctx.max_grad_norm = spec.max_grad_norm;
         EXPECT_EQ(zero->wants_deferred_init(ctx), spec.stage == 3);
@@ -352,7 +354,7 @@ int64_t Peak(const std::vector<std::pair<std::string, int64_t>>& peaks, const st
 
 // Stage 3 never holds more full parameters than its shards plus the documented transient: the
 // units in use at once, here the parameters outside the blocks (embeddings, final norm: used
-// from the first layer to the head) and one block.
+// from the first layer to the head) and one block, plus the next block when prefetching.
 TEST_F(ZeroTest, StageThreeHoldsShardsPlusTwoUnits) {
   Spec spec;
   spec.gpt = true;
@@ -360,7 +362,10 @@ TEST_F(ZeroTest, StageThreeHoldsShardsPlusTwoUnits) {
   spec.ranks = 3;
   spec.steps = 2;
   spec.deferred = true;
+  spec.options["prefetch_elements"] = "0";
   Result r = Run(spec);
+  spec.options["prefetch_elements"] = "-1";
+  Result prefetching = Run(spec);
   std::unique_ptr<Module> m = MakeGpt(7);
   int64_t total = 0, outside = 0, block = 0;
   for (auto& [n, p] : m->NamedParameters()) {
@@ -376,8 +381,10 @@ TEST_F(ZeroTest, StageThreeHoldsShardsPlusTwoUnits) {
   const int64_t bound = shards + (padded(outside) + padded(block)) * 4;
   for (int rank = 0; rank < 3; ++rank) {
     int64_t p = Peak(r.peaks[size_t(rank)], "parameters");
-    EXPECT_LE(p, bound) << "rank " << rank;
+    EXPECT_EQ(p, bound) << "rank " << rank;
     EXPECT_LT(p, total * 4) << "stage 3 should never hold the whole model";
+    EXPECT_EQ(Peak(prefetching.peaks[size_t(rank)], "parameters"), bound + padded(block) * 4)
+        << "rank " << rank << ": prefetching holds the next block too";
   }
   // Stage 2 holds full parameters but only gradient shards (plus one unit's transient buffer).
   spec.stage = 2;
@@ -387,12 +394,67 @@ TEST_F(ZeroTest, StageThreeHoldsShardsPlusTwoUnits) {
   EXPECT_EQ(Peak(r2.peaks[0], "gradients"), shards);
 }
 
+// ZeRO-Offload: the optimizer steps host copies; the result is the same computation.
+TEST_F(ZeroTest, OffloadedOptimizerGivesTheSameTraining) {
+  for (int stage : {1, 2, 3}) {
+    for (bool adamw : {false, true}) {
+      SCOPED_TRACE(absl::StrCat("stage ", stage, adamw ? " AdamW" : " SGD"));
+      Spec spec;
+      spec.gpt = true;
+      spec.adamw = adamw;
+      spec.stage = stage;
+      spec.ranks = 3;
+      spec.accumulation = 2;
+      spec.max_grad_norm = 0.05f;
+      spec.deferred = stage == 3;
+      spec.options["offload_optimizer"] = "cpu";
+      Result r = Run(spec);
+      ExpectMatches(spec, r, adamw ? 2e-5 : 1e-7);
+      EXPECT_GT(Peak(r.peaks[0], "optimizer state (host)"), 0);
+      EXPECT_GT(Peak(r.peaks[0], "host copies of shards"), 0);
+    }
+  }
+  // One rank: bit for bit what one process computes.
+  Spec one;
+  one.gpt = true;
+  one.adamw = true;
+  one.stage = 2;
+  one.ranks = 1;
+  one.max_grad_norm = 0.05f;
+  one.options["offload_optimizer"] = "cpu";
+  Result r = Run(one);
+  std::string worst;
+  EXPECT_EQ(MaxRelDiff(r.state[0], r.reference, &worst), 0.0) << worst;
+}
+
+// Stage 3 prefetching (from the second step on, once the order units are used in is known)
+// changes when parameters arrive, never their values; and it holds one more unit at a time.
+TEST_F(ZeroTest, PrefetchChangesTimingNotResults) {
+  Spec spec;
+  spec.gpt = true;
+  spec.adamw = true;
+  spec.stage = 3;
+  spec.ranks = 2;
+  spec.deferred = true;
+  spec.options["prefetch_elements"] = "0";
+  Result off = Run(spec);
+  spec.options["prefetch_elements"] = "-1";
+  Result on = Run(spec);
+  for (int rank = 0; rank < 2; ++rank) {
+    std::string worst;
+    EXPECT_EQ(MaxRelDiff(on.state[size_t(rank)], off.state[size_t(rank)], &worst), 0.0) << worst;
+    EXPECT_GT(Peak(on.peaks[size_t(rank)], "parameters"), Peak(off.peaks[size_t(rank)], "parameters"));
+  }
+  ExpectMatches(spec, on, 2e-5);
+}
+
 TEST_F(ZeroTest, BadOptionsAreRefusedNamingThem) {
   std::vector<std::unique_ptr<Communicator>> group = MakeInProcessGroup(1);
   for (auto [key, value, want] :
        {std::tuple<std::string, std::string, std::string>{"stage", "4", "ZeRO stage 4 is not 1, 2 or 3"},
         {"stage", "x", "option stage='x'"},
-        {"bucket", "1", "unknown option 'bucket'"}}) {
+        {"bucket", "1", "unknown option 'bucket'"},
+        {"offload_optimizer", "nvme", "option offload_optimizer='nvme' is not cpu or none"}}) {
     auto zero = Registry::Get().MakeStrategy("zero");
     ASSERT_TRUE(zero.ok());
     StrategyContext ctx;

@@ -14,7 +14,7 @@ CMP="$TEST_SRCDIR/braid/tests/testing/compare_weights.py"
 T="${TEST_TMPDIR:-$(mktemp -d)}/zero_eq"
 rm -rf "$T"; mkdir -p "$T"
 fails=0
-mlp_cfg() {  # FILE MICRO ACCUM STRATEGY STAGE
+mlp_cfg() {  # FILE MICRO ACCUM STRATEGY STAGE [MORE_ZERO_SETTINGS]
   cat > "$1" <<CFG
 model { name: "mlp" }
 data { dataset: "mnist" seed: 7 }
@@ -24,7 +24,7 @@ steps: 4
 optimizer { type: "SGD" params { lr: 0.1 } }
 strategy { name: "$4" }
 CFG
-  [ "$5" = 0 ] || echo "zero_optimization { stage: $5 }" >> "$1"
+  [ "$5" = 0 ] || echo "zero_optimization { stage: $5 ${6:-} }" >> "$1"
 }
 gpt_cfg() {  # FILE MICRO STRATEGY STAGE
   cat > "$1" <<CFG
@@ -62,6 +62,14 @@ for stage in 1 2 3; do
   run_ranks "mlp_zero${stage}_3" 3 "$T/zero$stage.pbtxt"
   compare "mlp stage $stage, 3 ranks x 16 x 2 = one process x 96" "$T/mlp_zero${stage}_3.safetensors" "$T/single96.safetensors" 1e-7
 done
+
+# ZeRO-Offload: the optimizer's step on host copies gives the same weights, and the summary
+# shows the host pool apart from the training device.
+mlp_cfg "$T/offload.pbtxt" 16 2 zero 2 'offload_optimizer { device: "cpu" }'
+run_ranks mlp_offload_2 2 "$T/offload.pbtxt"
+compare "mlp stage 2 with the optimizer offloaded, 2 ranks = one process x 64" "$T/mlp_offload_2.safetensors" "$T/single64.safetensors" 1e-7
+grep -E "peak tensor memory per device:.* host [0-9.]+ MiB" "$T/mlp_offload_2.out" && grep -E "optimizer state \(host\)" "$T/mlp_offload_2.out" ||
+  { echo "FAIL: the offloaded run's summary does not show the host pool"; fails=$((fails+1)); }
 
 gpt_cfg "$T/g_single8.pbtxt" 8 single 0
 gpt_cfg "$T/g_zero3.pbtxt" 4 zero 3
