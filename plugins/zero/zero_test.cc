@@ -36,12 +36,13 @@ using ::bazel::tools::cpp::runfiles::Runfiles;
 using ::testing::HasSubstr;
 using StateDict = std::map<std::string, Tensor>;
 
-// Parameter counts no world size divides: 13*7+7 + 7*5+5 = 138 (2 | 138, so the MLP's units are
-// padded for 4... and the GPT's odd vocabulary makes every size uneven somewhere).
+// Parameter counts the world sizes do not divide, so shards are uneven and padded: the MLP's one
+// unit has 13*8+8 + 8*5+5 = 157 elements (neither 2 nor 3 divides it); the GPT's units have 710
+// (outside the blocks) and 1330 (each block), which 3 does not divide.
 std::unique_ptr<Module> MakeMlp(uint64_t seed) {
   models::MlpConfig c;
   c.in = 13;
-  c.hidden = 7;
+  c.hidden = 8;
   c.out = 5;
   c.seed = seed;
   return std::make_unique<models::Mlp>(c);
@@ -54,7 +55,7 @@ std::unique_ptr<Module> MakeGpt(uint64_t seed) {
   c.block_size = 8;
   c.n_layer = 2;
   c.n_head = 2;
-  c.n_embd = 18;
+  c.n_embd = 10;
   c.seed = seed;
   return std::make_unique<models::Gpt>(c);
 }
@@ -446,6 +447,48 @@ TEST_F(ZeroTest, PrefetchChangesTimingNotResults) {
     EXPECT_GT(Peak(on.peaks[size_t(rank)], "parameters"), Peak(off.peaks[size_t(rank)], "parameters"));
   }
   ExpectMatches(spec, on, 2e-5);
+}
+
+// Full weights (e.g. --init_from) go into the shards: gathering them back gives them unchanged.
+TEST_F(ZeroTest, LoadedFullWeightsGatherBackUnchanged) {
+  std::unique_ptr<Module> source = MakeGpt(99);  // other values than the ranks' own init
+  StateDict want = source->StateDict();
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE(absl::StrCat("stage ", stage));
+    std::vector<std::unique_ptr<Communicator>> group = MakeInProcessGroup(3);
+    std::vector<std::thread> threads;
+    std::vector<StateDict> got(3);
+    for (int rank = 0; rank < 3; ++rank) {
+      threads.emplace_back([&, rank] {
+        auto zero = Registry::Get().MakeStrategy("zero");
+        ASSERT_TRUE(zero.ok());
+        StrategyContext ctx;
+        ctx.comm = group[size_t(rank)].get();
+        ctx.options["stage"] = std::to_string(stage);
+        ctx.options["offload_optimizer"] = "cpu";  // the host copies must follow too
+        std::unique_ptr<Module> model;
+        {
+          DeferredInitScope scope;
+          model = MakeGpt(7);
+        }
+        ASSERT_TRUE((*zero)->Setup(*model, Optim(false), ctx).ok());
+        ASSERT_TRUE((*zero)->LoadFullStateDict(want).ok());
+        auto full = (*zero)->FullStateDict();
+        ASSERT_TRUE(full.ok()) << full.status();
+        got[size_t(rank)] = *full;
+        // A missing name is refused, naming it.
+        StateDict partial = want;
+        partial.erase("h.1.mlp.c_fc.bias");
+        absl::Status st = (*zero)->LoadFullStateDict(partial);
+        EXPECT_THAT(std::string(st.message()), HasSubstr("h.1.mlp.c_fc.bias"));
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int rank = 0; rank < 3; ++rank) {
+      std::string worst;
+      EXPECT_EQ(MaxRelDiff(got[size_t(rank)], want, &worst), 0.0) << worst;
+    }
+  }
 }
 
 TEST_F(ZeroTest, BadOptionsAreRefusedNamingThem) {
