@@ -36,14 +36,13 @@
 #include "backends/store/tcp_store.h"
 #include "launcher/job_token.h"
 #include "launcher/launch_plan.h"
+#include "launcher/programs.h"
 #include "launcher/rendezvous.h"
 #include "launcher/worker_group.h"
-#include "tools/cpp/runfiles/runfiles.h"
 
 namespace braid::launcher {
 namespace {
 
-using bazel::tools::cpp::runfiles::Runfiles;
 
 // Exit codes of the launcher itself (a failed worker's own code is passed on, see Main).
 constexpr int kExitJobFailed = 1;
@@ -65,79 +64,6 @@ std::string Hostname() {
   char buf[256] = {0};
   if (gethostname(buf, sizeof buf - 1) != 0) return "?";
   return buf;
-}
-
-std::string Workspace() {
-  const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY");
-  return ws ? ws : "";
-}
-
-// bazel run starts us inside the runfiles tree; a relative path from the user means their
-// checkout.
-std::string ResolveUserPath(const std::string& path) {
-  if (path.empty() || path[0] == '/') return path;
-  if (access(path.c_str(), F_OK) == 0 || Workspace().empty()) return path;
-  return absl::StrCat(Workspace(), "/", path);
-}
-
-std::string Absolute(const std::string& path) {
-  if (path.empty() || path[0] == '/') return path;
-  char cwd[4096];
-  if (!getcwd(cwd, sizeof cwd)) return path;
-  return absl::StrCat(cwd, "/", path);
-}
-
-// The training program, and the environment it needs to find its own runfiles. Bazel builds a
-// runfiles tree for the program that is run (ours), not for the programs in it: the training
-// program and its plugins live in our tree, and the runfiles library's environment variables
-// (RUNFILES_DIR, RUNFILES_MANIFEST_FILE) tell it so, as Bazel intends for child processes.
-struct TrainingProgram {
-  std::string path;
-  std::vector<std::pair<std::string, std::string>> env;
-};
-
-TrainingProgram FindTrainingProgram(const char* argv0) {
-  std::string error;
-  std::unique_ptr<Runfiles> rf(Runfiles::Create(argv0, &error));
-  TrainingProgram out;
-  std::string& path = out.path;
-  if (rf) path = rf->Rlocation("braid/launcher/train");
-  if (!path.empty() && access(path.c_str(), X_OK) == 0) {
-    // Absolute: a worker may start in another folder than ours.
-    for (const auto& [k, v] : rf->EnvVars()) out.env.emplace_back(k, Absolute(v));
-  } else {
-    // Installed layout: the training program next to the launcher.
-    std::string self = argv0;
-    path = self.substr(0, self.rfind('/') + 1) + "train";
-  }
-  if (access(path.c_str(), X_OK) != 0) {
-    Die(absl::StrCat("cannot find the training program (looked for ", path,
-                     "); build it with bazel build //launcher:all"));
-  }
-  path = Absolute(path);
-  return out;
-}
-
-std::string FindProgram(const std::string& name) {
-  std::string path;
-  if (name.find('/') != std::string::npos) {
-    path = Absolute(ResolveUserPath(name));
-  } else {
-    const char* search = std::getenv("PATH");
-    for (absl::string_view dir : absl::StrSplit(search ? search : "/usr/bin:/bin", ':')) {
-      std::string candidate = absl::StrCat(dir.empty() ? "." : dir, "/", name);
-      if (access(candidate.c_str(), X_OK) == 0) {
-        path = Absolute(candidate);
-        break;
-      }
-    }
-    if (path.empty()) Die(absl::StrCat("--program=", name, ": not found on $PATH"));
-  }
-  if (access(path.c_str(), X_OK) != 0) {
-    Die(absl::StrCat("--program=", name, ": ", path, " is not an executable file (",
-                     strerror(errno), ")"));
-  }
-  return path;
 }
 
 std::string SigName(int s) {
@@ -577,9 +503,13 @@ int Main(int argc, char** argv) {
   const bool default_program = flags->program.empty();
   TrainingProgram program;
   if (default_program) {
-    program = FindTrainingProgram(argv[0]);
+    absl::StatusOr<TrainingProgram> found = FindTrainingProgram(argv[0]);
+    if (!found.ok()) Die(std::string(found.status().message()));
+    program = *std::move(found);
   } else {
-    program.path = FindProgram(flags->program);
+    absl::StatusOr<std::string> found = FindProgram(flags->program);
+    if (!found.ok()) Die(std::string(found.status().message()));
+    program.path = *found;
   }
   program_argv.push_back(program.path);
   bool program_has_log_dir = false;
