@@ -164,12 +164,15 @@ absl::StatusOr<std::unique_ptr<BatchSource>> BuildData(const TrainConfig& cfg, M
 OptimizerFactory MakeOptimizerFactory(const TrainConfig& cfg) {
   return [cfg](const std::vector<std::pair<std::string, Tensor>>& named) {
     const auto& p = cfg.optimizer().params();
-    // Weight decay on 2-D weights only (embeddings and Linear weights), as GPT training does.
+    // Weight decay where the model asks for it (Linear weights and embeddings, as GPT training
+    // does; not biases or norms).
     ParamGroup decay, no_decay;
     decay.lr = no_decay.lr = float(p.lr());
     decay.weight_decay = float(p.weight_decay());
     no_decay.weight_decay = 0.0f;
-    for (auto& [name, t] : named) (t.ndim() >= 2 ? decay : no_decay).params.push_back(t);
+    // By the attribute the model set (biases and norms off), not by shape: a strategy that
+    // flattens or shards parameters hands over 1-D pieces that keep their parameter's attribute.
+    for (auto& [name, t] : named) (t.weight_decay() ? decay : no_decay).params.push_back(t);
     std::vector<ParamGroup> groups;
     for (ParamGroup* g : {&decay, &no_decay}) {
       if (!g->params.empty()) groups.push_back(*g);

@@ -3,7 +3,9 @@
 # program (plugin loading, config section, deferred initialisation at stage 3), against one
 # process on the same global batch. As in ddp_equivalence_test.sh, the sequential loader and
 # MNIST's distributed sampler make N ranks x micro-batch b the same data as one process x N*b.
-#   - MLP, plain SGD (lr x gradient: a scale error shows), accumulation 2, on 2 and 3 ranks, each
+#   - MLP, plain SGD (lr x gradient: a scale error shows) with weight decay on the weights only
+#     (decoupled per the model's attribute; a shard that lost it moves by lr*wd*w), accumulation
+#     2, on 2 and 3 ranks, each
 #     stage: tolerance 1e-7 (f32 sums in another order; measured ~1e-8);
 #   - gpt-mini, AdamW, stage 3 on 2 ranks: 2e-4, measured 6.5e-5 (AdamW turns rounding-sized gradient differences
 #     into lr-sized steps for near-zero gradients, as in the DDP test).
@@ -21,7 +23,7 @@ data { dataset: "mnist" seed: 7 }
 train_micro_batch_size_per_gpu: $2
 gradient_accumulation_steps: $3
 steps: 4
-optimizer { type: "SGD" params { lr: 0.1 } }
+optimizer { type: "SGD" params { lr: 0.1 weight_decay: 0.1 } }
 strategy { name: "$4" }
 CFG
   [ "$5" = 0 ] || echo "zero_optimization { stage: $5 ${6:-} }" >> "$1"
