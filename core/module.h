@@ -17,6 +17,18 @@
 
 namespace braid {
 
+// One layer of a model that pipeline parallelism can cut into stages (Module::PipelineLayers).
+struct PipelineLayer {
+  std::string name;  // "embedding", "h.0", ..., "head"
+  // The previous layer's output (the batch's inputs, for the first layer) to this layer's output
+  // (the model's output, for the last). Composing every layer's forward in order is the model's
+  // Forward.
+  std::function<Tensor(const Tensor&)> forward;
+  // The parameters it uses, as NamedParameters names them. A tied parameter is listed by every
+  // layer that uses it (GPT's wte: the embedding and the head).
+  std::vector<std::string> parameters;
+};
+
 class Module {
  public:
   using Hook = std::function<void(Module&)>;
@@ -66,6 +78,10 @@ class Module {
   uint64_t AddBackwardPreHook(Hook h);
   uint64_t AddBackwardHook(Hook h);
   void RemoveHook(uint64_t id);
+
+  // The model as an ordered list of layers, for pipeline parallelism; empty (the default) when
+  // the model cannot be cut. Layers call submodules through operator(), so hooks still run.
+  virtual std::vector<PipelineLayer> PipelineLayers() { return {}; }
 
  protected:
   // Called from subclass constructors. The tensor becomes a leaf that requires grad.

@@ -32,6 +32,10 @@ struct Batch {
 
 // Computes the mean loss of `batch` under `model` (forward + loss), as a scalar.
 using LossFn = std::function<Tensor(Module& model, const Batch& batch)>;
+// The criterion alone: the model's output and the batch to the mean loss (a scalar). Strategies
+// that run the model in pieces (pipeline: the loss on the last stage) need it apart from the
+// forward; LossFn(model, batch) is criterion(model(batch.inputs), batch).
+using CriterionFn = std::function<Tensor(const Tensor& output, const Batch& batch)>;
 // Builds the optimizer over the parameters the strategy decided to step (named, so the factory
 // can group them, e.g. no weight decay for biases).
 using OptimizerFactory =
@@ -53,6 +57,8 @@ struct StrategyContext {
   // How to build another copy of the model; null when the program cannot (strategies that need
   // replicas then fail Setup saying so).
   ModuleFactory make_replica;
+  // The loss from the model's output (set by the training program; null in tests that give none).
+  CriterionFn criterion;
   // The whole validated training config (core/config/train_config.proto), for the sections a
   // strategy implements (zero_optimization, fp16, ...: the features it declares in
   // StrategyTraits). Null when the caller has none (tests). A plugin reads it through
@@ -116,6 +122,9 @@ class Strategy {
   // Peak bytes this rank held for the model's state, by kind ("parameters", "gradients",
   // "optimizer state", "transient"), for the training summary; empty when not tracked.
   virtual std::vector<std::pair<std::string, int64_t>> ModelStatePeaks() const { return {}; }
+
+  // Lines for the end-of-training summary (a pipeline's measured bubble, say); empty by default.
+  virtual std::vector<std::string> SummaryLines() const { return {}; }
 };
 
 using StrategyFactory = std::function<std::unique_ptr<Strategy>()>;

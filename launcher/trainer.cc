@@ -46,6 +46,7 @@ class BatchSource {
   virtual Batch Next() = 0;
   virtual int64_t TokensPerBatch() const = 0;  // tokens (or samples) one batch carries
   // A held-out evaluation after training, as a summary fragment ("" when the data has none).
+  virtual bool has_evaluation() const { return false; }
   virtual std::string Evaluate(Module& model) { return ""; }
 };
 
@@ -75,6 +76,7 @@ class MnistBatches : public BatchSource {
   MnistBatches(data::MnistSplit split, data::DistributedSampler sampler, int64_t batch, Device d)
       : train_(std::move(split.train)), test_(std::move(split.test)), sampler_(std::move(sampler)),
         batch_(batch), device_(d) {}
+  bool has_evaluation() const override { return true; }
   std::string Evaluate(Module& model) override {
     autograd::NoGradGuard no_grad;
     model.Eval();
@@ -297,7 +299,6 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
     BRAID_RETURN_IF_ERROR(LoadPlugin(cfg.strategy().path(), env.plugin_search_path));
   }
   BRAID_RETURN_IF_ERROR(EnsureStrategy(sname, PluginSearchPath(env.plugin_search_path)));
-  BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Strategy> strategy, Registry::Get().MakeStrategy(sname));
 
   // The world group: a communicator plugin over the launcher's store for several processes, the
   // in-process communicator for one.
@@ -333,12 +334,17 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   } else {
     group = MakeInProcessGroup(1);
   }
+  // Made after the communicators, so it goes before them: its own groups come from the world.
+  BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Strategy> strategy, Registry::Get().MakeStrategy(sname));
   StrategyContext ctx;
   ctx.comm = group[0].get();
   ctx.device = device;
   for (auto& [k, v] : cfg.strategy().options()) ctx.options[k] = v;
   ctx.max_grad_norm = float(cfg.gradient_clipping());
   ctx.config = &cfg;  // the sections the strategy implements (zero_optimization, ...)
+  ctx.criterion = [](const Tensor& logits, const Batch& b) {
+    return ops::CrossEntropy(logits, b.targets);
+  };
   // Strategies that keep several copies of the model (dp) build them with the same config.
   ctx.make_replica = [&cfg](Device d) -> std::unique_ptr<Module> {
     auto m = BuildModel(cfg, d);
@@ -445,6 +451,7 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
       result.median_tokens_per_s, unit, double(result.peak_bytes) / (1 << 20),
       double(peak_rss) / (1 << 20), pct(fwd),
       pct(bwd), pct(comm), pct(opt)));
+  for (const std::string& line : strategy->SummaryLines()) rep.Line("braid: " + line);
   // What the strategy held of the model's state on this rank (ZeRO's sharding shows here).
   if (auto peaks = strategy->ModelStatePeaks(); !peaks.empty()) {
     std::string line = "braid: model state per rank (peak):";
@@ -474,7 +481,9 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
         1e3 * comm / steps));
   }
   std::string eval;
-  BRAID_RETURN_IF_ERROR(strategy->Evaluate([&](Module& m) { eval = source->Evaluate(m); }));
+  if (source->has_evaluation()) {
+    BRAID_RETURN_IF_ERROR(strategy->Evaluate([&](Module& m) { eval = source->Evaluate(m); }));
+  }
   if (!eval.empty()) rep.Line("braid: " + eval);
   rep.Metric(absl::StrFormat(
       "{\"summary\": true, \"eval\": \"%s\", \"steps\": %d, \"first_loss\": %.6f, \"final_loss\": %.6f, "

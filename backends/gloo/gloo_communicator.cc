@@ -750,7 +750,8 @@ class GlooCommunicator final : public Communicator {
     worker_.reset();  // drains the queued collectives
     {
       absl::MutexLock lock(&p2p_mu_);
-      p2p_.reset();
+      for (auto& [t, done] : p2p_waiters_) t.join();  // each ends by its timeout at the latest
+      p2p_waiters_.clear();
     }
     core_->StopHeartbeat();
     heartbeat_.join();
@@ -1233,9 +1234,11 @@ class GlooCommunicator final : public Communicator {
       return work;
     }
     Tensor keep = t;  // the memory must outlive the transfer
-    absl::MutexLock lock(&p2p_mu_);
-    if (p2p_ == nullptr) p2p_ = std::make_unique<SerialThread>();
-    p2p_->Post([this, work, buf, keep, send, peer, what, id, timeout, posted] {
+    // Each operation is waited for on its own thread: were they waited in issue order, a Send
+    // whose receiver posts late would hold back every Recv issued after it, and two ranks that
+    // exchange in both directions (a pipeline's stages) could each wait for the other forever.
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    std::thread waiter([core = core_, work, buf, keep, send, peer, what, id, timeout, posted, done] {
       absl::Status st;
       try {
         if (send) {
@@ -1244,11 +1247,22 @@ class GlooCommunicator final : public Communicator {
           buf->waitRecv(Ms(timeout));
         }
       } catch (const std::exception& e) {
-        st = core_->P2pFailed(what, peer, e.what(), absl::Now() - posted, timeout);
+        st = core->P2pFailed(what, peer, e.what(), absl::Now() - posted, timeout);
       }
-      core_->journal.Finish(id, st.ok());
+      core->journal.Finish(id, st.ok());
       work->Finish(std::move(st));
+      done->store(true);
     });
+    absl::MutexLock lock(&p2p_mu_);
+    for (auto it = p2p_waiters_.begin(); it != p2p_waiters_.end();) {
+      if (it->second->load()) {
+        it->first.join();
+        it = p2p_waiters_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    p2p_waiters_.emplace_back(std::move(waiter), std::move(done));
     return work;
   }
 
@@ -1307,7 +1321,8 @@ class GlooCommunicator final : public Communicator {
 
   std::unique_ptr<SerialThread> worker_;
   absl::Mutex p2p_mu_;
-  std::unique_ptr<SerialThread> p2p_;  // GUARDED_BY(p2p_mu_); made on the first Send/Recv
+  // GUARDED_BY(p2p_mu_): one thread per Send/Recv in flight, with its finished flag.
+  std::vector<std::pair<std::thread, std::shared_ptr<std::atomic<bool>>>> p2p_waiters_;
 
   std::thread heartbeat_;
 };

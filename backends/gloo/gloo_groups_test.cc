@@ -225,6 +225,38 @@ TEST_P(GroupsTest, SendRecvMatchByPeerAndTagInOrder) {
   });
 }
 
+// Each point-to-point operation completes on its own, not in issue order: rank 1 sends A, then
+// receives C and waits for it; rank 0 posts its receive of A only after a message D that rank 1
+// sends once C has arrived. Were C's completion queued behind A's (which waits for rank 0's
+// receive), both ranks would wait for each other until the timeout (as two pipeline stages
+// exchanging activations and gradients did).
+TEST(PointToPoint, OperationsCompleteIndependently) {
+  FileStore store(FreshDir());
+  RunRanks(2, [&](int rank) {
+    auto comm = MakeGloo(rank, 2, &store);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    Communicator& c = **comm;
+    c.set_timeout(absl::Seconds(20));
+    Tensor a = Tensor::Full({1000}, 1.0f), cc = Tensor::Full({10}, 3.0f), d = Tensor::Full({10}, 4.0f);
+    if (rank == 1) {
+      auto send_a = c.Send(a, 0, 1);
+      Tensor got_c = Tensor::Zeros({10});
+      ASSERT_TRUE(c.Recv(got_c, 0, 3)->Wait().ok());
+      EXPECT_EQ(got_c.ToFloatVector(), cc.ToFloatVector());
+      ASSERT_TRUE(c.Send(d, 0, 4)->Wait().ok());
+      ASSERT_TRUE(send_a->Wait().ok());
+    } else {
+      auto send_c = c.Send(cc, 1, 3);
+      Tensor got_d = Tensor::Zeros({10}), got_a = Tensor::Zeros({1000});
+      ASSERT_TRUE(c.Recv(got_d, 1, 4)->Wait().ok());
+      ASSERT_TRUE(c.Recv(got_a, 1, 1)->Wait().ok());
+      EXPECT_EQ(got_a.ToFloatVector(), a.ToFloatVector());
+      EXPECT_EQ(got_d.ToFloatVector(), d.ToFloatVector());
+      ASSERT_TRUE(send_c->Wait().ok());
+    }
+  });
+}
+
 TEST_P(GroupsTest, PointToPointArgumentsAreChecked) {
   const int n = world();
   FileStore store(FreshDir());

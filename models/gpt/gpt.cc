@@ -109,15 +109,42 @@ Gpt::Gpt(const GptConfig& cfg, Device device) : Module("GPT"), cfg_(cfg), device
   positions_ = Tensor::FromVector(pos, {cfg.block_size}, device);
 }
 
+// The forward is the composition of the pipeline layers, so a model cut into stages computes
+// exactly what the whole model does.
+std::vector<PipelineLayer> Gpt::PipelineLayers() {
+  if (!layers_.empty()) return layers_;  // built once: Forward runs them every call
+  std::vector<PipelineLayer>& layers = layers_;
+  layers.push_back({"embedding",
+                    [this](const Tensor& ids) {
+                      BRAID_CHECK(ids.ndim() == 2 && ids.dtype() == DType::kI32 &&
+                                  ids.size(1) <= cfg_.block_size)
+                          << "GPT input must be i32 token ids [B, T] with T <= block_size "
+                          << cfg_.block_size << ", got " << ids.DescribeForError();
+                      int64_t t = ids.size(1);
+                      return ops::Add(ops::Embedding(wte_, ids),
+                                      ops::Embedding(wpe_, positions_.Slice(0, t)));
+                    },
+                    {"wte.weight", "wpe.weight"}});
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    Module* b = blocks_[i];
+    std::string name = absl::StrCat("h.", i);
+    std::vector<std::string> params;
+    for (auto& [n, p] : b->NamedParameters()) params.push_back(absl::StrCat(name, ".", n));
+    layers.push_back({name, [b](const Tensor& x) { return (*b)(x); }, params});
+  }
+  layers.push_back({"head",
+                    [this](const Tensor& x) {
+                      return ops::Linear((*ln_f_)(x), wte_, Tensor());  // tied: x · wteᵀ
+                    },
+                    {"ln_f.weight", "ln_f.bias", "wte.weight"}});
+  return layers;
+}
+
 Tensor Gpt::Forward(const Tensor& ids) {
-  BRAID_CHECK(ids.ndim() == 2 && ids.dtype() == DType::kI32 && ids.size(1) <= cfg_.block_size)
-      << "GPT input must be i32 token ids [B, T] with T <= block_size " << cfg_.block_size
-      << ", got " << ids.DescribeForError();
-  int64_t t = ids.size(1);
-  Tensor x = ops::Add(ops::Embedding(wte_, ids), ops::Embedding(wpe_, positions_.Slice(0, t)));
-  for (Module* b : blocks_) x = (*b)(x);
-  x = (*ln_f_)(x);
-  return ops::Linear(x, wte_, Tensor());  // tied head: logits = x · wteᵀ
+  if (layers_.empty()) PipelineLayers();
+  Tensor x = ids;
+  for (const PipelineLayer& layer : layers_) x = layer.forward(x);
+  return x;
 }
 
 double Gpt::FlopsPerToken() const {

@@ -33,6 +33,8 @@ class Gpt : public Module {
   Gpt(const GptConfig& cfg, Device device = Device::CPU());
   // ids: [B, T] i32 with T <= block_size -> logits [B, T, padded_vocab_size].
   Tensor Forward(const Tensor& ids) override;
+  // embedding (ids -> x), h.0 .. h.{n-1}, head (ln_f and the tied LM head: x -> logits).
+  std::vector<PipelineLayer> PipelineLayers() override;
   const GptConfig& config() const { return cfg_; }
   // Forward FLOPs per token for the matrix products (x3 for a training step), as llm.c counts.
   double FlopsPerToken() const;
@@ -44,6 +46,7 @@ class Gpt : public Module {
   std::vector<Module*> blocks_;
   nn::LayerNorm* ln_f_;
   Tensor positions_;  // [block_size] i32, 0..block_size-1
+  std::vector<PipelineLayer> layers_;
 };
 
 }  // namespace braid::models
