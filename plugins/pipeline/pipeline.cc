@@ -51,6 +51,9 @@ struct Options {
   std::string schedule = "1f1b";
   int chunks = 1;                          // virtual stages per rank (interleaved)
   std::string partition = "parameters";    // "parameters", "uniform", or layer counts "2,3,1"
+  // Chrome trace of the last step, one file per rank ("{rank}" is replaced): pid = replica,
+  // tid = stage, so the files of one replica opened together show one row per stage.
+  std::string trace_file;
 };
 
 absl::StatusOr<Options> ParseOptions(const std::map<std::string, std::string>& options) {
@@ -68,9 +71,11 @@ absl::StatusOr<Options> ParseOptions(const std::map<std::string, std::string>& o
       }
     } else if (k == "partition") {
       o.partition = v;
+    } else if (k == "trace_file") {
+      o.trace_file = v;
     } else {
       return Invalid(absl::StrCat("unknown option '", k,
-                                  "' (known: stages, schedule, virtual_stages, partition)"));
+                                  "' (known: stages, schedule, virtual_stages, partition, trace_file)"));
     }
   }
   if (o.stages == 0) return Invalid("option stages is missing: how many pipeline stages?");
@@ -202,7 +207,13 @@ class PipelineStrategy final : public Strategy {
   // Measured: compute time and step time (from the second step), peak activations held.
   double busy_s_ = 0, wall_s_ = 0;
   int measured_steps_ = 0, steps_ = 0;
-  int64_t act_base_ = 0, act_peak_ = 0;  // device bytes above the step's start, at most
+  int64_t act_base_ = 0, act_peak_ = 0;
+  struct Event {
+    std::string name;
+    double start_s, end_s;
+  };
+  std::vector<Event> events_;  // this step's forwards, backwards and waits
+  void WriteTrace() const;  // device bytes above the step's start, at most
   absl::Status status_;
 };
 
@@ -384,6 +395,8 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
         f.input = batch.inputs;
       } else {
         BRAID_RETURN_IF_ERROR(f.act_work->Wait());
+        events_.push_back({absl::StrCat("wait activation ", a.micro_batch), start, NowS()});
+        start = NowS();
         f.input = f.recv_act.Detach();
         f.input.set_requires_grad(true);
         f.recv_act = Tensor();
@@ -397,6 +410,8 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
       }
       stats->forward_s += NowS() - start;
       busy_s_ += steps_ > 0 ? NowS() - start : 0;
+      events_.push_back({absl::StrCat("F", a.micro_batch, opts_.chunks > 1 ? absl::StrCat(".", a.chunk) : ""),
+                         start, NowS()});
       return absl::OkStatus();
     }
     case Op::kSendActivation: {
@@ -427,6 +442,8 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
         f.loss.Backward();
       } else {
         BRAID_RETURN_IF_ERROR(f.grad_work->Wait());
+        events_.push_back({absl::StrCat("wait gradient ", a.micro_batch), start, NowS()});
+        start = NowS();
         f.output.Backward(f.recv_grad);
       }
       if (vs > 0) f.input_grad = f.input.grad();
@@ -435,6 +452,8 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
       f.recv_grad = Tensor();
       stats->backward_s += NowS() - start;
       busy_s_ += steps_ > 0 ? NowS() - start : 0;
+      events_.push_back({absl::StrCat("B", a.micro_batch, opts_.chunks > 1 ? absl::StrCat(".", a.chunk) : ""),
+                         start, NowS()});
       return absl::OkStatus();
     }
     case Op::kSendGrad:
@@ -458,6 +477,7 @@ absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& 
   optimizer_->ZeroGrad();
   loss_sum_ = 0;
   flight_.clear();
+  events_.clear();
   act_base_ = GetMemoryStats(device_).current_bytes;
   for (const Action& a : schedule) {
     absl::Status st = Run(a, micro_batches, &stats);
@@ -529,7 +549,33 @@ absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& 
     ++measured_steps_;
   }
   ++steps_;
+  events_.push_back({"optimizer", opt_start, opt_start + stats.optimizer_s});
+  if (!opts_.trace_file.empty()) WriteTrace();
   return stats;
+}
+
+void PipelineStrategy::WriteTrace() const {
+  std::string path = opts_.trace_file;
+  const std::string key = "{rank}";
+  if (auto at = path.find(key); at != std::string::npos) {
+    path.replace(at, key.size(), std::to_string(world_->rank()));
+  }
+  std::vector<std::string> items;
+  items.push_back(absl::StrFormat(
+      R"({"name":"thread_name","ph":"M","pid":%d,"tid":%d,"args":{"name":"stage %d"}})", dp_, stage_,
+      stage_));
+  for (const Event& e : events_) {
+    items.push_back(absl::StrFormat(R"({"name":"%s","ph":"X","pid":%d,"tid":%d,"ts":%.1f,"dur":%.1f})",
+                                    e.name, dp_, stage_, e.start_s * 1e6,
+                                    std::max(0.0, e.end_s - e.start_s) * 1e6));
+  }
+  // Written whole under a temporary name, then renamed: a reader never sees half a trace.
+  std::string tmp = path + ".tmp";
+  if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+    std::fprintf(f, "{\"traceEvents\":[\n%s\n]}\n", absl::StrJoin(items, ",\n").c_str());
+    bool ok = std::fclose(f) == 0;
+    if (ok) std::rename(tmp.c_str(), path.c_str());
+  }
 }
 
 std::vector<std::string> PipelineStrategy::SummaryLines() const {

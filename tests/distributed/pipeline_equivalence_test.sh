@@ -24,9 +24,9 @@ optimizer { type: "SGD" params { lr: 0.1 weight_decay: 0.1 } }
 $4
 CFG
 }
-pipe() {  # STAGES SCHEDULE [VIRTUAL]
+pipe() {  # STAGES SCHEDULE [VIRTUAL [MORE_OPTIONS]]
   echo "strategy { name: \"pipeline\" options { key: \"stages\" value: \"$1\" }" \
-    "options { key: \"schedule\" value: \"$2\" } options { key: \"virtual_stages\" value: \"${3:-1}\" } }"
+    "options { key: \"schedule\" value: \"$2\" } options { key: \"virtual_stages\" value: \"${3:-1}\" } ${4:-} }"
 }
 run() {  # NAME NPROC CFG
   timeout 300 "$L" --nproc_per_node=$2 --log_dir="$T/$1.logs" -- --config="$3" \
@@ -40,7 +40,8 @@ compare() {  # NAME A B TOL
 cfg "$T/single.pbtxt" 4 4 'strategy { name: "single" }'
 "$TR" --config="$T/single.pbtxt" --save_to="$T/single.safetensors" --log_dir="$T/single" > "$T/single.out" 2>&1 ||
   { echo "FAIL single run"; tail -5 "$T/single.out"; exit 1; }
-cfg "$T/p2.pbtxt" 4 4 "$(pipe 2 1f1b)";                  run p2_1f1b 2 "$T/p2.pbtxt"
+cfg "$T/p2.pbtxt" 4 4 "$(pipe 2 1f1b 1 "options { key: \"trace_file\" value: \"$T/trace-{rank}.json\" }")"
+run p2_1f1b 2 "$T/p2.pbtxt"
 cfg "$T/p2g.pbtxt" 4 4 "$(pipe 2 gpipe)";                run p2_gpipe 2 "$T/p2g.pbtxt"
 cfg "$T/p3.pbtxt" 4 4 "$(pipe 3 1f1b)";                  run p3_1f1b 3 "$T/p3.pbtxt"
 cfg "$T/p2v2.pbtxt" 4 4 "$(pipe 2 interleaved 2)";       run p2_interleaved 2 "$T/p2v2.pbtxt"
@@ -52,4 +53,15 @@ done
 grep -E "^braid: pipeline of 2 stage\(s\), schedule 1f1b, cut by parameters: 0: embedding" "$T/p2_1f1b.out" &&
   grep -E "^braid: pipeline \(stage 0 of 2, 4 micro-batch\(es\), 1f1b\): idle [0-9.]+% .*bubble formula 20.0%" "$T/p2_1f1b.out" ||
   { echo "FAIL: no cut or bubble in the summary"; fails=$((fails+1)); }
+# The last step's trace: one row (tid) per stage, each micro-batch's forward and backward once.
+/usr/bin/python3 - "$T" <<'PY' || { echo "FAIL: pipeline traces"; fails=$((fails+1)); }
+import json, sys
+for rank in (0, 1):
+    events = json.load(open(f"{sys.argv[1]}/trace-{rank}.json"))["traceEvents"]
+    work = [e for e in events if e["ph"] == "X"]
+    assert {e["tid"] for e in events} == {rank}, events
+    names = sorted(e["name"] for e in work if e["name"][0] in "FB")
+    assert names == sorted([f"F{i}" for i in range(4)] + [f"B{i}" for i in range(4)]), names
+    print(f"   stage {rank}: {len(work)} events in its trace row")
+PY
 [ "$fails" = 0 ] && echo PASS || { echo "$fails failure(s)"; exit 1; }
