@@ -20,6 +20,7 @@
 #include "core/plugin.h"
 #include "core/registry.h"
 #include "core/strategy.h"
+#include "core/testing/equivalence.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/gpt/gpt.h"
@@ -64,17 +65,7 @@ LossFn CrossEntropyLoss() {
 }
 
 OptimizerFactory Optim(bool adamw) {
-  return [adamw](const std::vector<std::pair<std::string, Tensor>>& named) {
-    ParamGroup decay, none;
-    decay.lr = none.lr = adamw ? 1e-2f : 0.2f;
-    decay.weight_decay = 0.1f;
-    for (auto& [n, t] : named) (t.weight_decay() ? decay : none).params.push_back(t);
-    std::vector<ParamGroup> groups;
-    for (ParamGroup* g : {&decay, &none}) {
-      if (!g->params.empty()) groups.push_back(*g);
-    }
-    return adamw ? MakeAdamW(std::move(groups)) : MakeSgd(std::move(groups));
-  };
+  return testing::GroupedByWeightDecay(adamw, adamw ? 1e-2f : 0.2f, 0.1f);
 }
 
 struct Spec {
@@ -127,69 +118,45 @@ class PipelineTest : public ::testing::Test {
     const int world = spec.stages * spec.replicas;
     out.state.resize(size_t(world));
     out.stats.resize(size_t(world));
-    std::vector<std::unique_ptr<Communicator>> group = MakeInProcessGroup(world);
-    for (auto& c : group) c->set_timeout(absl::Seconds(60));
-    std::vector<std::thread> threads;
-    for (int rank = 0; rank < world; ++rank) {
-      threads.emplace_back([&, rank] {
-        auto made = Registry::Get().MakeStrategy("pipeline");
-        ASSERT_TRUE(made.ok()) << made.status();
-        std::unique_ptr<Strategy> pipe = std::move(made).value();
-        StrategyContext ctx;
-        ctx.comm = group[size_t(rank)].get();
-        ctx.options["stages"] = std::to_string(spec.stages);
-        ctx.options["schedule"] = spec.schedule;
-        ctx.options["virtual_stages"] = std::to_string(spec.virtual_stages);
-        ctx.max_grad_norm = spec.max_grad_norm;
-        ctx.criterion = CrossEntropyCriterion();
-        std::unique_ptr<Module> model;
-        {
-          DeferredInitScope deferred;  // each stage materialises only its own layers
-          model = MakeGpt();
-        }
-        absl::Status st = pipe->Setup(*model, Optim(spec.adamw), ctx);
-        ASSERT_TRUE(st.ok()) << st;
-        const int replica = pipe->data_parallel_rank();
-        EXPECT_EQ(replica, rank / spec.stages);
-        EXPECT_EQ(pipe->data_parallel_size(), spec.replicas);
-        for (int step = 0; step < spec.steps; ++step) {
-          std::vector<Batch> mbs;
-          for (int mb = 0; mb < spec.micro_batches; ++mb) mbs.push_back(Rows(step, replica, mb));
-          auto stats = pipe->TrainStep(mbs, CrossEntropyLoss());
-          ASSERT_TRUE(stats.ok()) << stats.status();
-          out.stats[size_t(rank)].push_back(*stats);
-        }
-        auto full = pipe->FullStateDict();
-        ASSERT_TRUE(full.ok()) << full.status();
-        out.state[size_t(rank)] = *full;
-      });
-    }
-    for (auto& t : threads) t.join();
+    testing::RunRanks(world, [&](int rank, Communicator* comm) {
+      auto made = Registry::Get().MakeStrategy("pipeline");
+      ASSERT_TRUE(made.ok()) << made.status();
+      std::unique_ptr<Strategy> pipe = std::move(made).value();
+      StrategyContext ctx;
+      ctx.comm = comm;
+      ctx.options["stages"] = std::to_string(spec.stages);
+      ctx.options["schedule"] = spec.schedule;
+      ctx.options["virtual_stages"] = std::to_string(spec.virtual_stages);
+      ctx.max_grad_norm = spec.max_grad_norm;
+      ctx.criterion = CrossEntropyCriterion();
+      std::unique_ptr<Module> model;
+      {
+        DeferredInitScope deferred;  // each stage materialises only its own layers
+        model = MakeGpt();
+      }
+      absl::Status st = pipe->Setup(*model, Optim(spec.adamw), ctx);
+      ASSERT_TRUE(st.ok()) << st;
+      const int replica = pipe->data_parallel_rank();
+      EXPECT_EQ(replica, rank / spec.stages);
+      EXPECT_EQ(pipe->data_parallel_size(), spec.replicas);
+      for (int step = 0; step < spec.steps; ++step) {
+        std::vector<Batch> mbs;
+        for (int mb = 0; mb < spec.micro_batches; ++mb) mbs.push_back(Rows(step, replica, mb));
+        auto stats = pipe->TrainStep(mbs, CrossEntropyLoss());
+        ASSERT_TRUE(stats.ok()) << stats.status();
+        out.stats[size_t(rank)].push_back(*stats);
+      }
+      auto full = pipe->FullStateDict();
+      ASSERT_TRUE(full.ok()) << full.status();
+      out.state[size_t(rank)] = *full;
+    });
     return out;
   }
 
   static double MaxRelDiff(const StateDict& got, const StateDict& want, std::string* worst) {
-    double max = 0;
-    EXPECT_EQ(got.size(), want.size());
-    for (auto& [n, w] : want) {
-      auto it = got.find(n);
-      if (it == got.end()) {
-        ADD_FAILURE() << "missing " << n;
-        continue;
-      }
-      std::vector<float> a = it->second.ToFloatVector(), b = w.ToFloatVector();
-      double scale = 1;
-      for (float v : b) scale = std::max(scale, double(std::fabs(v)));
-      for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-        double d = std::fabs(double(a[i]) - double(b[i])) / scale;
-        if (d > max) {
-          max = d;
-          *worst = n;
-        }
-      }
-    }
-    return max;
+    return testing::MaxRelativeDifference(got, want, worst);
   }
+
 
   static void ExpectMatches(const Spec& spec, const Result& r, double tol) {
     for (size_t rank = 0; rank < r.state.size(); ++rank) {

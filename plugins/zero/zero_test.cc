@@ -23,6 +23,7 @@
 #include "core/plugin.h"
 #include "core/registry.h"
 #include "core/strategy.h"
+#include "core/testing/equivalence.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/gpt/gpt.h"
@@ -91,17 +92,7 @@ LossFn CrossEntropyLoss() {
 
 // Weight decay by the parameters' own attribute, as the trainer does.
 OptimizerFactory Optim(bool adamw) {
-  return [adamw](const std::vector<std::pair<std::string, Tensor>>& named) {
-    ParamGroup decay, none;
-    decay.lr = none.lr = adamw ? 1e-2f : 0.1f;
-    decay.weight_decay = adamw ? 0.1f : 0.0f;
-    for (auto& [n, t] : named) (t.weight_decay() ? decay : none).params.push_back(t);
-    std::vector<ParamGroup> groups;
-    for (ParamGroup* g : {&decay, &none}) {
-      if (!g->params.empty()) groups.push_back(*g);
-    }
-    return adamw ? MakeAdamW(std::move(groups)) : MakeSgd(std::move(groups));
-  };
+  return testing::GroupedByWeightDecay(adamw, adamw ? 1e-2f : 0.1f, adamw ? 0.1f : 0.0f);
 }
 
 struct Spec {
@@ -163,74 +154,49 @@ class ZeroTest : public ::testing::Test {
     out.state.resize(size_t(spec.ranks));
     out.stats.resize(size_t(spec.ranks));
     out.peaks.resize(size_t(spec.ranks));
-    std::vector<std::unique_ptr<Communicator>> group = MakeInProcessGroup(spec.ranks);
-    for (auto& c : group) c->set_timeout(absl::Seconds(60));  // a hang fails, not stalls
-    std::vector<std::thread> threads;
-    for (int rank = 0; rank < spec.ranks; ++rank) {
-      threads.emplace_back([&, rank] {
-        auto made = Registry::Get().MakeStrategy("zero");
-        ASSERT_TRUE(made.ok()) << made.status();
-        std::unique_ptr<Strategy> zero = std::move(made).value();
-        StrategyContext ctx;
-        ctx.comm = group[size_t(rank)].get();
-        ctx.options = spec.options;
-        ctx.options["stage"] = std::to_string(spec.stage);
-        ctx.max_grad_norm = spec.max_grad_norm;
-        EXPECT_EQ(zero->wants_deferred_init(ctx), spec.stage == 3);
-        std::unique_ptr<Module> model;
-        if (spec.deferred) {
-          DeferredInitScope scope;
-          model = make_model(7);
-        } else {
-          model = make_model(7);
+    testing::RunRanks(spec.ranks, [&](int rank, Communicator* comm) {
+      auto made = Registry::Get().MakeStrategy("zero");
+      ASSERT_TRUE(made.ok()) << made.status();
+      std::unique_ptr<Strategy> zero = std::move(made).value();
+      StrategyContext ctx;
+      ctx.comm = comm;
+      ctx.options = spec.options;
+      ctx.options["stage"] = std::to_string(spec.stage);
+      ctx.max_grad_norm = spec.max_grad_norm;
+      EXPECT_EQ(zero->wants_deferred_init(ctx), spec.stage == 3);
+      std::unique_ptr<Module> model;
+      if (spec.deferred) {
+        DeferredInitScope scope;
+        model = make_model(7);
+      } else {
+        model = make_model(7);
+      }
+      absl::Status st = zero->Setup(*model, Optim(spec.adamw), ctx);
+      ASSERT_TRUE(st.ok()) << st;
+      EXPECT_EQ(zero->data_parallel_rank(), rank);
+      EXPECT_EQ(zero->data_parallel_size(), spec.ranks);
+      for (int step = 0; step < spec.steps; ++step) {
+        std::vector<Batch> mbs;
+        for (int a = 0; a < spec.accumulation; ++a) {
+          mbs.push_back(rows(step, rank * per_rank + a * spec.rows, spec.rows));
         }
-        absl::Status st = zero->Setup(*model, Optim(spec.adamw), ctx);
-        ASSERT_TRUE(st.ok()) << st;
-        EXPECT_EQ(zero->data_parallel_rank(), rank);
-        EXPECT_EQ(zero->data_parallel_size(), spec.ranks);
-        for (int step = 0; step < spec.steps; ++step) {
-          std::vector<Batch> mbs;
-          for (int a = 0; a < spec.accumulation; ++a) {
-            mbs.push_back(rows(step, rank * per_rank + a * spec.rows, spec.rows));
-          }
-          auto stats = zero->TrainStep(mbs, CrossEntropyLoss());
-          ASSERT_TRUE(stats.ok()) << stats.status();
-          out.stats[size_t(rank)].push_back(*stats);
-        }
-        auto full = zero->FullStateDict();
-        ASSERT_TRUE(full.ok()) << full.status();
-        out.state[size_t(rank)] = *full;
-        out.peaks[size_t(rank)] = zero->ModelStatePeaks();
-      });
-    }
-    for (auto& t : threads) t.join();
+        auto stats = zero->TrainStep(mbs, CrossEntropyLoss());
+        ASSERT_TRUE(stats.ok()) << stats.status();
+        out.stats[size_t(rank)].push_back(*stats);
+      }
+      auto full = zero->FullStateDict();
+      ASSERT_TRUE(full.ok()) << full.status();
+      out.state[size_t(rank)] = *full;
+      out.peaks[size_t(rank)] = zero->ModelStatePeaks();
+    });
     return out;
   }
 
   // Max |a - b| / (1 + max|b|) over every tensor, naming the worst.
   static double MaxRelDiff(const StateDict& got, const StateDict& want, std::string* worst) {
-    double max = 0;
-    EXPECT_EQ(got.size(), want.size());
-    for (auto& [n, w] : want) {
-      auto it = got.find(n);
-      if (it == got.end()) {
-        ADD_FAILURE() << "missing " << n;
-        continue;
-      }
-      std::vector<float> a = it->second.ToFloatVector(), b = w.ToFloatVector();
-      EXPECT_EQ(a.size(), b.size()) << n;
-      double scale = 1;
-      for (float v : b) scale = std::max(scale, double(std::fabs(v)));
-      for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-        double d = std::fabs(double(a[i]) - double(b[i])) / scale;
-        if (d > max) {
-          max = d;
-          *worst = n;
-        }
-      }
-    }
-    return max;
+    return testing::MaxRelativeDifference(got, want, worst);
   }
+
 
   static void ExpectMatches(const Spec& spec, const Result& r, double tol) {
     for (int rank = 0; rank < spec.ranks; ++rank) {

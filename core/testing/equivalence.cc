@@ -1,0 +1,60 @@
+#include "core/testing/equivalence.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include "absl/time/time.h"
+#include "core/in_process_communicator.h"
+#include "gtest/gtest.h"
+
+namespace braid::testing {
+
+void RunRanks(int n, const std::function<void(int rank, Communicator* comm)>& body) {
+  std::vector<std::unique_ptr<Communicator>> group = MakeInProcessGroup(n);
+  for (auto& c : group) c->set_timeout(absl::Seconds(60));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { body(r, group[size_t(r)].get()); });
+  for (auto& t : threads) t.join();
+}
+
+OptimizerFactory GroupedByWeightDecay(bool adamw, float lr, float weight_decay) {
+  return [=](const std::vector<std::pair<std::string, Tensor>>& named) {
+    ParamGroup decay, none;
+    decay.lr = none.lr = lr;
+    decay.weight_decay = weight_decay;
+    for (auto& [n, t] : named) (t.weight_decay() ? decay : none).params.push_back(t);
+    std::vector<ParamGroup> groups;
+    for (ParamGroup* g : {&decay, &none}) {
+      if (!g->params.empty()) groups.push_back(*g);
+    }
+    return adamw ? MakeAdamW(std::move(groups)) : MakeSgd(std::move(groups));
+  };
+}
+
+double MaxRelativeDifference(const std::map<std::string, Tensor>& got,
+                             const std::map<std::string, Tensor>& want, std::string* worst) {
+  double max = 0;
+  EXPECT_EQ(got.size(), want.size());
+  for (auto& [n, w] : want) {
+    auto it = got.find(n);
+    if (it == got.end()) {
+      ADD_FAILURE() << "missing " << n;
+      continue;
+    }
+    std::vector<float> a = it->second.ToFloatVector(), b = w.ToFloatVector();
+    EXPECT_EQ(a.size(), b.size()) << n;
+    double scale = 1;
+    for (float v : b) scale = std::max(scale, double(std::fabs(v)));
+    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+      double d = std::fabs(double(a[i]) - double(b[i])) / scale;
+      if (d > max) {
+        max = d;
+        *worst = n;
+      }
+    }
+  }
+  return max;
+}
+
+}  // namespace braid::testing
