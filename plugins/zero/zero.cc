@@ -144,8 +144,15 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
   std::vector<std::pair<std::string, Tensor>> named;
   for (Unit& u : units_) {
     auto [own_b, own_e] = OwnRange(u);
-    u.grad_shard = Tensor::Zeros({u.shard}, DType::kF32, ctx.device);
-    grads_.Add(Bytes(u.shard));
+    if (opts_.stage == 1) {
+      // Stage 1 keeps the full gradients anyway: the reduced shard is written over this rank's
+      // own slice of them, so it costs nothing more (8Ψ + 8Ψ/N in all, as the paper counts).
+      PrepareGrads(u);
+      u.grad_shard = u.flat_grad.FlatRange(int64_t(rank_) * u.shard, u.shard);
+    } else {
+      u.grad_shard = Tensor::Zeros({u.shard}, DType::kF32, ctx.device);
+      grads_.Add(Bytes(u.shard));
+    }
     for (Slot& s : u.slots) {
       int64_t b = std::max(own_b, s.offset), e = std::min(own_e, s.offset + s.param.numel());
       if (b >= e) continue;
@@ -284,7 +291,7 @@ void ZeroStrategy::InstallStage3Hooks() {
 void ZeroStrategy::PrepareGrads(Unit& u) {
   if (u.flat_grad.defined() && u.flat_grad.has_data()) return;
   if (!u.flat_grad.defined()) {
-    u.flat_grad = Tensor::Unallocated({u.padded}, DType::kF32, u.grad_shard.device());
+    u.flat_grad = Tensor::Unallocated({u.padded}, DType::kF32, u.flat.device());
   }
   u.flat_grad.storage()->Reallocate();
   u.flat_grad.Zero();
@@ -311,7 +318,11 @@ void ZeroStrategy::FinishReduceScatter(Unit& u, StepStats* stats) {
   u.reduced = true;
   absl::Time start = absl::Now();
   if (Wait(u.pending, "reduce-scattering gradients").ok()) {
-    kernels::axpby.Get(u.grad_shard.device())(1.0f, u.pending_out, 1.0f, u.grad_shard);
+    if (opts_.stage == 1) {
+      u.grad_shard.CopyFrom(u.pending_out);  // once per step, over the local gradients
+    } else {
+      kernels::axpby.Get(u.grad_shard.device())(1.0f, u.pending_out, 1.0f, u.grad_shard);
+    }
   }
   if (!in_backward_ && stats != nullptr) stats->comm_exposed_s += Seconds(start);
   u.pending.reset();
@@ -343,11 +354,8 @@ absl::StatusOr<StepStats> ZeroStrategy::TrainStep(const std::vector<Batch>& micr
   StepStats stats;
   comm_status_ = absl::OkStatus();
   for (Unit& u : units_) {
-    u.grad_shard.Zero();
-    if (opts_.stage == 1) {
-      PrepareGrads(u);  // kept from step to step: zeroed here
-      u.flat_grad.Zero();
-    }
+    // Stage 1's gradients (the shard is a slice of them) live from step to step: zeroed here.
+    (opts_.stage == 1 ? u.flat_grad : u.grad_shard).Zero();
   }
   step_stats_ = &stats;
   MicroBatchEvents events;

@@ -359,6 +359,10 @@ TEST_F(ZeroTest, StageThreeHoldsShardsPlusTwoUnits) {
   Result r2 = Run(spec);
   EXPECT_EQ(Peak(r2.peaks[0], "parameters"), (2 * padded(block) + padded(outside)) * 4);
   EXPECT_EQ(Peak(r2.peaks[0], "gradients"), shards);
+  // Stage 1 holds the full gradients, the reduced shard written over its own slice of them.
+  spec.stage = 1;
+  Result r1 = Run(spec);
+  EXPECT_EQ(Peak(r1.peaks[0], "gradients"), (2 * padded(block) + padded(outside)) * 4);
 }
 
 // ZeRO-Offload: the optimizer steps host copies; the result is the same computation.

@@ -5,7 +5,9 @@ measured against. Same model, same init file (optional), same per-rank sample st
 Prints one JSON object per step and a summary line, e.g.
   OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 /usr/bin/python3 tools/bench/gpt_mini_torch.py --steps 20
 DDP over Gloo: run with --world_size N; the script starts the N ranks itself (torchrun crashes on
-Debian's Python 3.11, see docs/REFERENCE_RUN.md).
+Debian's Python 3.11, see docs/REFERENCE_RUN.md). With --zero (and --world_size > 1) AdamW is wrapped
+in torch.distributed.optim.ZeroRedundancyOptimizer (ZeRO stage 1, the peer of Braid's zero
+strategy at stage 1); the summary then also gives each rank's optimizer state in MiB.
 """
 import argparse
 import json
@@ -29,6 +31,8 @@ def parse_args():
     p.add_argument("--port", type=int, default=29533)
     p.add_argument("--warmup", type=int, default=3, help="steps left out of the throughput median")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--zero", action="store_true",
+                   help="shard AdamW's state with ZeroRedundancyOptimizer (needs --world_size > 1)")
     return p.parse_args()
 
 
@@ -186,9 +190,13 @@ def run(rank, args):
     net = model
     if ws > 1:
         net = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    if args.zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW,
+                                      lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    else:
+        opt = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
     rng = SplitMix64(1234 + rank)
     times, losses = [], []
     for step in range(args.steps):
@@ -207,6 +215,14 @@ def run(rank, args):
         if rank == 0 and not args.quiet:
             print(json.dumps({"step": step, "loss": round(loss.item(), 5),
                               "tokens_per_s": round(B * T * ws / dt, 1)}), flush=True)
+    extra = {}
+    if args.zero:  # this rank's shard of AdamW's state (ZeroRedundancyOptimizer.optim is local)
+        import torch.distributed as dist
+        own = sum(t.numel() * t.element_size() for st in opt.optim.state.values()
+                  for t in st.values() if torch.is_tensor(t))
+        every = [None] * ws
+        dist.all_gather_object(every, own)
+        extra = {"zero": 1, "optimizer_state_mib": [round(b / 2**20, 2) for b in every]}
     if rank == 0:
         steady = sorted(times[args.warmup:] or times)
         med = steady[len(steady) // 2]
@@ -216,7 +232,7 @@ def run(rank, args):
                           "median_step_s": round(med, 5),
                           "tokens_per_s": round(B * T * ws / med, 1),
                           "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-                          "torch": torch.__version__}), flush=True)
+                          "torch": torch.__version__, **extra}), flush=True)
         if args.save:
             write_safetensors(args.save, {k: v for k, v in model.state_dict().items()
                                           if not k.endswith("mask")})
@@ -227,6 +243,8 @@ def run(rank, args):
 
 def main():
     args = parse_args()
+    if args.zero and args.world_size < 2:
+        sys.exit("--zero needs --world_size > 1 (ZeroRedundancyOptimizer shards over the ranks)")
     if args.world_size == 1:
         run(0, args)
         return
