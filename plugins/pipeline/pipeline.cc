@@ -489,6 +489,9 @@ absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& 
       return st;
     }
   }
+  // The bubble is the idle share of the schedule itself: from the step's start to its last
+  // action, against the forwards and backwards this stage computed in between.
+  const double schedule_end = NowS();
   double comm_start = NowS();
   for (auto& w : sends_) BRAID_RETURN_IF_ERROR(w->Wait());
   sends_.clear();
@@ -545,7 +548,7 @@ absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& 
   if (stages_ > 1) BRAID_RETURN_IF_ERROR(pipe_->Broadcast(loss, stages_ - 1)->Wait());
   stats.loss = loss.item();
   if (steps_ > 0) {
-    wall_s_ += NowS() - step_start;
+    wall_s_ += schedule_end - step_start;
     ++measured_steps_;
   }
   ++steps_;
@@ -582,8 +585,9 @@ std::vector<std::string> PipelineStrategy::SummaryLines() const {
   if (measured_steps_ == 0) return {};
   const double bubble = wall_s_ > 0 ? 1 - busy_s_ / wall_s_ : 0;
   return {absl::StrFormat(
-      "pipeline (stage %d of %d, %d micro-batch(es), %s%s): idle %.1f%% of each step measured "
-      "(compute against step time, steps 2..%d), bubble formula %.1f%%; peak activations held "
+      "pipeline (stage %d of %d, %d micro-batch(es), %s%s): idle %.1f%% of the schedule measured "
+      "(forward and backward against its span, steps 2..%d), bubble formula %.1f%%; peak "
+      "activations held "
       "%.2f MiB",
       stage_, stages_, k_, opts_.schedule,
       opts_.chunks > 1 ? absl::StrCat(" x", opts_.chunks).c_str() : "", 100 * bubble, steps_,
