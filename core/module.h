@@ -39,9 +39,18 @@ class Module {
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  // Runs hooks around Forward. Call modules through this, never Forward directly.
+  // Runs hooks around Forward (or the replacement forward, when one is set). Call modules
+  // through this, never Forward directly.
   Tensor operator()(const Tensor& x);
   virtual Tensor Forward(const Tensor& x) = 0;
+
+  // Replaces what this module computes, keeping its place in the tree, its name, its parameters
+  // and every hook: how a strategy rewrites a module (tensor parallelism turns a Linear into a
+  // column-parallel one) without the parent, which holds a plain pointer to it, knowing. The
+  // replacement may call Forward for the original computation. Null restores Forward.
+  using ForwardFn = std::function<Tensor(const Tensor&)>;
+  void ReplaceForward(ForwardFn fn) { replaced_forward_ = std::move(fn); }
+  bool forward_replaced() const { return replaced_forward_ != nullptr; }
 
   const std::string& type_name() const { return type_name_; }
 
@@ -110,6 +119,7 @@ class Module {
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
   bool training_ = true;
   bool is_block_ = false;
+  ForwardFn replaced_forward_;
 
   struct HookEntry {
     uint64_t id;

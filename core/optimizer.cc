@@ -301,7 +301,7 @@ float ClipGradNormSharded(const std::vector<Tensor>& params, float max_norm,
     kernels::unary.Get(g.device())(kernels::UnaryOp::kSquare, g, 0.0f, sq);
     Tensor s = Tensor::Empty({}, DType::kF32, g.device());
     kernels::sum_all.Get(g.device())(sq, s);
-    total += double(s.item());
+    total += double(p.grad_norm_share()) * double(s.item());
   }
   double norm = std::sqrt(global_sum(total));
   if (max_norm > 0 && norm > max_norm) {

@@ -71,7 +71,8 @@ std::unique_ptr<LrSchedule> WarmupCosineLr(float max_lr, float min_lr, int64_t w
 float ClipGradNorm(const std::vector<Tensor>& params, float max_norm);
 // The same for gradients sharded across ranks (ZeRO): `global_sum` turns this rank's sum of
 // squares into the sum over every rank (an all-reduce), so every rank gets the same norm and
-// scales its shard by the same factor.
+// scales its shard by the same factor. Each parameter's sum of squares counts with its
+// grad_norm_share() (1 unless tensor parallelism replicates it across its group).
 float ClipGradNormSharded(const std::vector<Tensor>& params, float max_norm,
                           const std::function<double(double)>& global_sum);
 

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/communicator.h"
+#include "core/mesh.h"
 #include "core/module.h"
 #include "core/optimizer.h"
 #include "core/tensor.h"
@@ -64,7 +65,19 @@ struct StrategyContext {
   // StrategyTraits). Null when the caller has none (tests). A plugin reads it through
   // //core/config:train_config_headers, never by linking the config library.
   const config::TrainConfig* config = nullptr;
+  // The tensor × pipeline × data layout (core/mesh.h) when the config has a `parallel` section;
+  // null otherwise (the strategy then grids `comm` itself, from its options).
+  const DeviceMesh* mesh = nullptr;
+  // Sums a per-rank quantity over the ranks that hold the other parts of this rank's model
+  // replica (the tensor-parallel group), after the strategy's own sum over `comm`: what a global
+  // gradient norm needs when parameters are split inside a layer. Null: nothing to add.
+  std::function<double(double)> model_parallel_sum;
 };
+
+// `local` summed with ctx.model_parallel_sum, when there is one.
+inline double SumOverModelParallel(const StrategyContext& ctx, double local) {
+  return ctx.model_parallel_sum ? ctx.model_parallel_sum(local) : local;
+}
 
 struct StepStats {
   float loss = 0;           // mean over micro-batches (this rank)

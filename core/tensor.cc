@@ -62,6 +62,17 @@ void Tensor::RebindTo(const Tensor& source) const {
   impl_->grad.reset();
 }
 
+void Tensor::RebindToPart(const Tensor& source) const {
+  BRAID_CHECK(defined() && source.defined()) << "RebindToPart of an undefined tensor";
+  BRAID_CHECK(dtype() == source.dtype() && device() == source.device())
+      << "RebindToPart: " << DescribeForError() << " cannot become "
+      << source.DescribeForError() << " (dtype and device must match)";
+  impl_->storage = source.storage();
+  impl_->offset = source.storage_offset();
+  impl_->shape = source.shape();
+  impl_->grad.reset();
+}
+
 void Tensor::MoveTo(Device device) const {
   if (this->device() == device) return;
   RebindTo(Detach().To(device));

@@ -78,6 +78,10 @@ struct TensorImpl {
   bool weight_decay = true;
   // Deferred initialisation (core/deferred_init.h): how to produce the initial values.
   std::shared_ptr<const std::function<void(float*, int64_t, int64_t)>> initializer;
+  // The share of this parameter's squared gradient norm that this rank counts towards the
+  // global norm: 1/t for a parameter that t tensor-parallel ranks each hold whole, so that the
+  // sum over those ranks counts it once (ClipGradNormSharded).
+  float grad_norm_share = 1.0f;
 };
 
 class Tensor {
@@ -138,6 +142,10 @@ class Tensor {
   // buffer, or onto another device.
   // (const: it changes the tensor every handle shares, not this handle.)
   void RebindTo(const Tensor& source) const;
+  // The same, except that the tensor takes `source`'s shape: it keeps its name and identity but
+  // now holds a part of what it was. How tensor parallelism keeps this rank's slice of a
+  // parameter under the parameter's own name, for every module that holds a handle to it.
+  void RebindToPart(const Tensor& source) const;
   // Moves the values to `device` the same way (a no-op when already there).
   void MoveTo(Device device) const;
 
@@ -175,6 +183,12 @@ class Tensor {
   bool weight_decay() const { return impl_->weight_decay; }
   Tensor& set_weight_decay(bool on) {
     impl_->weight_decay = on;
+    return *this;
+  }
+
+  float grad_norm_share() const { return impl_->grad_norm_share; }
+  Tensor& set_grad_norm_share(float share) {
+    impl_->grad_norm_share = share;
     return *this;
   }
 

@@ -715,6 +715,59 @@ void CheckModelAndData(Checker& c, TrainConfig* cfg) {
   }
 }
 
+// The parallel section against the world size: fills in data, and returns the data-parallel
+// size (the world size when there is no section). Impossible layouts are one line each.
+int CheckParallel(Checker& c, TrainConfig* cfg, int world) {
+  if (!cfg->has_parallel()) return world;
+  ParallelConfig* p = cfg->mutable_parallel();
+  if (!p->has_tensor()) p->set_tensor(1);
+  if (!p->has_pipeline()) p->set_pipeline(1);
+  bool ok = c.Positive("parallel.tensor", p->tensor());
+  ok &= c.Positive("parallel.pipeline", p->pipeline());
+  if (p->has_data()) ok &= c.Positive("parallel.data", p->data());
+  if (!ok) return world;
+  const int tp = p->tensor() * p->pipeline();
+  if (!p->has_data()) {
+    if (world % tp != 0) {
+      c.Error(absl::StrCat("parallel.tensor (", p->tensor(), ") x parallel.pipeline (",
+                           p->pipeline(), ") = ", tp, " does not divide the ", world,
+                           " processes; change the sizes or the number of processes"));
+      return world;
+    }
+    p->set_data(world / tp);
+  }
+  if (tp * p->data() != world) {
+    c.Error(absl::StrCat("parallel layout tensor ", p->tensor(), " x pipeline ", p->pipeline(),
+                         " x data ", p->data(), " = ", tp * p->data(), " ranks, but there are ",
+                         world, " processes; make the product equal the number of processes"));
+    return world;
+  }
+  StrategyConfig* s = cfg->mutable_strategy();
+  if (p->pipeline() > 1) {
+    if (s->name().empty()) s->set_name("pipeline");
+    auto stages = s->options().find("stages");
+    if (stages != s->options().end() && stages->second != absl::StrCat(p->pipeline())) {
+      c.Error(absl::StrCat("strategy.options stages (", stages->second,
+                           ") disagrees with parallel.pipeline (", p->pipeline(),
+                           "); give the stage count once, in parallel.pipeline"));
+    }
+    (*s->mutable_options())["stages"] = absl::StrCat(p->pipeline());
+  }
+  if (p->tensor() > 1) {
+    const std::string& name = s->name();
+    if (name == "dp" || name == "paramserver") {
+      c.Error(absl::StrCat("strategy.name ", Quoted(name),
+                           " cannot run under tensor parallelism (it keeps whole replicas); use "
+                           "\"ddp\", \"zero\" or \"pipeline\""));
+    }
+    if (cfg->zero_optimization().stage() == 3) {
+      c.Error("zero_optimization.stage 3 with parallel.tensor > 1 is not supported: tensor "
+              "parallelism slices each parameter from its full initial value; use stage 1 or 2");
+    }
+  }
+  return p->data();
+}
+
 void CheckRun(Checker& c, TrainConfig* cfg, int dp) {
   if (!cfg->has_steps()) cfg->set_steps(kDefaultSteps);
   c.Positive("steps", cfg->steps());
@@ -876,8 +929,9 @@ absl::Status ValidateConfigWith(TrainConfig* cfg, int data_parallel_size,
     cfg->mutable_optimizer()->mutable_params()->set_lr(sched.params().warmup_max_lr());
   }
   Checker c;
-  CheckBatch(c, cfg, data_parallel_size);
-  CheckRun(c, cfg, data_parallel_size);
+  const int dp = CheckParallel(c, cfg, data_parallel_size);
+  CheckBatch(c, cfg, dp);
+  CheckRun(c, cfg, dp);
   CheckOptimizer(c, cfg);
   CheckScheduler(c, cfg);
   CheckFeatures(c, cfg, strategies);

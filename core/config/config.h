@@ -73,7 +73,8 @@ struct StrategyCatalog {
 };
 
 // Fills defaults and derived values into `cfg` and checks it for a job with
-// `data_parallel_size` ranks. Sections needing a feature (fp16, bf16, zero_optimization.stage
+// `data_parallel_size` ranks (the number of processes: with a `parallel` section the
+// data-parallel size is its data axis, checked against it). Sections needing a feature (fp16, bf16, zero_optimization.stage
 // > 0, activation_checkpointing) are rejected unless the chosen strategy provides the feature;
 // the message names the strategies that do. Call it once: afterwards the batch-size fields are
 // all set, so calling it again with another data-parallel size reports them as inconsistent.

@@ -34,17 +34,23 @@ namespace {
 class Attention : public Module {
  public:
   Attention(const GptConfig& c, std::mt19937_64& rng, Device d) : Module("CausalSelfAttention") {
-    n_head_ = int(c.n_head);
+    head_dim_ = c.n_embd / c.n_head;
     float proj_std = 0.02f / std::sqrt(2.0f * float(c.n_layer));
     c_attn_ = RegisterModule("c_attn", std::make_unique<nn::Linear>(c.n_embd, 3 * c.n_embd, true, 0.02f, rng, d));
     c_proj_ = RegisterModule("c_proj", std::make_unique<nn::Linear>(c.n_embd, c.n_embd, true, proj_std, rng, d));
   }
   Tensor Forward(const Tensor& x) override {
-    return (*c_proj_)(ops::CausalSelfAttention((*c_attn_)(x), n_head_));
+    Tensor qkv = (*c_attn_)(x);
+    // The heads this module was given: all of them, or a tensor-parallel rank's share.
+    const int64_t width = qkv.size(-1);
+    BRAID_CHECK(width % (3 * head_dim_) == 0)
+        << "attention input width " << width << " is not 3 x a whole number of heads of "
+        << head_dim_ << " features (a tensor-parallel split must keep heads whole)";
+    return (*c_proj_)(ops::CausalSelfAttention(qkv, int(width / (3 * head_dim_))));
   }
 
  private:
-  int n_head_;
+  int64_t head_dim_;
   nn::Linear *c_attn_, *c_proj_;
 };
 
@@ -99,11 +105,12 @@ class BlockList : public Module {
 Gpt::Gpt(const GptConfig& cfg, Device device) : Module("GPT"), cfg_(cfg), device_(device) {
   BRAID_CHECK(cfg.n_embd % cfg.n_head == 0) << "n_embd " << cfg.n_embd << " not divisible by n_head " << cfg.n_head;
   std::mt19937_64 rng(cfg.seed);
-  wte_ = RegisterParameter("wte.weight", nn::Normal({cfg.padded_vocab_size, cfg.n_embd}, 0.02f, rng, device));
-  wpe_ = RegisterParameter("wpe.weight", nn::Normal({cfg.block_size, cfg.n_embd}, 0.02f, rng, device));
+  wte_ = RegisterModule("wte", std::make_unique<nn::Embedding>(cfg.padded_vocab_size, cfg.n_embd, 0.02f, rng, device));
+  wpe_ = RegisterModule("wpe", std::make_unique<nn::Embedding>(cfg.block_size, cfg.n_embd, 0.02f, rng, device));
   auto* h = RegisterModule("h", std::make_unique<BlockList>());
   for (int64_t i = 0; i < cfg.n_layer; ++i) blocks_.push_back(h->Add(std::make_unique<Block>(cfg, rng, device)));
   ln_f_ = RegisterModule("ln_f", std::make_unique<nn::LayerNorm>(cfg.n_embd, cfg.ln_eps, device));
+  lm_head_ = RegisterModule("lm_head", std::make_unique<nn::TiedLinear>(wte_->weight()));
   std::vector<int32_t> pos(size_t(cfg.block_size));
   std::iota(pos.begin(), pos.end(), 0);
   positions_ = Tensor::FromVector(pos, {cfg.block_size}, device);
@@ -121,8 +128,7 @@ std::vector<PipelineLayer> Gpt::PipelineLayers() {
                           << "GPT input must be i32 token ids [B, T] with T <= block_size "
                           << cfg_.block_size << ", got " << ids.DescribeForError();
                       int64_t t = ids.size(1);
-                      return ops::Add(ops::Embedding(wte_, ids),
-                                      ops::Embedding(wpe_, positions_.Slice(0, t)));
+                      return ops::Add((*wte_)(ids), (*wpe_)(positions_.Slice(0, t)));
                     },
                     {"wte.weight", "wpe.weight"}});
   for (size_t i = 0; i < blocks_.size(); ++i) {
@@ -134,7 +140,7 @@ std::vector<PipelineLayer> Gpt::PipelineLayers() {
   }
   layers.push_back({"head",
                     [this](const Tensor& x) {
-                      return ops::Linear((*ln_f_)(x), wte_, Tensor());  // tied: x · wteᵀ
+                      return (*lm_head_)((*ln_f_)(x));  // tied: x · wteᵀ
                     },
                     {"ln_f.weight", "ln_f.bias", "wte.weight"}});
   return layers;

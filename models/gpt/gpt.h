@@ -3,6 +3,11 @@
 // Parameter names are PyTorch's: wte.weight, wpe.weight, h.{i}.ln_1.weight, h.{i}.attn.c_attn.*,
 // h.{i}.attn.c_proj.*, h.{i}.ln_2.*, h.{i}.mlp.c_fc.*, h.{i}.mlp.c_proj.*, ln_f.* (no lm_head:
 // it is wte). See docs/MODELS.md.
+//
+// Written so that tensor parallelism can split it by a plan (plugins/tensor_parallel): the
+// embeddings and the tied head are modules (wte, wpe, lm_head) a plan can name, and attention
+// takes its head count from the width of what c_attn gives it (so c_attn split by heads gives a
+// rank its share of the heads, with no second GPT).
 #ifndef BRAID_MODELS_GPT_GPT_H_
 #define BRAID_MODELS_GPT_GPT_H_
 
@@ -42,9 +47,10 @@ class Gpt : public Module {
  private:
   GptConfig cfg_;
   Device device_;
-  Tensor wte_, wpe_;
+  nn::Embedding *wte_, *wpe_;
   std::vector<Module*> blocks_;
   nn::LayerNorm* ln_f_;
+  nn::TiedLinear* lm_head_;  // x · wteᵀ: no parameter of its own
   Tensor positions_;  // [block_size] i32, 0..block_size-1
   std::vector<PipelineLayer> layers_;
 };

@@ -44,6 +44,16 @@ Linear::Linear(int64_t in, int64_t out, bool bias, float init_std, std::mt19937_
 
 Tensor Linear::Forward(const Tensor& x) { return ops::Linear(x, weight_, bias_); }
 
+Embedding::Embedding(int64_t num, int64_t dim, float init_std, std::mt19937_64& rng,
+                     Device device)
+    : Module("Embedding") {
+  weight_ = RegisterParameter("weight", Normal({num, dim}, init_std, rng, device));
+}
+
+Tensor Embedding::Forward(const Tensor& ids) { return ops::Embedding(weight_, ids); }
+
+Tensor TiedLinear::Forward(const Tensor& x) { return ops::Linear(x, weight_, Tensor()); }
+
 LayerNorm::LayerNorm(int64_t dim, float eps, Device device) : Module("LayerNorm"), eps_(eps) {
   // Norm parameters take no weight decay.
   weight_ = RegisterParameter("weight", MakeConstantParameter({dim}, 1.0f, device));

@@ -25,6 +25,30 @@ class Linear : public Module {
   Tensor weight_, bias_;
 };
 
+// A lookup table: "weight" [num, dim]; ids (i32, any shape) -> [..., dim].
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num, int64_t dim, float init_std, std::mt19937_64& rng, Device device);
+  Tensor Forward(const Tensor& ids) override;
+  Tensor weight() const { return weight_; }
+
+ private:
+  Tensor weight_;
+};
+
+// A Linear without a bias whose weight belongs to another module (GPT's LM head uses the token
+// embedding's weight). It registers no parameter, so the weight is named, stored and updated
+// once, under its owner's name; a strategy that splits the owner's weight (vocabulary-parallel)
+// splits this layer's with it, because both hold the same tensor.
+class TiedLinear : public Module {
+ public:
+  explicit TiedLinear(Tensor weight) : Module("TiedLinear"), weight_(std::move(weight)) {}
+  Tensor Forward(const Tensor& x) override;
+
+ private:
+  Tensor weight_;
+};
+
 class LayerNorm : public Module {
  public:
   LayerNorm(int64_t dim, float eps, Device device);
