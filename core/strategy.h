@@ -138,6 +138,13 @@ class Strategy {
 
   // Lines for the end-of-training summary (a pipeline's measured bubble, say); empty by default.
   virtual std::vector<std::string> SummaryLines() const { return {}; }
+
+  // A strategy that works around another (tensor parallelism, which splits layers and leaves
+  // data parallelism, ZeRO or the pipeline to the strategy it wraps) takes that one here,
+  // before Setup. The default refuses: most strategies stand alone.
+  virtual absl::Status Wrap(std::unique_ptr<Strategy> inner) {
+    return absl::UnimplementedError(name() + " does not wrap another strategy");
+  }
 };
 
 using StrategyFactory = std::function<std::unique_ptr<Strategy>()>;

@@ -25,6 +25,7 @@
 #include "core/store.h"
 #include "launcher/net.h"
 #include "core/deferred_init.h"
+#include "core/mesh.h"
 #include "core/strategy.h"
 #include "models/data/distributed_sampler.h"
 #include "models/data/find_data.h"
@@ -334,9 +335,26 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   } else {
     group = MakeInProcessGroup(1);
   }
+  // The tensor x pipeline x data layout, every group built once (core/mesh.h).
+  std::unique_ptr<DeviceMesh> mesh;
+  if (cfg.has_parallel()) {
+    const auto& p = cfg.parallel();
+    BRAID_ASSIGN_OR_RETURN(mesh, DeviceMesh::Create(*group[0], {p.tensor(), p.pipeline(), p.data()}));
+  }
   // Made after the communicators, so it goes before them: its own groups come from the world.
   BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Strategy> strategy, Registry::Get().MakeStrategy(sname));
+  if (mesh != nullptr && mesh->shape().tensor > 1) {
+    // Tensor parallelism splits the layers and leaves the rest to the chosen strategy, which it
+    // wraps (plugins/tensor_parallel).
+    BRAID_RETURN_IF_ERROR(
+        EnsureStrategy("tensor_parallel", PluginSearchPath(env.plugin_search_path)));
+    BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Strategy> tp,
+                           Registry::Get().MakeStrategy("tensor_parallel"));
+    BRAID_RETURN_IF_ERROR(tp->Wrap(std::move(strategy)));
+    strategy = std::move(tp);
+  }
   StrategyContext ctx;
+  ctx.mesh = mesh.get();
   ctx.comm = group[0].get();
   ctx.device = device;
   for (auto& [k, v] : cfg.strategy().options()) ctx.options[k] = v;
@@ -378,10 +396,12 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
       source->TokensPerBatch() * accum * strategy->data_parallel_size();
   const char* unit = cfg.data().dataset() == "mnist" ? "samples" : "tok";
   rep.Line(absl::StrFormat(
-      "braid: training %s (%d parameters) on %s, strategy %s, %d step(s) of %d %s "
-      "(micro-batch %d x %d accumulation x %d rank(s)), %d thread(s)",
-      cfg.model().name(), model->NumParameters(), cfg.data().dataset(), sname, steps,
-      tokens_per_step, unit, cfg.train_micro_batch_size_per_gpu(), accum, env.world_size,
+      "braid: training %s (%d parameters%s) on %s, strategy %s%s, %d step(s) of %d %s "
+      "(micro-batch %d x %d accumulation x %d data-parallel rank(s)), %d thread(s)",
+      cfg.model().name(), model->NumParameters(),
+      mesh != nullptr && mesh->shape().tensor > 1 ? " on this rank" : "", cfg.data().dataset(),
+      sname, mesh != nullptr ? absl::StrCat(", layout ", mesh->shape().ToString()) : "", steps,
+      tokens_per_step, unit, cfg.train_micro_batch_size_per_gpu(), accum, strategy->data_parallel_size(),
       cfg.threads()));
 
   TrainResult result;

@@ -267,6 +267,7 @@ class DdpStrategy final : public Strategy, public DdpIntrospection {
   Options opts_;
   std::unique_ptr<Optimizer> optimizer_;
   float max_grad_norm_ = 0;
+  std::function<double(double)> model_parallel_sum_;  // tensor parallelism's, or null
   std::vector<Param> params_;  // trainable parameters, registration order
   std::vector<Bucket> buckets_;
   bool rebuilt_ = false;
@@ -312,6 +313,7 @@ absl::Status DdpStrategy::Setup(Module& model, const OptimizerFactory& make_opti
   comm_ = ctx.comm;
   rank_ = comm_->rank();
   max_grad_norm_ = ctx.max_grad_norm;
+  model_parallel_sum_ = ctx.model_parallel_sum;
   const double setup_start = NowUs();
 
   for (const auto& [n, p] : model.NamedParameters()) p.MoveTo(ctx.device);
@@ -780,7 +782,10 @@ absl::StatusOr<StepStats> DdpStrategy::TrainStep(const std::vector<Batch>& micro
     // and clipped to max_grad_norm_ when clipping is on.
     std::vector<Tensor> trainable;
     for (const Param& p : params_) trainable.push_back(p.tensor);
-    stats.grad_norm = ClipGradNorm(trainable, max_grad_norm_);
+    // Under tensor parallelism the norm also sums over the ranks holding the other slices.
+    stats.grad_norm = ClipGradNormSharded(trainable, max_grad_norm_, [this](double local) {
+      return model_parallel_sum_ ? model_parallel_sum_(local) : local;
+    });
     optimizer_->Step();
     opt.end_us = NowUs();
     RecordEvent(opt);

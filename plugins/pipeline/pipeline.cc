@@ -187,6 +187,7 @@ class PipelineStrategy final : public Strategy {
   Device device_;
   int stage_ = 0, stages_ = 1, dp_ = 0, dp_size_ = 1;
   float max_grad_norm_ = 0;
+  std::function<double(double)> model_parallel_sum_;  // tensor parallelism's, or null
   CriterionFn criterion_;
   std::vector<std::unique_ptr<Communicator>> groups_;  // every group this rank belongs to
   Communicator* pipe_ = nullptr;   // this replica's stages
@@ -228,6 +229,7 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
   device_ = ctx.device;
   criterion_ = ctx.criterion;
   max_grad_norm_ = ctx.max_grad_norm;
+  model_parallel_sum_ = ctx.model_parallel_sum;
   stages_ = opts_.stages;
   const int w = world_->size();
   if (w % stages_ != 0) {
@@ -529,10 +531,13 @@ absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& 
   double opt_start = NowS();
   // The global norm over every stage (a tied weight counted once), then the same scale for all.
   stats.grad_norm = ClipGradNormSharded(counted_, 0.0f, [this](double local) {
-    if (stages_ == 1) return local;
-    Tensor t = Tensor::Full({1}, float(local));
-    (void)pipe_->AllReduce(t, ReduceOp::kSum)->Wait();
-    return double(t.item());
+    double sum = local;
+    if (stages_ > 1) {
+      Tensor t = Tensor::Full({1}, float(local));
+      (void)pipe_->AllReduce(t, ReduceOp::kSum)->Wait();
+      sum = double(t.item());
+    }
+    return model_parallel_sum_ ? model_parallel_sum_(sum) : sum;
   });
   if (max_grad_norm_ > 0 && stats.grad_norm > max_grad_norm_) {
     const float scale = float(max_grad_norm_ / (double(stats.grad_norm) + 1e-6));

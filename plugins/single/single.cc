@@ -52,6 +52,7 @@ class SingleStrategy final : public Strategy {
     }
     model_ = &model;
     max_grad_norm_ = ctx.max_grad_norm;
+    model_parallel_sum_ = ctx.model_parallel_sum;
     return absl::OkStatus();
   }
 
@@ -68,7 +69,9 @@ class SingleStrategy final : public Strategy {
     BRAID_RETURN_IF_ERROR(RunMicroBatches(name(), *model_, micro_batches, loss_fn, &stats));
     absl::Time start = absl::Now();
     // Always measured (max_grad_norm_ <= 0 only measures); clipped when clipping is on.
-    stats.grad_norm = ClipGradNorm(model_->Parameters(), max_grad_norm_);
+    stats.grad_norm = ClipGradNormSharded(model_->Parameters(), max_grad_norm_, [this](double local) {
+      return model_parallel_sum_ ? model_parallel_sum_(local) : local;
+    });
     optimizer_->Step();
     stats.optimizer_s = Seconds(start);
     return stats;
@@ -104,6 +107,7 @@ class SingleStrategy final : public Strategy {
   Module* model_ = nullptr;
   std::unique_ptr<Optimizer> optimizer_;
   float max_grad_norm_ = 0;
+  std::function<double(double)> model_parallel_sum_;  // tensor parallelism's, or null
 };
 
 }  // namespace

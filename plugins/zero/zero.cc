@@ -114,6 +114,7 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
   rank_ = comm_->rank();
   world_ = comm_->size();
   max_grad_norm_ = ctx.max_grad_norm;
+  model_parallel_sum_ = ctx.model_parallel_sum;
   model_ = &model;
   for (const auto& [n, b] : model.NamedBuffers()) {
     if (IsDeferred(b)) braid::Materialize(b);
@@ -160,6 +161,7 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
                                      : u.param_shard.FlatRange(b - own_b, e - b);
       piece.set_name(absl::StrCat(s.name, "[", b - s.offset, ":", e - s.offset, "]"));
       piece.set_weight_decay(s.param.weight_decay());
+      piece.set_grad_norm_share(s.param.grad_norm_share());  // 1/t when tensor parallelism replicates it
       piece.set_grad(u.grad_shard.FlatRange(b - own_b, e - b));
       named.emplace_back(s.name, piece);
     }
@@ -184,6 +186,7 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
     for (auto& [n, piece] : named) {
       Tensor h = piece.Detach().To(Device::Host());
       h.set_name(piece.name()).set_weight_decay(piece.weight_decay());
+      h.set_grad_norm_share(piece.grad_norm_share());
       h.set_grad(Tensor::Zeros(piece.shape(), DType::kF32, Device::Host()));
       host_.Add(2 * int64_t(piece.nbytes()));
       host_pieces_.push_back(h);
@@ -382,10 +385,13 @@ absl::StatusOr<StepStats> ZeroStrategy::TrainStep(const std::vector<Batch>& micr
   // The global norm over every rank's shard; every rank scales by the same factor.
   const std::vector<Tensor>& stepped = opts_.offload_optimizer ? host_pieces_ : pieces_;
   stats.grad_norm = ClipGradNormSharded(stepped, max_grad_norm_, [this](double local) {
-    if (world_ == 1) return local;  // exactly what one process computes
-    Tensor t = Tensor::Full({1}, float(local));
-    (void)Wait(comm_->AllReduce(t, ReduceOp::kSum), "all-reducing the gradient norm");
-    return double(t.item());
+    double sum = local;  // exactly what one process computes, on one rank
+    if (world_ > 1) {
+      Tensor t = Tensor::Full({1}, float(local));
+      (void)Wait(comm_->AllReduce(t, ReduceOp::kSum), "all-reducing the gradient norm");
+      sum = double(t.item());
+    }
+    return model_parallel_sum_ ? model_parallel_sum_(sum) : sum;
   });
   optimizer_->Step();
   if (opts_.offload_optimizer) {

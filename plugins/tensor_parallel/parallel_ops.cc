@@ -1,0 +1,146 @@
+#include "plugins/tensor_parallel/parallel_ops.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/check.h"
+#include "core/ops.h"
+
+namespace braid::tensor_parallel {
+namespace {
+
+void AllReduceOrDie(Tensor& t, ReduceOp op, Communicator& group, const char* what) {
+  absl::Status st = group.AllReduce(t, op)->Wait();
+  BRAID_CHECK(st.ok()) << "tensor parallel: " << what << " failed on rank " << group.rank()
+                       << " of the tensor-parallel group: " << st.message();
+}
+
+void Count(std::atomic<int64_t>* c, const Tensor& t) {
+  if (c != nullptr) *c += int64_t(t.nbytes());
+}
+
+}  // namespace
+
+Tensor CopyToGroup(const Tensor& x, Communicator& group, CommCounters* counters) {
+  if (group.size() == 1) return x;
+  Communicator* g = &group;
+  return autograd::ApplyFunction(
+      "CopyToTensorParallel", {x}, [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0].Clone()}; },
+      [g, counters](const std::vector<Tensor>& grads) {
+        Tensor sum = grads[0].Clone();
+        AllReduceOrDie(sum, ReduceOp::kSum, *g, "all-reducing the gradient of a replicated input");
+        Count(counters ? &counters->backward_bytes : nullptr, sum);
+        return std::vector<Tensor>{sum};
+      })[0];
+}
+
+Tensor ReduceFromGroup(const Tensor& x, Communicator& group, CommCounters* counters) {
+  if (group.size() == 1) return x;
+  Communicator* g = &group;
+  return autograd::ApplyFunction(
+      "ReduceFromTensorParallel", {x},
+      [g, counters](const std::vector<Tensor>& in) {
+        Tensor sum = in[0].Clone();
+        AllReduceOrDie(sum, ReduceOp::kSum, *g, "all-reducing partial sums of a row-split layer");
+        Count(counters ? &counters->forward_bytes : nullptr, sum);
+        return std::vector<Tensor>{sum};
+      },
+      [](const std::vector<Tensor>& grads) { return std::vector<Tensor>{grads[0]}; })[0];
+}
+
+Tensor VocabParallelEmbedding(const Tensor& weight, const Tensor& ids, int64_t vocab_start,
+                              Communicator& group, CommCounters* counters) {
+  BRAID_CHECK(ids.dtype() == DType::kI32) << "VocabParallelEmbedding: ids must be i32, got "
+                                          << ids.DescribeForError();
+  const int64_t rows = weight.size(0), dim = weight.size(1);
+  std::vector<int32_t> local = ids.ToVector<int32_t>();
+  std::vector<float> mask(local.size() * size_t(dim));
+  for (size_t i = 0; i < local.size(); ++i) {
+    const int64_t id = int64_t(local[i]) - vocab_start;
+    const bool mine = id >= 0 && id < rows;
+    local[i] = mine ? int32_t(id) : 0;  // any row of ours: the mask zeroes it
+    std::fill(mask.begin() + long(i) * dim, mask.begin() + long(i + 1) * dim, mine ? 1.0f : 0.0f);
+  }
+  Shape out_shape = ids.shape();
+  out_shape.push_back(dim);
+  Tensor looked = ops::Embedding(weight, Tensor::FromVector(local, ids.shape(), ids.device()));
+  Tensor masked = ops::Mul(looked, Tensor::FromVector(mask, out_shape, weight.device()));
+  return ReduceFromGroup(masked, group, counters);
+}
+
+Tensor VocabParallelCrossEntropy(const Tensor& logits, const Tensor& targets, Communicator& group,
+                                 CommCounters* counters) {
+  BRAID_CHECK(logits.dtype() == DType::kF32 && targets.dtype() == DType::kI32 &&
+              logits.numel() == targets.numel() * logits.size(-1))
+      << "VocabParallelCrossEntropy: logits [..., V/t] f32 and i32 targets of their leading "
+         "shape, got "
+      << logits.DescribeForError() << " and " << targets.DescribeForError();
+  const int64_t cols = logits.size(-1), n = targets.numel();
+  const int64_t start = int64_t(group.rank()) * cols;
+  Communicator* g = &group;
+  const Device device = logits.device();
+  const Shape shape = logits.shape();
+  // Softmax probabilities of this rank's columns, kept for backward (as the full op keeps them).
+  auto probs = std::make_shared<std::vector<float>>();
+  auto count = std::make_shared<int64_t>(0);
+  std::vector<int32_t> t = targets.ToVector<int32_t>();
+  auto forward = [=](const std::vector<Tensor>& in) {
+    std::vector<float> l = in[0].ToFloatVector();
+    Tensor max = Tensor::Empty({n}, DType::kF32, device);
+    {
+      std::vector<float> m(size_t(n), -std::numeric_limits<float>::infinity());
+      for (int64_t r = 0; r < n; ++r) {
+        for (int64_t c = 0; c < cols; ++c) m[size_t(r)] = std::max(m[size_t(r)], l[size_t(r * cols + c)]);
+      }
+      max = Tensor::FromVector(m, {n}, device);
+    }
+    AllReduceOrDie(max, ReduceOp::kMax, *g, "all-reducing the logits' maximum");
+    std::vector<float> m = max.ToFloatVector();
+    // [sum of exp(l - max) over our columns | the target's shifted logit, where we own it].
+    std::vector<float> sums(size_t(2 * n), 0.0f);
+    probs->assign(l.size(), 0.0f);
+    for (int64_t r = 0; r < n; ++r) {
+      double s = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        float e = std::exp(l[size_t(r * cols + c)] - m[size_t(r)]);
+        (*probs)[size_t(r * cols + c)] = e;
+        s += e;
+      }
+      sums[size_t(r)] = float(s);
+      const int64_t tc = int64_t(t[size_t(r)]) - start;
+      if (t[size_t(r)] >= 0 && tc >= 0 && tc < cols) sums[size_t(n + r)] = l[size_t(r * cols + tc)] - m[size_t(r)];
+    }
+    Tensor packed = Tensor::FromVector(sums, {2 * n}, device);
+    AllReduceOrDie(packed, ReduceOp::kSum, *g, "all-reducing the softmax denominators");
+    if (counters != nullptr) counters->forward_bytes += int64_t(max.nbytes() + packed.nbytes());
+    std::vector<float> total = packed.ToFloatVector();
+    double loss = 0;
+    int64_t valid = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      const float denom = total[size_t(r)];
+      for (int64_t c = 0; c < cols; ++c) (*probs)[size_t(r * cols + c)] /= denom;
+      if (t[size_t(r)] < 0) continue;
+      loss += std::log(double(denom)) - double(total[size_t(n + r)]);
+      ++valid;
+    }
+    *count = valid;
+    return std::vector<Tensor>{Tensor::Scalar(valid > 0 ? float(loss / double(valid)) : 0.0f, device)};
+  };
+  auto backward = [=](const std::vector<Tensor>& grads) {
+    const float scale = *count > 0 ? grads[0].item() / float(*count) : 0.0f;
+    std::vector<float> d(size_t(n * cols), 0.0f);
+    for (int64_t r = 0; r < n; ++r) {
+      if (t[size_t(r)] < 0) continue;
+      for (int64_t c = 0; c < cols; ++c) d[size_t(r * cols + c)] = scale * (*probs)[size_t(r * cols + c)];
+      const int64_t tc = int64_t(t[size_t(r)]) - start;
+      if (tc >= 0 && tc < cols) d[size_t(r * cols + tc)] -= scale;
+    }
+    return std::vector<Tensor>{Tensor::FromVector(d, shape, device), Tensor()};
+  };
+  return autograd::ApplyFunction("VocabParallelCrossEntropy", {logits, targets}, forward, backward)[0];
+}
+
+}  // namespace braid::tensor_parallel

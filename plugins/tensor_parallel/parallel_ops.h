@@ -1,0 +1,46 @@
+// The differentiable communication of Megatron-style tensor parallelism, over one group:
+//   f = CopyToGroup:     identity forward, all-reduce (sum) of the gradient backward; where a
+//                         replicated activation enters a column-split layer.
+//   g = ReduceFromGroup: all-reduce (sum) forward, identity backward; where a row-split layer's
+//                         partial sums leave.
+// and the vocabulary-parallel embedding and cross-entropy, which never gather the full vocabulary.
+// Every collective waits with the communicator's timeout; a failure is fatal and names the op
+// (a rank of a tensor-parallel group cannot go on without its peers).
+#ifndef BRAID_PLUGINS_TENSOR_PARALLEL_PARALLEL_OPS_H_
+#define BRAID_PLUGINS_TENSOR_PARALLEL_PARALLEL_OPS_H_
+
+#include <atomic>
+#include <cstdint>
+
+#include "core/communicator.h"
+#include "core/tensor.h"
+
+namespace braid::tensor_parallel {
+
+// Bytes the ops below all-reduced, forward and backward apart (for the summary and the
+// benchmark's comparison with the formula). Shared by every op of one strategy.
+struct CommCounters {
+  std::atomic<int64_t> forward_bytes{0};
+  std::atomic<int64_t> backward_bytes{0};
+};
+
+Tensor CopyToGroup(const Tensor& x, Communicator& group, CommCounters* counters = nullptr);
+Tensor ReduceFromGroup(const Tensor& x, Communicator& group, CommCounters* counters = nullptr);
+
+// weight: this rank's rows [vocab_start, vocab_start + rows) of the full [V, C] table; ids: i32,
+// any shape, every id in [0, V). Ids outside this rank's rows give zeros here; the all-reduce
+// over the group gives every rank the full lookup [..., C].
+Tensor VocabParallelEmbedding(const Tensor& weight, const Tensor& ids, int64_t vocab_start,
+                              Communicator& group, CommCounters* counters = nullptr);
+
+// logits: [..., V/t] f32, this rank's columns [rank * V/t, (rank + 1) * V/t) of the full logits;
+// targets: i32 with logits' leading shape (< 0: ignored). The mean cross-entropy over the
+// targets >= 0, equal on every rank of the group, as ops::CrossEntropy of the full logits
+// would give. Two all-reduces of B·T values (the max; the sum of exponentials and the target's
+// logit together), never the logits; the gradient is local.
+Tensor VocabParallelCrossEntropy(const Tensor& logits, const Tensor& targets, Communicator& group,
+                                 CommCounters* counters = nullptr);
+
+}  // namespace braid::tensor_parallel
+
+#endif  // BRAID_PLUGINS_TENSOR_PARALLEL_PARALLEL_OPS_H_

@@ -1,0 +1,313 @@
+#include "plugins/tensor_parallel/plan.h"
+
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "core/check.h"
+#include "core/ops.h"
+
+namespace braid::tensor_parallel {
+namespace {
+
+// Megatron-LM's split of GPT-2 (Shoeybi et al. 2019): attention by heads (c_attn's q|k|v
+// columns in three chunks, c_proj by rows), the MLP column then row, the token embedding and the
+// tied head over the vocabulary. LayerNorms and the position embedding stay replicated.
+constexpr char kGptPlan[] = R"(# GPT (models/gpt), Megatron-style
+wte              vocab_embedding
+h.*.attn.c_attn  colwise chunks=3
+h.*.attn.c_proj  rowwise
+h.*.mlp.c_fc     colwise
+h.*.mlp.c_proj   rowwise
+lm_head          colwise
+output           vocab_sharded
+)";
+
+// The MNIST MLP (models/mlp): the hidden layer split, one all-reduce before the logits.
+constexpr char kMlpPlan[] = R"(# MLP (models/mlp)
+fc1  colwise
+fc2  rowwise
+)";
+
+const char* StyleName(Style s) {
+  switch (s) {
+    case Style::kColwise: return "colwise";
+    case Style::kRowwise: return "rowwise";
+    case Style::kVocabEmbedding: return "vocab_embedding";
+  }
+  return "?";
+}
+
+bool Matches(const std::string& pattern, const std::string& name) {
+  std::vector<std::string> p = absl::StrSplit(pattern, '.');
+  std::vector<std::string> n = absl::StrSplit(name, '.');
+  if (p.size() != n.size()) return false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (p[i] != "*" && p[i] != n[i]) return false;
+  }
+  return true;
+}
+
+// Own parameters of a module (not its children's), by local name.
+std::map<std::string, Tensor> OwnParameters(Module& m) {
+  std::map<std::string, Tensor> own;
+  for (auto& [name, t] : m.NamedParameters()) {
+    if (name.find('.') == std::string::npos) own[name] = t;
+  }
+  return own;
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> ParsePlan(const std::string& text, const std::string& origin) {
+  Plan plan;
+  plan.name = origin;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    line = line.substr(0, line.find('#'));
+    std::vector<std::string> words = absl::StrSplit(line, ' ', absl::SkipWhitespace());
+    for (std::string& w : words) w = std::string(absl::StripAsciiWhitespace(w));
+    if (words.empty()) continue;
+    auto where = [&] { return absl::StrCat("tensor-parallel plan ", origin, " line ", line_no, ": "); };
+    if (words[0] == "output") {
+      if (words.size() != 2 || words[1] != "vocab_sharded") {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where(), "'output' takes one word: vocab_sharded"));
+      }
+      plan.output_vocab_sharded = true;
+      continue;
+    }
+    if (words.size() < 2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where(), "'", words[0], "' has no style; write '<module pattern> <style>'"));
+    }
+    Rule rule;
+    rule.pattern = words[0];
+    rule.line = line_no;
+    if (words[1] == "colwise") {
+      rule.style = Style::kColwise;
+    } else if (words[1] == "rowwise") {
+      rule.style = Style::kRowwise;
+    } else if (words[1] == "vocab_embedding") {
+      rule.style = Style::kVocabEmbedding;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where(), "unknown style '", words[1], "' (known: colwise, rowwise, vocab_embedding)"));
+    }
+    for (size_t i = 2; i < words.size(); ++i) {
+      absl::string_view w = words[i];
+      if (absl::ConsumePrefix(&w, "chunks=") && rule.style == Style::kColwise &&
+          absl::SimpleAtoi(w, &rule.chunks) && rule.chunks >= 1) {
+        continue;
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          where(), "'", words[i], "' is not an option of ", words[1],
+          rule.style == Style::kColwise ? " (it takes chunks=K, K >= 1)" : " (it takes none)"));
+    }
+    plan.rules.push_back(rule);
+  }
+  if (plan.rules.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor-parallel plan ", origin, " has no rules"));
+  }
+  return plan;
+}
+
+absl::StatusOr<Plan> BuiltinPlan(const std::string& name) {
+  if (name == "gpt") return ParsePlan(kGptPlan, "gpt");
+  if (name == "mlp") return ParsePlan(kMlpPlan, "mlp");
+  return absl::NotFoundError(absl::StrCat(
+      "no built-in tensor-parallel plan '", name,
+      "' (built in: gpt, mlp); give parallel.tensor_plan a plan file's path instead"));
+}
+
+absl::StatusOr<Plan> PlanForModel(const Module& model) {
+  if (model.type_name() == "GPT") return BuiltinPlan("gpt");
+  if (model.type_name() == "MLP") return BuiltinPlan("mlp");
+  return absl::NotFoundError(absl::StrCat(
+      "no built-in tensor-parallel plan for a model of type '", model.type_name(),
+      "'; write one (docs/WRITING_A_STRATEGY.md, \"Writing a plan\") and name its file in "
+      "parallel.tensor_plan"));
+}
+
+absl::StatusOr<Plan> LoadPlan(const std::string& spec) {
+  if (spec.find('/') == std::string::npos && spec.find('.') == std::string::npos) {
+    return BuiltinPlan(spec);
+  }
+  std::ifstream in(spec);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("tensor-parallel plan file '", spec, "' cannot be read"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParsePlan(text.str(), spec);
+}
+
+Tensor SliceForRank(const Tensor& full, const ShardSpec& spec, int rank, int size) {
+  std::vector<float> v = full.ToFloatVector();
+  std::vector<float> out;
+  Shape shape = full.shape();
+  if (spec.dim == 0) {
+    const int64_t rows = shape[0], inner = full.numel() / std::max<int64_t>(rows, 1);
+    const int64_t chunk = rows / spec.chunks, part = chunk / size;
+    for (int j = 0; j < spec.chunks; ++j) {
+      const int64_t first = j * chunk + rank * part;
+      out.insert(out.end(), v.begin() + first * inner, v.begin() + (first + part) * inner);
+    }
+    shape[0] = part * spec.chunks;
+  } else {
+    const int64_t rows = shape[0], cols = shape[1], part = cols / size;
+    for (int64_t r = 0; r < rows; ++r) {
+      out.insert(out.end(), v.begin() + r * cols + rank * part, v.begin() + r * cols + (rank + 1) * part);
+    }
+    shape[1] = part;
+  }
+  return Tensor::FromVector(out, shape, full.device()).To(full.dtype());
+}
+
+absl::StatusOr<Tensor> GatherFromGroup(const Tensor& local, const ShardSpec& spec,
+                                       Communicator& group) {
+  const int size = group.size();
+  Tensor flat = local.Detach().Clone().Reshape({local.numel()});
+  Tensor all = Tensor::Empty({local.numel() * size}, local.dtype(), local.device());
+  BRAID_RETURN_IF_ERROR(group.AllGather(flat, all)->Wait());
+  std::vector<float> v = all.ToFloatVector();
+  std::vector<float> out(v.size());
+  const Shape& full = spec.full_shape;
+  const int64_t per_rank = local.numel();
+  if (spec.dim == 0) {
+    const int64_t inner = NumElements(full) / std::max<int64_t>(full[0], 1);
+    const int64_t chunk = full[0] / spec.chunks, part = chunk / size;
+    for (int r = 0; r < size; ++r) {
+      for (int j = 0; j < spec.chunks; ++j) {
+        const float* src = v.data() + r * per_rank + j * part * inner;
+        std::copy(src, src + part * inner, out.begin() + (j * chunk + r * part) * inner);
+      }
+    }
+  } else {
+    const int64_t rows = full[0], cols = full[1], part = cols / size;
+    for (int r = 0; r < size; ++r) {
+      for (int64_t i = 0; i < rows; ++i) {
+        const float* src = v.data() + r * per_rank + i * part;
+        std::copy(src, src + part, out.begin() + i * cols + r * part);
+      }
+    }
+  }
+  return Tensor::FromVector(out, full, local.device()).To(local.dtype());
+}
+
+absl::StatusOr<ShardMap> ApplyPlan(Module& model, const Plan& plan, Communicator& group,
+                                   CommCounters* counters) {
+  const int size = group.size(), rank = group.rank();
+  struct Change {
+    Module* module;
+    std::string name;
+    const Rule* rule;
+  };
+  std::vector<Change> changes;
+  ShardMap shards;
+  std::map<std::string, std::string> owner;  // module name -> rule, to catch overlaps
+  auto modules = model.NamedModules();
+  for (const Rule& rule : plan.rules) {
+    int matched = 0;
+    const std::string what = absl::StrCat("tensor-parallel plan ", plan.name, " line ", rule.line,
+                                          " (", rule.pattern, " ", StyleName(rule.style), ")");
+    for (auto& [name, m] : modules) {
+      if (name.empty() || !Matches(rule.pattern, name)) continue;
+      ++matched;
+      if (owner.count(name)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": module '", name, "' is matched by another rule too"));
+      }
+      owner[name] = rule.pattern;
+      std::map<std::string, Tensor> own = OwnParameters(*m);
+      auto need_weight = [&](int ndim) -> absl::Status {
+        auto it = own.find("weight");
+        if (it == own.end() || it->second.ndim() != ndim) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              what, ": module '", name, "' (", m->type_name(), ") has no ", ndim,
+              "-D parameter 'weight' to split"));
+        }
+        if (!it->second.has_data()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              what, ": '", name, ".weight' has no values yet (deferred initialisation); tensor "
+              "parallelism splits parameters from their full initial values"));
+        }
+        return absl::OkStatus();
+      };
+      auto divides = [&](const std::string& param, int64_t n, int64_t by) -> absl::Status {
+        if (n % by == 0) return absl::OkStatus();
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": '", name, ".", param, "' has ", n, " along the split dimension, which ",
+            by, " (", rule.chunks > 1 ? absl::StrCat(rule.chunks, " chunks x ") : "", size,
+            " ranks) does not divide; choose a tensor size that divides it"));
+      };
+      if (rule.style == Style::kColwise) {
+        for (const char* p : {"weight", "bias"}) {
+          auto it = own.find(p);
+          if (it == own.end()) continue;
+          BRAID_RETURN_IF_ERROR(divides(p, it->second.size(0), int64_t(rule.chunks) * size));
+          shards[absl::StrCat(name, ".", p)] = {0, rule.chunks, it->second.shape()};
+        }
+      } else if (rule.style == Style::kRowwise) {
+        BRAID_RETURN_IF_ERROR(need_weight(2));
+        BRAID_RETURN_IF_ERROR(divides("weight", own["weight"].size(1), size));
+        shards[name + ".weight"] = {1, 1, own["weight"].shape()};
+      } else {
+        BRAID_RETURN_IF_ERROR(need_weight(2));
+        BRAID_RETURN_IF_ERROR(divides("weight", own["weight"].size(0), size));
+        shards[name + ".weight"] = {0, 1, own["weight"].shape()};
+      }
+      changes.push_back({m, name, &rule});
+    }
+    if (matched == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " matches no module of the model (", model.type_name(),
+          "); module names look like 'h.0.mlp.c_fc'"));
+    }
+  }
+  // Everything checked: now split in place and rewrite the forwards.
+  for (auto& [name, p] : model.NamedParameters()) {
+    auto it = shards.find(name);
+    if (it == shards.end()) {
+      p.set_grad_norm_share(1.0f / float(size));  // replicated: counted once over the group
+      continue;
+    }
+    p.RebindToPart(SliceForRank(p.Detach(), it->second, rank, size));
+  }
+  Communicator* g = &group;
+  for (const Change& c : changes) {
+    Module* m = c.module;
+    std::map<std::string, Tensor> own = OwnParameters(*m);
+    switch (c.rule->style) {
+      case Style::kColwise:
+        m->ReplaceForward([m, g, counters](const Tensor& x) { return m->Forward(CopyToGroup(x, *g, counters)); });
+        break;
+      case Style::kRowwise: {
+        Tensor w = own["weight"];
+        Tensor b = own.count("bias") ? own["bias"] : Tensor();
+        m->ReplaceForward([w, b, g, counters](const Tensor& x) {
+          Tensor y = ReduceFromGroup(ops::Linear(x, w, Tensor()), *g, counters);
+          return b.defined() ? ops::Add(y, b) : y;
+        });
+        break;
+      }
+      case Style::kVocabEmbedding: {
+        Tensor w = own["weight"];
+        const int64_t start = int64_t(rank) * w.size(0);
+        m->ReplaceForward([w, start, g, counters](const Tensor& ids) {
+          return VocabParallelEmbedding(w, ids, start, *g, counters);
+        });
+        break;
+      }
+    }
+  }
+  return shards;
+}
+
+}  // namespace braid::tensor_parallel

@@ -1,0 +1,194 @@
+// The "tensor_parallel" strategy: Megatron-style tensor parallelism around another strategy.
+// Setup splits the model's layers by a plan (plan.h) over the mesh's tensor group, then hands
+// the model, now this rank's slices, to the wrapped strategy (single, DDP, ZeRO 1/2 or
+// pipeline) over the mesh's model-replica group (pipeline × data). That one drives the steps and
+// owns the optimizer; this one adds the vocabulary-parallel loss, the gradient norm's sum over
+// the tensor group, and turns slices back into full tensors for FullStateDict (and full weights
+// into slices for LoadFullStateDict). A model never knows: the same seed gives the same full
+// weights, each rank keeps its slice.
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/config/train_config.pb.h"
+#include "core/plugin_api.h"
+#include "core/registry.h"
+#include "core/strategy.h"
+#include "plugins/tensor_parallel/parallel_ops.h"
+#include "plugins/tensor_parallel/plan.h"
+
+namespace braid::tensor_parallel {
+namespace {
+
+constexpr char kName[] = "tensor_parallel";
+
+absl::Status Error(absl::StatusCode code, const std::string& msg) {
+  return absl::Status(code, absl::StrCat(kName, ": ", msg));
+}
+
+class TensorParallelStrategy : public Strategy {
+ public:
+  std::string name() const override {
+    return inner_ ? absl::StrCat(kName, "(", inner_->name(), ")") : kName;
+  }
+
+  absl::Status Wrap(std::unique_ptr<Strategy> inner) override {
+    inner_ = std::move(inner);
+    return absl::OkStatus();
+  }
+
+  absl::Status Setup(Module& model, const OptimizerFactory& make_optimizer,
+                     const StrategyContext& ctx) override {
+    if (inner_ == nullptr) {
+      return Error(absl::StatusCode::kFailedPrecondition,
+                   "wraps another strategy (ddp, zero, pipeline, single); give it with Wrap "
+                   "before Setup");
+    }
+    if (ctx.mesh == nullptr) {
+      return Error(absl::StatusCode::kInvalidArgument,
+                   "needs the rank layout: add `parallel { tensor: N }` to the config");
+    }
+    for (auto& [k, v] : ctx.options) {
+      if (k != "plan") continue;
+      plan_spec_ = v;
+    }
+    if (ctx.config != nullptr && !ctx.config->parallel().tensor_plan().empty()) {
+      plan_spec_ = ctx.config->parallel().tensor_plan();
+    }
+    absl::StatusOr<Plan> plan = plan_spec_.empty() ? PlanForModel(model) : LoadPlan(plan_spec_);
+    if (!plan.ok()) return Error(plan.status().code(), std::string(plan.status().message()));
+    plan_ = std::move(*plan);
+    group_ = &ctx.mesh->tensor();
+    full_parameters_ = model.NumParameters();
+    absl::StatusOr<ShardMap> shards = ApplyPlan(model, plan_, *group_, &counters_);
+    if (!shards.ok()) return Error(shards.status().code(), std::string(shards.status().message()));
+    shards_ = std::move(*shards);
+    local_parameters_ = model.NumParameters();
+
+    StrategyContext inner_ctx = ctx;
+    inner_ctx.comm = &ctx.mesh->model_replica();
+    Communicator* g = group_;
+    inner_ctx.model_parallel_sum = [g](double local) {
+      Tensor t = Tensor::Full({1}, float(local));
+      absl::Status st = g->AllReduce(t, ReduceOp::kSum)->Wait();
+      BRAID_CHECK(st.ok()) << "tensor parallel: all-reducing the gradient norm: " << st.message();
+      return double(t.item());
+    };
+    // Replicas of the whole model cannot be made: its layers are split.
+    inner_ctx.make_replica = nullptr;
+    if (plan_.output_vocab_sharded) {
+      CommCounters* counters = &counters_;
+      criterion_ = [g, counters](const Tensor& logits, const Batch& b) {
+        return VocabParallelCrossEntropy(logits, b.targets, *g, counters);
+      };
+      inner_ctx.criterion = criterion_;
+    }
+    return inner_->Setup(model, make_optimizer, inner_ctx);
+  }
+
+  absl::StatusOr<StepStats> TrainStep(const std::vector<Batch>& micro_batches,
+                                      const LossFn& loss) override {
+    const int64_t fwd0 = counters_.forward_bytes, bwd0 = counters_.backward_bytes;
+    absl::StatusOr<StepStats> stats;
+    if (criterion_) {
+      CriterionFn crit = criterion_;
+      stats = inner_->TrainStep(micro_batches, [crit](Module& m, const Batch& b) {
+        return crit(m(b.inputs), b);
+      });
+    } else {
+      stats = inner_->TrainStep(micro_batches, loss);
+    }
+    if (stats.ok()) {
+      ++steps_;
+      last_forward_bytes_ = counters_.forward_bytes - fwd0;
+      last_backward_bytes_ = counters_.backward_bytes - bwd0;
+    }
+    return stats;
+  }
+
+  Optimizer* optimizer() override { return inner_->optimizer(); }
+
+  absl::StatusOr<std::map<std::string, Tensor>> FullStateDict() override {
+    BRAID_ASSIGN_OR_RETURN(auto state, inner_->FullStateDict());
+    // Every rank of the group gathers every split tensor, in the same (sorted) order.
+    for (auto& [name, spec] : shards_) {
+      auto it = state.find(name);
+      if (it == state.end()) {
+        return Error(absl::StatusCode::kInternal,
+                     absl::StrCat("the wrapped strategy's state has no '", name, "'"));
+      }
+      BRAID_ASSIGN_OR_RETURN(it->second, GatherFromGroup(it->second, spec, *group_));
+    }
+    return state;
+  }
+
+  absl::Status LoadFullStateDict(const std::map<std::string, Tensor>& state) override {
+    std::map<std::string, Tensor> local = state;
+    for (auto& [name, spec] : shards_) {
+      auto it = local.find(name);
+      if (it == local.end()) continue;  // the wrapped strategy names what is missing
+      if (it->second.shape() != spec.full_shape) {
+        return Error(absl::StatusCode::kInvalidArgument,
+                     absl::StrCat("'", name, "' is ", ShapeToString(it->second.shape()),
+                                  " but the model's is ", ShapeToString(spec.full_shape)));
+      }
+      it->second = SliceForRank(it->second, spec, group_->rank(), group_->size());
+    }
+    return inner_->LoadFullStateDict(local);
+  }
+
+  int data_parallel_rank() const override { return inner_->data_parallel_rank(); }
+  int data_parallel_size() const override { return inner_->data_parallel_size(); }
+
+  absl::Status Evaluate(const std::function<void(Module&)>& eval) override {
+    if (plan_.output_vocab_sharded) {
+      return Error(absl::StatusCode::kUnimplemented,
+                   "evaluation of a model whose output is split over the vocabulary is not "
+                   "supported yet; evaluate the saved weights with one process");
+    }
+    return inner_->Evaluate(eval);
+  }
+
+  std::vector<std::pair<std::string, int64_t>> ModelStatePeaks() const override {
+    return inner_->ModelStatePeaks();
+  }
+
+  std::vector<std::string> SummaryLines() const override {
+    std::vector<std::string> lines = inner_->SummaryLines();
+    const double mib = 1.0 / (1 << 20);
+    lines.push_back(absl::StrFormat(
+        "tensor parallel: %d ranks, plan %s: %d of %d parameters on this rank (%d tensors "
+        "split); last step all-reduced %.2f MiB of activations forward, %.2f MiB of their "
+        "gradients backward",
+        group_ ? group_->size() : 1, plan_.name, local_parameters_, full_parameters_,
+        int(shards_.size()), double(last_forward_bytes_) * mib,
+        double(last_backward_bytes_) * mib));
+    return lines;
+  }
+
+ private:
+  std::unique_ptr<Strategy> inner_;
+  std::string plan_spec_;
+  Plan plan_;
+  Communicator* group_ = nullptr;
+  ShardMap shards_;
+  CommCounters counters_;
+  CriterionFn criterion_;
+  int64_t full_parameters_ = 0, local_parameters_ = 0;
+  int64_t steps_ = 0, last_forward_bytes_ = 0, last_backward_bytes_ = 0;
+};
+
+}  // namespace
+}  // namespace braid::tensor_parallel
+
+BRAID_PLUGIN(registry) {
+  absl::Status s = registry->AddStrategy(
+      braid::tensor_parallel::kName,
+      [] { return std::make_unique<braid::tensor_parallel::TensorParallelStrategy>(); },
+      braid::StrategyTraits{{"tensor_parallel"}});
+  return s.ok() ? 0 : 1;
+}
