@@ -664,6 +664,40 @@ TEST(ConfigValidate, Strategy) {
   EXPECT_EQ(ValidationError("strategy { name: \"mine\" path: \"/p/libx.so\" }"), "");
 }
 
+// The parallel section against the number of processes: data derived, the data-parallel size
+// it gives used for the batch, pipeline > 1 choosing the pipeline strategy with its stage count,
+// and every impossible layout one line naming the sizes.
+TEST(ConfigValidate, ParallelLayout) {
+  TrainConfig cfg = Text("parallel { tensor: 2 pipeline: 2 } train_micro_batch_size_per_gpu: 4 "
+                         "gradient_accumulation_steps: 2");
+  ASSERT_TRUE(ValidateConfig(&cfg, 8, {}).ok());
+  EXPECT_EQ(cfg.parallel().data(), 2);
+  EXPECT_EQ(cfg.train_batch_size(), 4 * 2 * 2);  // data-parallel size 2, not 8 processes
+  EXPECT_EQ(cfg.strategy().name(), "pipeline");
+  EXPECT_EQ(cfg.strategy().options().at("stages"), "2");
+
+  TrainConfig tp = Text("parallel { tensor: 2 }");
+  ASSERT_TRUE(ValidateConfig(&tp, 2, {}).ok());
+  EXPECT_EQ(tp.strategy().name(), "single");  // one data-parallel replica
+  EXPECT_EQ(tp.parallel().pipeline(), 1);
+
+  EXPECT_THAT(ValidationError("parallel { tensor: 2 pipeline: 2 data: 2 }", 2),
+              HasSubstr("parallel layout tensor 2 x pipeline 2 x data 2 = 8 ranks, but there are "
+                        "2 processes"));
+  EXPECT_THAT(ValidationError("parallel { tensor: 3 }", 4),
+              HasSubstr("parallel.tensor (3) x parallel.pipeline (1) = 3 does not divide the 4 "
+                        "processes"));
+  EXPECT_THAT(ValidationError("parallel { tensor: 0 }", 2), HasSubstr("parallel.tensor (0)"));
+  EXPECT_THAT(ValidationError("parallel { pipeline: 2 } strategy { name: \"pipeline\" "
+                              "options { key: \"stages\" value: \"4\" } }", 2),
+              HasSubstr("strategy.options stages (4) disagrees with parallel.pipeline (2)"));
+  EXPECT_THAT(ValidationError("parallel { tensor: 2 } strategy { name: \"dp\" }", 2),
+              HasSubstr("cannot run under tensor parallelism"));
+  EXPECT_THAT(ValidationError("parallel { tensor: 2 } strategy { name: \"zero\" } "
+                              "zero_optimization { stage: 3 }", 2, {"zero3"}),
+              HasSubstr("zero_optimization.stage 3 with parallel.tensor > 1 is not supported"));
+}
+
 TEST(ConfigValidate, ReportsEveryProblemAtOnce) {
   EXPECT_THAT(ValidationError("steps: 0 optimizer { params { lr: 0 } } threads: 0"),
               AllOf(HasSubstr("3 problems"), HasSubstr("steps (0)"),
