@@ -49,14 +49,19 @@ std::vector<Tensor> AccumulateGrad::Apply(std::vector<Tensor>&& grads) {
   std::shared_ptr<TensorImpl> impl = var_.lock();
   if (!impl || !grads[0].defined()) return {};
   Tensor var(impl);
-  BRAID_CHECK(grads[0].shape() == var.shape())
-      << "gradient " << ShapeToString(grads[0].shape()) << " for " << var.DescribeForError();
+  Tensor incoming = grads[0];
+  {
+    auto transforms = impl->grad_transforms;  // copy: a transform may remove itself
+    for (auto& [id, fn] : transforms) incoming = fn(incoming);
+  }
+  BRAID_CHECK(incoming.shape() == var.shape())
+      << "gradient " << ShapeToString(incoming.shape()) << " for " << var.DescribeForError();
   Tensor g = var.grad();
   if (!g.defined()) {
     // Own the buffer: the incoming gradient may alias memory the graph still uses.
-    g = grads[0].Detach().Clone();
+    g = incoming.Detach().Clone();
   } else {
-    kernels::axpby.Get(g.device())(1.0f, grads[0], 1.0f, g);
+    kernels::axpby.Get(g.device())(1.0f, incoming, 1.0f, g);
   }
   var.set_grad(g);
   // Copy: a hook may remove itself.

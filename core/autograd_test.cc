@@ -316,6 +316,31 @@ TEST(AutogradTest, PostAccumulateHookFiresOncePerPassWithTheFullSum) {
   EXPECT_EQ(fired, 2);
 }
 
+// A gradient transform sees each pass's whole incoming gradient once (w used three times: the
+// engine sums the uses first), before accumulation, and the hooks after it see the transformed sum.
+TEST(AutogradTest, GradTransformMapsTheIncomingGradientBeforeAccumulation) {
+  Tensor w = Leaf({2.0f, 3.0f});
+  Tensor x = Tensor::FromVector<float>({1.0f, -1.0f}, {2});
+  int transformed = 0;
+  std::vector<float> seen, in_hook;
+  uint64_t id = w.RegisterGradTransform([&](const Tensor& g) {
+    ++transformed;
+    seen = g.ToFloatVector();
+    return ops::Scale(g, 10.0f);
+  });
+  w.RegisterPostAccumulateGradHook([&](Tensor& p) { in_hook = p.grad().ToFloatVector(); });
+  ops::Sum(ops::Add(ops::Add(ops::Mul(w, x), ops::Mul(w, w)), w)).Backward();
+  EXPECT_EQ(transformed, 1);
+  EXPECT_EQ(seen, (std::vector<float>{6.0f, 6.0f}));  // x + 2w + 1
+  EXPECT_EQ(in_hook, (std::vector<float>{60.0f, 60.0f}));
+  ops::Sum(w).Backward();  // accumulated: 60 + 10 * 1
+  EXPECT_EQ(w.grad().ToFloatVector(), (std::vector<float>{70.0f, 70.0f}));
+  w.RemoveHook(id);
+  ops::Sum(w).Backward();
+  EXPECT_EQ(transformed, 2);
+  EXPECT_EQ(w.grad().ToFloatVector(), (std::vector<float>{71.0f, 71.0f}));
+}
+
 // A pass-through user function that records when its backward runs.
 Tensor Tap(const Tensor& x, const std::string& name, std::vector<std::string>* events) {
   return ApplyFunction(

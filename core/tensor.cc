@@ -339,12 +339,27 @@ void Tensor::Backward(const Tensor& grad, bool retain_graph) const {
   autograd::Backward({*this}, {grad}, retain_graph);
 }
 
+namespace {
+// One id space for both kinds of leaf hooks, so RemoveHook needs no kind.
+uint64_t NextHookId() {
+  static std::atomic<uint64_t> next_id{1};
+  return next_id++;
+}
+}  // namespace
+
 uint64_t Tensor::RegisterPostAccumulateGradHook(GradHook hook) {
   BRAID_CHECK(is_leaf() && requires_grad())
       << "post-accumulate-grad hooks go on leaves that require grad: " << DescribeForError();
-  static std::atomic<uint64_t> next_id{1};
-  uint64_t id = next_id++;
+  uint64_t id = NextHookId();
   impl_->post_accumulate_hooks.emplace_back(id, std::move(hook));
+  return id;
+}
+
+uint64_t Tensor::RegisterGradTransform(std::function<Tensor(const Tensor&)> transform) {
+  BRAID_CHECK(is_leaf() && requires_grad())
+      << "gradient transforms go on leaves that require grad: " << DescribeForError();
+  uint64_t id = NextHookId();
+  impl_->grad_transforms.emplace_back(id, std::move(transform));
   return id;
 }
 
@@ -353,6 +368,13 @@ void Tensor::RemoveHook(uint64_t id) {
   for (auto it = hooks.begin(); it != hooks.end(); ++it) {
     if (it->first == id) {
       hooks.erase(it);
+      return;
+    }
+  }
+  auto& transforms = impl_->grad_transforms;
+  for (auto it = transforms.begin(); it != transforms.end(); ++it) {
+    if (it->first == id) {
+      transforms.erase(it);
       return;
     }
   }

@@ -72,6 +72,8 @@ struct TensorImpl {
   int output_nr = 0;
   std::shared_ptr<autograd::Node> grad_accumulator;  // leaves only, made on first use
   std::vector<std::pair<uint64_t, GradHook>> post_accumulate_hooks;
+  // Applied, in order, to each gradient arriving for this leaf before it is accumulated.
+  std::vector<std::pair<uint64_t, std::function<Tensor(const Tensor&)>>> grad_transforms;
   std::string name;  // parameters carry their state-dict name, for error messages
   // Optimizer grouping: false for parameters that take no weight decay (biases, norms). Set by
   // the model, so it survives flattening and sharding (a strategy copies it to its shards).
@@ -178,6 +180,11 @@ class Tensor {
   // Called after a backward pass has added into this leaf's .grad (once per backward pass).
   // Returns an id for RemoveHook.
   uint64_t RegisterPostAccumulateGradHook(GradHook hook);
+  // Maps each gradient that arrives for this leaf before it is added into .grad (PyTorch's
+  // Tensor.register_hook): sequence parallelism sums a replicated weight's per-rank partial
+  // gradient over its group here, so .grad always holds the whole gradient, whatever strategy
+  // reads it and however many micro-batches accumulate. Returns an id for RemoveHook.
+  uint64_t RegisterGradTransform(std::function<Tensor(const Tensor&)> transform);
   void RemoveHook(uint64_t id);
 
   bool weight_decay() const { return impl_->weight_decay; }

@@ -753,6 +753,10 @@ int CheckParallel(Checker& c, TrainConfig* cfg, int world) {
     }
     (*s->mutable_options())["stages"] = absl::StrCat(p->pipeline());
   }
+  if (p->sequence_parallel() && p->tensor() == 1) {
+    c.Error("parallel.sequence_parallel splits activations over the tensor-parallel group, but "
+            "parallel.tensor is 1; set parallel.tensor > 1 or turn it off");
+  }
   if (p->tensor() > 1) {
     const std::string& name = s->name();
     if (name == "dp" || name == "paramserver") {

@@ -688,6 +688,8 @@ TEST(ConfigValidate, ParallelLayout) {
               HasSubstr("parallel.tensor (3) x parallel.pipeline (1) = 3 does not divide the 4 "
                         "processes"));
   EXPECT_THAT(ValidationError("parallel { tensor: 0 }", 2), HasSubstr("parallel.tensor (0)"));
+  EXPECT_THAT(ValidationError("parallel { sequence_parallel: true }", 2),
+              HasSubstr("parallel.sequence_parallel splits activations"));
   EXPECT_THAT(ValidationError("parallel { pipeline: 2 } strategy { name: \"pipeline\" "
                               "options { key: \"stages\" value: \"4\" } }", 2),
               HasSubstr("strategy.options stages (4) disagrees with parallel.pipeline (2)"));

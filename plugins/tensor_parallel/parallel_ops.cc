@@ -51,8 +51,104 @@ Tensor ReduceFromGroup(const Tensor& x, Communicator& group, CommCounters* count
       [](const std::vector<Tensor>& grads) { return std::vector<Tensor>{grads[0]}; })[0];
 }
 
+namespace {
+
+// [B, t * Tl, I] <-> [t][B][Tl][I]: rank r's sequence rows made contiguous for the collectives.
+std::vector<float> ToRankMajor(const std::vector<float>& x, int64_t b, int t, int64_t tl, int64_t inner) {
+  std::vector<float> out(x.size());
+  for (int64_t i = 0; i < b; ++i) {
+    for (int r = 0; r < t; ++r) {
+      const float* src = x.data() + (i * t * tl + r * tl) * inner;
+      std::copy(src, src + tl * inner, out.begin() + ((r * b + i) * tl) * inner);
+    }
+  }
+  return out;
+}
+std::vector<float> FromRankMajor(const std::vector<float>& x, int64_t b, int t, int64_t tl, int64_t inner) {
+  std::vector<float> out(x.size());
+  for (int64_t i = 0; i < b; ++i) {
+    for (int r = 0; r < t; ++r) {
+      const float* src = x.data() + ((r * b + i) * tl) * inner;
+      std::copy(src, src + tl * inner, out.begin() + (i * t * tl + r * tl) * inner);
+    }
+  }
+  return out;
+}
+
+void CheckSequenceInput(const Tensor& x, const char* op) {
+  BRAID_CHECK(x.ndim() >= 2 && x.dtype() == DType::kF32)
+      << op << ": sequence parallelism splits f32 activations [B, T, ...] along T, got "
+      << x.DescribeForError();
+}
+
+// All-gather along T: [B, Tl, I] -> [B, t*Tl, I].
+Tensor AllGatherSequence(const Tensor& x, Communicator& g, std::atomic<int64_t>* bytes) {
+  const int t = g.size();
+  const int64_t b = x.size(0), tl = x.size(1), inner = x.numel() / std::max<int64_t>(b * tl, 1);
+  Tensor flat = x.Detach().Clone().Reshape({x.numel()});
+  Tensor all = Tensor::Empty({x.numel() * t}, DType::kF32, x.device());
+  absl::Status st = g.AllGather(flat, all)->Wait();
+  BRAID_CHECK(st.ok()) << "tensor parallel: all-gathering the sequence failed on rank " << g.rank()
+                       << ": " << st.message();
+  if (bytes != nullptr) *bytes += int64_t(all.nbytes());
+  Shape shape = x.shape();
+  shape[1] = tl * t;
+  return Tensor::FromVector(FromRankMajor(all.ToFloatVector(), b, t, tl, inner), shape, x.device());
+}
+
+// Reduce-scatter along T: [B, T, I] partial sums -> [B, T/t, I] of this rank's rows.
+Tensor ReduceScatterSequence(const Tensor& x, Communicator& g, std::atomic<int64_t>* bytes) {
+  const int t = g.size();
+  const int64_t b = x.size(0), full = x.size(1);
+  BRAID_CHECK(full % t == 0) << "sequence parallelism: the sequence length " << full
+                             << " is not a multiple of the tensor-parallel size " << t
+                             << "; use a context length the tensor size divides";
+  const int64_t tl = full / t, inner = x.numel() / std::max<int64_t>(b * full, 1);
+  Tensor rank_major = Tensor::FromVector(ToRankMajor(x.ToFloatVector(), b, t, tl, inner),
+                                         {x.numel()}, x.device());
+  Tensor mine = Tensor::Empty({x.numel() / t}, DType::kF32, x.device());
+  absl::Status st = g.ReduceScatter(rank_major, mine, ReduceOp::kSum)->Wait();
+  BRAID_CHECK(st.ok()) << "tensor parallel: reduce-scattering the sequence failed on rank "
+                       << g.rank() << ": " << st.message();
+  if (bytes != nullptr) *bytes += int64_t(rank_major.nbytes());
+  Shape shape = x.shape();
+  shape[1] = tl;
+  return mine.Reshape(shape);
+}
+
+}  // namespace
+
+Tensor GatherSequence(const Tensor& x, Communicator& group, CommCounters* counters) {
+  CheckSequenceInput(x, "GatherSequence");
+  if (group.size() == 1) return x;
+  Communicator* g = &group;
+  return autograd::ApplyFunction(
+      "GatherSequence", {x},
+      [g, counters](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{AllGatherSequence(in[0], *g, counters ? &counters->forward_bytes : nullptr)};
+      },
+      [g, counters](const std::vector<Tensor>& grads) {
+        return std::vector<Tensor>{ReduceScatterSequence(grads[0], *g, counters ? &counters->backward_bytes : nullptr)};
+      })[0];
+}
+
+Tensor ScatterSequence(const Tensor& x, Communicator& group, CommCounters* counters) {
+  CheckSequenceInput(x, "ScatterSequence");
+  if (group.size() == 1) return x;
+  Communicator* g = &group;
+  return autograd::ApplyFunction(
+      "ScatterSequence", {x},
+      [g, counters](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{ReduceScatterSequence(in[0], *g, counters ? &counters->forward_bytes : nullptr)};
+      },
+      [g, counters](const std::vector<Tensor>& grads) {
+        return std::vector<Tensor>{AllGatherSequence(grads[0], *g, counters ? &counters->backward_bytes : nullptr)};
+      })[0];
+}
+
 Tensor VocabParallelEmbedding(const Tensor& weight, const Tensor& ids, int64_t vocab_start,
-                              Communicator& group, CommCounters* counters) {
+                              Communicator& group, CommCounters* counters,
+                              bool sequence_parallel) {
   BRAID_CHECK(ids.dtype() == DType::kI32) << "VocabParallelEmbedding: ids must be i32, got "
                                           << ids.DescribeForError();
   const int64_t rows = weight.size(0), dim = weight.size(1);
@@ -68,7 +164,8 @@ Tensor VocabParallelEmbedding(const Tensor& weight, const Tensor& ids, int64_t v
   out_shape.push_back(dim);
   Tensor looked = ops::Embedding(weight, Tensor::FromVector(local, ids.shape(), ids.device()));
   Tensor masked = ops::Mul(looked, Tensor::FromVector(mask, out_shape, weight.device()));
-  return ReduceFromGroup(masked, group, counters);
+  return sequence_parallel ? ScatterSequence(masked, group, counters)
+                           : ReduceFromGroup(masked, group, counters);
 }
 
 Tensor VocabParallelCrossEntropy(const Tensor& logits, const Tensor& targets, Communicator& group,

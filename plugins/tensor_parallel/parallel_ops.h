@@ -27,11 +27,24 @@ struct CommCounters {
 Tensor CopyToGroup(const Tensor& x, Communicator& group, CommCounters* counters = nullptr);
 Tensor ReduceFromGroup(const Tensor& x, Communicator& group, CommCounters* counters = nullptr);
 
+// Sequence parallelism (Korthikanti et al. 2022): between the split layers, activations
+// [B, T, ...] are split along T (dimension 1) over the group instead of replicated, so norms and
+// residuals hold T/t of the sequence. f becomes an all-gather along T (backward: reduce-scatter)
+// and g a reduce-scatter along T (backward: all-gather): the same bytes as the all-reduces.
+// GatherSequence: [B, T/t, ...] -> [B, T, ...] (rank r's rows at r*T/t).
+Tensor GatherSequence(const Tensor& x, Communicator& group, CommCounters* counters = nullptr);
+// ScatterSequence: partial sums [B, T, ...] -> this rank's rows [B, T/t, ...] of their sum.
+// T must be a multiple of the group size (fatal otherwise, naming both).
+Tensor ScatterSequence(const Tensor& x, Communicator& group, CommCounters* counters = nullptr);
+
 // weight: this rank's rows [vocab_start, vocab_start + rows) of the full [V, C] table; ids: i32,
 // any shape, every id in [0, V). Ids outside this rank's rows give zeros here; the all-reduce
 // over the group gives every rank the full lookup [..., C].
+// With sequence_parallel, the sum is a reduce-scatter along T instead: [B, T/t, C] of this
+// rank's rows.
 Tensor VocabParallelEmbedding(const Tensor& weight, const Tensor& ids, int64_t vocab_start,
-                              Communicator& group, CommCounters* counters = nullptr);
+                              Communicator& group, CommCounters* counters = nullptr,
+                              bool sequence_parallel = false);
 
 // logits: [..., V/t] f32, this rank's columns [rank * V/t, (rank + 1) * V/t) of the full logits;
 // targets: i32 with logits' leading shape (< 0: ignored). The mean cross-entropy over the

@@ -25,7 +25,9 @@ h.*.attn.c_proj  rowwise
 h.*.mlp.c_fc     colwise
 h.*.mlp.c_proj   rowwise
 lm_head          colwise
+wpe              sequence_slice
 output           vocab_sharded
+sequence_dim     1
 )";
 
 // The MNIST MLP (models/mlp): the hidden layer split, one all-reduce before the logits.
@@ -39,6 +41,7 @@ const char* StyleName(Style s) {
     case Style::kColwise: return "colwise";
     case Style::kRowwise: return "rowwise";
     case Style::kVocabEmbedding: return "vocab_embedding";
+    case Style::kSequenceSlice: return "sequence_slice";
   }
   return "?";
 }
@@ -83,6 +86,14 @@ absl::StatusOr<Plan> ParsePlan(const std::string& text, const std::string& origi
       plan.output_vocab_sharded = true;
       continue;
     }
+    if (words[0] == "sequence_dim") {
+      if (words.size() != 2 || words[1] != "1") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where(), "'sequence_dim' takes 1 (activations [B, T, ...]); no other layout is supported"));
+      }
+      plan.sequence_dim_declared = true;
+      continue;
+    }
     if (words.size() < 2) {
       return absl::InvalidArgumentError(
           absl::StrCat(where(), "'", words[0], "' has no style; write '<module pattern> <style>'"));
@@ -96,9 +107,12 @@ absl::StatusOr<Plan> ParsePlan(const std::string& text, const std::string& origi
       rule.style = Style::kRowwise;
     } else if (words[1] == "vocab_embedding") {
       rule.style = Style::kVocabEmbedding;
+    } else if (words[1] == "sequence_slice") {
+      rule.style = Style::kSequenceSlice;
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          where(), "unknown style '", words[1], "' (known: colwise, rowwise, vocab_embedding)"));
+          where(), "unknown style '", words[1],
+          "' (known: colwise, rowwise, vocab_embedding, sequence_slice)"));
     }
     for (size_t i = 2; i < words.size(); ++i) {
       absl::string_view w = words[i];
@@ -202,8 +216,14 @@ absl::StatusOr<Tensor> GatherFromGroup(const Tensor& local, const ShardSpec& spe
 }
 
 absl::StatusOr<ShardMap> ApplyPlan(Module& model, const Plan& plan, Communicator& group,
-                                   CommCounters* counters) {
+                                   CommCounters* counters, bool sequence_parallel) {
   const int size = group.size(), rank = group.rank();
+  if (sequence_parallel && !plan.sequence_dim_declared) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor-parallel plan ", plan.name, " does not declare `sequence_dim 1`, so sequence "
+        "parallelism cannot split its activations; turn parallel.sequence_parallel off"));
+  }
+  const bool sp = sequence_parallel && size > 1;
   struct Change {
     Module* module;
     std::string name;
@@ -258,11 +278,11 @@ absl::StatusOr<ShardMap> ApplyPlan(Module& model, const Plan& plan, Communicator
         BRAID_RETURN_IF_ERROR(need_weight(2));
         BRAID_RETURN_IF_ERROR(divides("weight", own["weight"].size(1), size));
         shards[name + ".weight"] = {1, 1, own["weight"].shape()};
-      } else {
+      } else if (rule.style == Style::kVocabEmbedding) {
         BRAID_RETURN_IF_ERROR(need_weight(2));
         BRAID_RETURN_IF_ERROR(divides("weight", own["weight"].size(0), size));
         shards[name + ".weight"] = {0, 1, own["weight"].shape()};
-      }
+      }  // sequence_slice splits no parameter
       changes.push_back({m, name, &rule});
     }
     if (matched == 0) {
@@ -272,27 +292,42 @@ absl::StatusOr<ShardMap> ApplyPlan(Module& model, const Plan& plan, Communicator
     }
   }
   // Everything checked: now split in place and rewrite the forwards.
+  Communicator* g = &group;
   for (auto& [name, p] : model.NamedParameters()) {
     auto it = shards.find(name);
     if (it == shards.end()) {
       p.set_grad_norm_share(1.0f / float(size));  // replicated: counted once over the group
+      if (sp) {
+        // It sees only this rank's part of the sequence: its gradient is a partial sum until
+        // summed over the group, done as each gradient arrives so that .grad is always whole.
+        p.RegisterGradTransform([g, counters](const Tensor& grad) {
+          Tensor sum = grad.Detach().Clone();
+          absl::Status st = g->AllReduce(sum, ReduceOp::kSum)->Wait();
+          BRAID_CHECK(st.ok()) << "tensor parallel: summing a replicated weight's gradient: "
+                               << st.message();
+          if (counters != nullptr) counters->backward_bytes += int64_t(sum.nbytes());
+          return sum;
+        });
+      }
       continue;
     }
     p.RebindToPart(SliceForRank(p.Detach(), it->second, rank, size));
   }
-  Communicator* g = &group;
   for (const Change& c : changes) {
     Module* m = c.module;
     std::map<std::string, Tensor> own = OwnParameters(*m);
     switch (c.rule->style) {
       case Style::kColwise:
-        m->ReplaceForward([m, g, counters](const Tensor& x) { return m->Forward(CopyToGroup(x, *g, counters)); });
+        m->ReplaceForward([m, g, counters, sp](const Tensor& x) {
+          return m->Forward(sp ? GatherSequence(x, *g, counters) : CopyToGroup(x, *g, counters));
+        });
         break;
       case Style::kRowwise: {
         Tensor w = own["weight"];
         Tensor b = own.count("bias") ? own["bias"] : Tensor();
-        m->ReplaceForward([w, b, g, counters](const Tensor& x) {
-          Tensor y = ReduceFromGroup(ops::Linear(x, w, Tensor()), *g, counters);
+        m->ReplaceForward([w, b, g, counters, sp](const Tensor& x) {
+          Tensor partial = ops::Linear(x, w, Tensor());
+          Tensor y = sp ? ScatterSequence(partial, *g, counters) : ReduceFromGroup(partial, *g, counters);
           return b.defined() ? ops::Add(y, b) : y;
         });
         break;
@@ -300,8 +335,22 @@ absl::StatusOr<ShardMap> ApplyPlan(Module& model, const Plan& plan, Communicator
       case Style::kVocabEmbedding: {
         Tensor w = own["weight"];
         const int64_t start = int64_t(rank) * w.size(0);
-        m->ReplaceForward([w, start, g, counters](const Tensor& ids) {
-          return VocabParallelEmbedding(w, ids, start, *g, counters);
+        m->ReplaceForward([w, start, g, counters, sp](const Tensor& ids) {
+          return VocabParallelEmbedding(w, ids, start, *g, counters, sp);
+        });
+        break;
+      }
+      case Style::kSequenceSlice: {
+        if (!sp) break;  // only sequence parallelism splits the sequence
+        const int r = rank, t = size;
+        m->ReplaceForward([m, r, t](const Tensor& x) {
+          Tensor full = m->Forward(x);
+          BRAID_CHECK(full.size(0) % t == 0)
+              << "sequence parallelism: the sequence length " << full.size(0)
+              << " is not a multiple of the tensor-parallel size " << t
+              << "; use a context length the tensor size divides";
+          const int64_t rows = full.size(0) / t;
+          return full.Slice(r * rows, (r + 1) * rows);
         });
         break;
       }

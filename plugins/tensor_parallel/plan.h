@@ -15,8 +15,14 @@
 //   rowwise          weight split by input columns; one all-reduce (g) of the output, then the
 //                    bias, replicated, added once.
 //   vocab_embedding  weight [V, C] split by rows; lookups outside a rank's rows give zero; g.
+//   sequence_slice   (sequence parallelism only) the module's output [T, ...] keeps this rank's
+//                    rows of the sequence: position embeddings added to a split sequence.
 // `output vocab_sharded` says the model's output is split over its last dimension (the tied
-// head's logits): the loss is then the vocabulary-parallel cross-entropy.
+// head's logits): the loss is then the vocabulary-parallel cross-entropy. `sequence_dim 1` says
+// the activations between split layers are [B, T, ...]: sequence parallelism may then split T
+// (with it, f and g become all-gather and reduce-scatter along T, and every replicated
+// parameter, which then sees only this rank's part of the sequence, has its gradient summed
+// over the group as it arrives).
 // Every parameter no rule splits is replicated; its gradient is the same on every rank of the
 // group (the f and g ops make it so).
 #ifndef BRAID_PLUGINS_TENSOR_PARALLEL_PLAN_H_
@@ -33,7 +39,7 @@
 
 namespace braid::tensor_parallel {
 
-enum class Style { kColwise, kRowwise, kVocabEmbedding };
+enum class Style { kColwise, kRowwise, kVocabEmbedding, kSequenceSlice };
 
 struct Rule {
   std::string pattern;
@@ -46,6 +52,7 @@ struct Plan {
   std::string name;  // "gpt", or the file it came from
   std::vector<Rule> rules;
   bool output_vocab_sharded = false;
+  bool sequence_dim_declared = false;  // `sequence_dim 1`
 };
 
 absl::StatusOr<Plan> ParsePlan(const std::string& text, const std::string& origin);
@@ -76,8 +83,10 @@ absl::StatusOr<Tensor> GatherFromGroup(const Tensor& local, const ShardSpec& spe
 // modules' forwards, and gives replicated parameters a gradient-norm share of 1/size. A rule
 // that matches nothing, a style that does not fit its module, or a size the group does not
 // divide is an error naming the rule and the module, before anything is changed.
+// With sequence_parallel (the plan must declare `sequence_dim 1`), activations between the
+// split layers are split along the sequence as well.
 absl::StatusOr<ShardMap> ApplyPlan(Module& model, const Plan& plan, Communicator& group,
-                                   CommCounters* counters);
+                                   CommCounters* counters, bool sequence_parallel = false);
 
 }  // namespace braid::tensor_parallel
 

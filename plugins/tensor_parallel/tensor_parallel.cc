@@ -52,25 +52,29 @@ class TensorParallelStrategy : public Strategy {
       return Error(absl::StatusCode::kInvalidArgument,
                    "needs the rank layout: add `parallel { tensor: N }` to the config");
     }
+    // From the config's parallel section; tests without a config give strategy options.
     for (auto& [k, v] : ctx.options) {
-      if (k != "plan") continue;
-      plan_spec_ = v;
+      if (k == "plan") plan_spec_ = v;
+      if (k == "sequence_parallel") sequence_parallel_ = v == "true";
     }
-    if (ctx.config != nullptr && !ctx.config->parallel().tensor_plan().empty()) {
-      plan_spec_ = ctx.config->parallel().tensor_plan();
+    if (ctx.config != nullptr && ctx.config->has_parallel()) {
+      if (!ctx.config->parallel().tensor_plan().empty()) plan_spec_ = ctx.config->parallel().tensor_plan();
+      sequence_parallel_ = ctx.config->parallel().sequence_parallel();
     }
     absl::StatusOr<Plan> plan = plan_spec_.empty() ? PlanForModel(model) : LoadPlan(plan_spec_);
     if (!plan.ok()) return Error(plan.status().code(), std::string(plan.status().message()));
     plan_ = std::move(*plan);
     group_ = &ctx.mesh->tensor();
     full_parameters_ = model.NumParameters();
-    absl::StatusOr<ShardMap> shards = ApplyPlan(model, plan_, *group_, &counters_);
+    absl::StatusOr<ShardMap> shards = ApplyPlan(model, plan_, *group_, &counters_, sequence_parallel_);
     if (!shards.ok()) return Error(shards.status().code(), std::string(shards.status().message()));
     shards_ = std::move(*shards);
     local_parameters_ = model.NumParameters();
 
     StrategyContext inner_ctx = ctx;
     inner_ctx.comm = &ctx.mesh->model_replica();
+    inner_ctx.options.erase("plan");  // ours, not the wrapped strategy's
+    inner_ctx.options.erase("sequence_parallel");
     Communicator* g = group_;
     inner_ctx.model_parallel_sum = [g](double local) {
       Tensor t = Tensor::Full({1}, float(local));
@@ -161,10 +165,11 @@ class TensorParallelStrategy : public Strategy {
     std::vector<std::string> lines = inner_->SummaryLines();
     const double mib = 1.0 / (1 << 20);
     lines.push_back(absl::StrFormat(
-        "tensor parallel: %d ranks, plan %s: %d of %d parameters on this rank (%d tensors "
+        "tensor parallel: %d ranks%s, plan %s: %d of %d parameters on this rank (%d tensors "
         "split); last step all-reduced %.2f MiB of activations forward, %.2f MiB of their "
         "gradients backward",
-        group_ ? group_->size() : 1, plan_.name, local_parameters_, full_parameters_,
+        group_ ? group_->size() : 1, sequence_parallel_ ? " with sequence parallelism" : "",
+        plan_.name, local_parameters_, full_parameters_,
         int(shards_.size()), double(last_forward_bytes_) * mib,
         double(last_backward_bytes_) * mib));
     return lines;
@@ -173,6 +178,7 @@ class TensorParallelStrategy : public Strategy {
  private:
   std::unique_ptr<Strategy> inner_;
   std::string plan_spec_;
+  bool sequence_parallel_ = false;
   Plan plan_;
   Communicator* group_ = nullptr;
   ShardMap shards_;

@@ -7,6 +7,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -171,13 +172,16 @@ INSTANTIATE_TEST_SUITE_P(Ranks, OpsTest, ::testing::Values(2, 4));
 
 // ---- GPT under the shipped plan -------------------------------------------------------------
 
-class GptPlanTest : public ::testing::TestWithParam<int> {};
+class GptPlanTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 // Logits (gathered over the vocabulary) and every parameter's gradient (gathered) equal one
 // process's. Tolerance: float32 rounding of sums split in t parts and re-added in another order
 // (each all-reduce reorders a 16- or 64-term dot product): 2e-6 relative to the largest value.
+// With sequence parallelism (the second parameter) the same holds: the replicated weights' partial
+// gradients are summed over the group as they arrive.
 TEST_P(GptPlanTest, LogitsAndGradientsEqualOneProcess) {
-  const int t = GetParam();
+  const int t = std::get<0>(GetParam());
+  const bool sp = std::get<1>(GetParam());
   models::Gpt ref(SmallGpt());
   Batch b = GptRows(0, 0, 2);
   Tensor want_logits = ref(b.inputs);
@@ -188,7 +192,7 @@ TEST_P(GptPlanTest, LogitsAndGradientsEqualOneProcess) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   testing::RunRanks(t, [&](int rank, Communicator* comm) {
     models::Gpt model(SmallGpt());
-    auto shards = ApplyPlan(model, *plan, *comm, nullptr);
+    auto shards = ApplyPlan(model, *plan, *comm, nullptr, sp);
     ASSERT_TRUE(shards.ok()) << shards.status();
     // Split: wte, and per block c_attn (weight, bias), c_proj weight, c_fc (weight, bias),
     // mlp c_proj weight.
@@ -216,7 +220,37 @@ TEST_P(GptPlanTest, LogitsAndGradientsEqualOneProcess) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, GptPlanTest, ::testing::Values(2, 4));
+INSTANTIATE_TEST_SUITE_P(Ranks, GptPlanTest,
+                         ::testing::Combine(::testing::Values(2, 4), ::testing::Bool()));
+
+// The sequence ops: gather then scatter of a sum is the identity; scatter of t equal copies gives
+// t times this rank's rows; and both backward passes are the other op.
+TEST_P(OpsTest, SequenceGatherAndScatterAreConjugate) {
+  const int t = GetParam();
+  Tensor full = RandomTensor({2, 8, 3}, 31);  // [B, T, C]
+  testing::RunRanks(t, [&](int rank, Communicator* comm) {
+    const int64_t rows = 8 / t;
+    std::vector<float> v = full.ToFloatVector(), mine;
+    for (int64_t b = 0; b < 2; ++b) {
+      mine.insert(mine.end(), v.begin() + (b * 8 + rank * rows) * 3, v.begin() + (b * 8 + (rank + 1) * rows) * 3);
+    }
+    Tensor local = Tensor::FromVector(mine, {2, rows, 3}).set_requires_grad(true);
+    Tensor gathered = GatherSequence(local, *comm);
+    EXPECT_EQ(MaxAbsDiff(gathered, full), 0.0);
+    Tensor seed = RandomTensor({2, 8, 3}, 37);  // the same on every rank
+    ops::Sum(ops::Mul(gathered, seed)).Backward();
+    // d/dlocal of sum over ranks' identical losses: t times this rank's rows of the seed.
+    std::vector<float> s = seed.ToFloatVector(), want;
+    for (int64_t b = 0; b < 2; ++b) {
+      for (int64_t i = (b * 8 + rank * rows) * 3; i < (b * 8 + (rank + 1) * rows) * 3; ++i) want.push_back(float(t) * s[size_t(i)]);
+    }
+    EXPECT_LT(MaxAbsDiff(local.grad(), Tensor::FromVector(want, {2, rows, 3})), 1e-6);
+    Tensor scattered = ScatterSequence(full, *comm);
+    std::vector<float> times_t;
+    for (float x : mine) times_t.push_back(float(t) * x);
+    EXPECT_LT(MaxAbsDiff(scattered, Tensor::FromVector(times_t, {2, rows, 3})), 1e-6);
+  });
+}
 
 TEST(PlanTest, BadPlansAndLayoutsAreRefusedNamingTheRule) {
   auto unknown = ParsePlan("h.*.mlp.c_fc sideways\n", "mine.plan");
@@ -272,6 +306,7 @@ LossFn CrossEntropyLoss() {
 
 struct TpRun {
   int tensor = 2, data = 1, steps = 3, rows = 2;
+  bool sequence_parallel = false;
   float max_grad_norm = 0;
   bool adamw = false;
 };
@@ -311,6 +346,7 @@ double TrainAndCompare(const TpRun& run, const std::string& inner) {
     ctx.comm = comm;
     ctx.mesh = mesh->get();
     ctx.max_grad_norm = run.max_grad_norm;
+    if (run.sequence_parallel) ctx.options["sequence_parallel"] = "true";
     ctx.criterion = [](const Tensor& out, const Batch& b) { return ops::CrossEntropy(out, b.targets); };
     models::Gpt model(SmallGpt());
     absl::Status st = (*tp)->Setup(model, optim, ctx);
@@ -347,6 +383,23 @@ TEST_F(StrategyTest, Tp2AndTp4AroundSingleEqualOneProcess) {
     run.max_grad_norm = 0.5f;
     EXPECT_LT(TrainAndCompare(run, "single"), 1e-5) << "t = " << t;
   }
+}
+
+// Sequence parallelism with accumulation-free SGD and binding clipping: a replicated weight whose
+// partial gradient were not summed (LayerNorms, wpe, the row-split biases) would drift.
+TEST_F(StrategyTest, SequenceParallelTp2AndTp4EqualOneProcess) {
+  for (int t : {2, 4}) {
+    TpRun run;
+    run.tensor = t;
+    run.sequence_parallel = true;
+    run.max_grad_norm = 0.5f;
+    EXPECT_LT(TrainAndCompare(run, "single"), 1e-5) << "t = " << t;
+  }
+  TpRun dp;
+  dp.tensor = 2;
+  dp.data = 2;
+  dp.sequence_parallel = true;
+  EXPECT_LT(TrainAndCompare(dp, "ddp"), 1e-5);
 }
 
 TEST_F(StrategyTest, Tp2TimesDp2AroundDdpEqualsOneProcessOnTheGlobalBatch) {
