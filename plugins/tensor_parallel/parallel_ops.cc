@@ -90,7 +90,7 @@ Tensor AllGatherSequence(const Tensor& x, Communicator& g, std::atomic<int64_t>*
   absl::Status st = g.AllGather(flat, all)->Wait();
   BRAID_CHECK(st.ok()) << "tensor parallel: all-gathering the sequence failed on rank " << g.rank()
                        << ": " << st.message();
-  if (bytes != nullptr) *bytes += int64_t(all.nbytes());
+  if (bytes != nullptr) *bytes += int64_t(all.nbytes()) / 2;  // half an all-reduce's volume
   Shape shape = x.shape();
   shape[1] = tl * t;
   return Tensor::FromVector(FromRankMajor(all.ToFloatVector(), b, t, tl, inner), shape, x.device());
@@ -110,7 +110,7 @@ Tensor ReduceScatterSequence(const Tensor& x, Communicator& g, std::atomic<int64
   absl::Status st = g.ReduceScatter(rank_major, mine, ReduceOp::kSum)->Wait();
   BRAID_CHECK(st.ok()) << "tensor parallel: reduce-scattering the sequence failed on rank "
                        << g.rank() << ": " << st.message();
-  if (bytes != nullptr) *bytes += int64_t(rank_major.nbytes());
+  if (bytes != nullptr) *bytes += int64_t(rank_major.nbytes()) / 2;  // half an all-reduce's
   Shape shape = x.shape();
   shape[1] = tl;
   return mine.Reshape(shape);

@@ -18,7 +18,9 @@
 namespace braid::tensor_parallel {
 
 // Bytes the ops below all-reduced, forward and backward apart (for the summary and the
-// benchmark's comparison with the formula). Shared by every op of one strategy.
+// benchmark's comparison with the formula). Shared by every op of one strategy. An all-gather
+// or reduce-scatter of a full tensor of N bytes counts N/2: on a ring it moves half of what an
+// all-reduce of N bytes moves, so sequence parallelism's figures compare with plain TP's.
 struct CommCounters {
   std::atomic<int64_t> forward_bytes{0};
   std::atomic<int64_t> backward_bytes{0};
