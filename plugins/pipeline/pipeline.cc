@@ -34,6 +34,8 @@
 #include "core/registry.h"
 #include "core/strategy.h"
 #include "plugins/pipeline/schedule.h"
+#include "plugins/pipeline/stage_optimizer.h"
+#include "core/config/train_config.pb.h"
 
 namespace braid::pipeline {
 namespace {
@@ -154,7 +156,10 @@ class PipelineStrategy final : public Strategy {
                      const StrategyContext& ctx) override;
   absl::StatusOr<StepStats> TrainStep(const std::vector<Batch>& micro_batches,
                                       const LossFn& loss_fn) override;
-  Optimizer* optimizer() override { return optimizer_.get(); }
+  Optimizer* optimizer() override { return stage_opt_ ? stage_opt_->optimizer() : nullptr; }
+  std::vector<std::pair<std::string, int64_t>> ModelStatePeaks() const override {
+    return stage_opt_ ? stage_opt_->Peaks() : std::vector<std::pair<std::string, int64_t>>{};
+  }
   absl::StatusOr<std::map<std::string, Tensor>> FullStateDict() override;
   absl::Status LoadFullStateDict(const std::map<std::string, Tensor>& state) override;
   int data_parallel_rank() const override { return dp_; }
@@ -195,8 +200,9 @@ class PipelineStrategy final : public Strategy {
   std::vector<std::pair<Communicator*, std::vector<Tensor>>> ties_;  // tied params per group
   std::vector<Chunk> chunks_;
   std::vector<std::pair<std::string, Tensor>> own_;   // this rank's parameters, model order
-  std::vector<Tensor> counted_;  // own parameters counted in the norm (a tied one once)
-  std::unique_ptr<Optimizer> optimizer_;
+  std::set<std::string> counted_;  // own parameters counted in the norm (a tied one once)
+  std::unique_ptr<StageOptimizer> stage_opt_;  // the data axis: all-reduce, or ZeRO-1 shards
+  int zero_stage_ = 0;
   std::vector<Shape> act_shape_;  // per virtual stage boundary, agreed in the first step
   std::map<std::pair<int, int>, InFlight> flight_;
   std::vector<std::shared_ptr<Work>> sends_;
@@ -225,6 +231,13 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
   if (!make_optimizer) return Invalid("no optimizer factory given");
   if (!ctx.criterion) return Invalid("no criterion in the strategy context: the last stage computes the loss");
   BRAID_ASSIGN_OR_RETURN(opts_, ParseOptions(ctx.options));
+  // ZeRO on the data axis (declared as feature zero1): the config's section, when there is one.
+  if (ctx.config != nullptr) zero_stage_ = ctx.config->zero_optimization().stage();
+  if (zero_stage_ > 1) {
+    return Invalid(absl::StrCat("zero_optimization.stage ", zero_stage_,
+                                " is not supported inside a pipeline; stage 1 shards the optimizer "
+                                "state over each stage's data-parallel replicas"));
+  }
   world_ = ctx.comm;
   device_ = ctx.device;
   criterion_ = ctx.criterion;
@@ -307,7 +320,7 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
       if (p.requires_grad()) {
         own_.emplace_back(n, p);
         // A tied parameter counts once in the norm: on the first stage that holds it.
-        if (*used_by[n].begin() == stage_) counted_.push_back(p);
+        if (*used_by[n].begin() == stage_) counted_.insert(n);
       }
     } else if (p.has_data()) {
       p.storage()->Release();  // built whole (not deferred): another stage's, never used here
@@ -361,8 +374,8 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
       BRAID_RETURN_IF_ERROR(data_->Broadcast(t, 0)->Wait());
     }
   }
-  optimizer_ = make_optimizer(own_);
-  if (optimizer_ == nullptr) return Invalid("the optimizer factory returned null");
+  BRAID_ASSIGN_OR_RETURN(stage_opt_, StageOptimizer::Create(own_, counted_, *data_, zero_stage_,
+                                                            make_optimizer, device_));
   act_shape_.assign(size_t(parts), Shape());
   return absl::OkStatus();
 }
@@ -476,7 +489,7 @@ absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& 
                          MakeSchedule(opts_.schedule, {stages_, k_, opts_.chunks}, stage_));
   const double step_start = NowS();
   StepStats stats;
-  optimizer_->ZeroGrad();
+  stage_opt_->ZeroGrad();
   loss_sum_ = 0;
   flight_.clear();
   events_.clear();
@@ -509,44 +522,31 @@ absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& 
       BRAID_RETURN_IF_ERROR(group->AllReduce(g, ReduceOp::kSum)->Wait());
     }
   }
-  // Each stage's replicas average their gradients (one flat buffer: one collective).
-  if (dp_size_ > 1) {
-    int64_t n = 0;
-    for (auto& [name, p] : own_) n += p.numel();
-    Tensor flat = Tensor::Zeros({n}, DType::kF32, device_);
-    int64_t at = 0;
-    for (auto& [name, p] : own_) {
-      if (p.grad().defined()) flat.FlatRange(at, p.numel()).CopyFrom(p.grad().Reshape({-1}));
-      at += p.numel();
-    }
-    BRAID_RETURN_IF_ERROR(data_->AllReduce(flat, ReduceOp::kAvg)->Wait());
-    at = 0;
-    for (auto& [name, p] : own_) {
-      Tensor g = flat.FlatRange(at, p.numel(), p.shape()).Clone();
-      p.set_grad(g);
-      at += p.numel();
-    }
-  }
+  // Each stage's replicas average their gradients (one flat buffer: one collective), or with
+  // ZeRO-1 reduce-scatter them into each replica's shard.
+  const int64_t comm_before = stage_opt_->comm_bytes();
+  BRAID_RETURN_IF_ERROR(stage_opt_->Reduce());
   stats.comm_exposed_s += NowS() - comm_start;
   double opt_start = NowS();
-  // The global norm over every stage (a tied weight counted once), then the same scale for all.
-  stats.grad_norm = ClipGradNormSharded(counted_, 0.0f, [this](double local) {
-    double sum = local;
-    if (stages_ > 1) {
-      Tensor t = Tensor::Full({1}, float(local));
-      (void)pipe_->AllReduce(t, ReduceOp::kSum)->Wait();
-      sum = double(t.item());
-    }
-    return model_parallel_sum_ ? model_parallel_sum_(sum) : sum;
-  });
+  // The global norm over every stage (a tied weight counted once), and every shard, then the
+  // same scale for all.
+  double squared = stage_opt_->LocalSquaredNorm();
+  auto sum_over = [&](Communicator* g) -> absl::Status {
+    if (g == nullptr || g->size() == 1) return absl::OkStatus();
+    Tensor t = Tensor::Full({1}, float(squared));
+    BRAID_RETURN_IF_ERROR(g->AllReduce(t, ReduceOp::kSum)->Wait());
+    squared = double(t.item());
+    return absl::OkStatus();
+  };
+  if (stage_opt_->sharded()) BRAID_RETURN_IF_ERROR(sum_over(data_));
+  BRAID_RETURN_IF_ERROR(sum_over(pipe_));
+  if (model_parallel_sum_) squared = model_parallel_sum_(squared);
+  stats.grad_norm = float(std::sqrt(squared));
   if (max_grad_norm_ > 0 && stats.grad_norm > max_grad_norm_) {
-    const float scale = float(max_grad_norm_ / (double(stats.grad_norm) + 1e-6));
-    for (auto& [name, p] : own_) {
-      Tensor g = p.grad();
-      if (g.defined()) kernels::unary.Get(g.device())(kernels::UnaryOp::kScale, g, scale, g);
-    }
+    stage_opt_->ScaleGradients(float(max_grad_norm_ / (double(stats.grad_norm) + 1e-6)));
   }
-  optimizer_->Step();
+  BRAID_RETURN_IF_ERROR(stage_opt_->Step());
+  stats.comm_bytes = stage_opt_->comm_bytes() - comm_before;
   stats.optimizer_s = NowS() - opt_start;
   // Only the last stage saw the loss: every stage reports it.
   Tensor loss = Tensor::Full({1}, float(loss_sum_ / k_));
@@ -636,6 +636,7 @@ absl::Status PipelineStrategy::LoadFullStateDict(const std::map<std::string, Ten
 
 BRAID_PLUGIN(registry) {
   absl::Status s = registry->AddStrategy(
-      braid::pipeline::kName, [] { return std::make_unique<braid::pipeline::PipelineStrategy>(); });
+      braid::pipeline::kName, [] { return std::make_unique<braid::pipeline::PipelineStrategy>(); },
+      braid::StrategyTraits{{"zero1"}});
   return s.ok() ? 0 : 1;
 }

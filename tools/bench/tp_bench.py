@@ -42,12 +42,12 @@ ENV1 = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", BRAID_NUM
 MIB = 2 ** 20
 CONFIGS = {"tp": "launcher/configs/gpt-mini-tp.pbtxt", "ddp": "launcher/configs/gpt-mini-ddp.pbtxt",
            "single": "launcher/configs/gpt-mini.pbtxt"}
-NPROC = {"tp": 2, "ddp": 2, "single": 1}
+NPROC = {"tp": 2, "tp_sp": 2, "ddp": 2, "single": 1}
 # gpt-mini (docs/MODELS.md): micro-batch B, context T, width C, L blocks, float32.
 GPT_MINI = dict(B=16, T=128, C=256, L=4, bytes_per_float=4)
 
 PARAMS_RE = re.compile(r"braid: training (\S+) \((\d+) parameters")
-TP_RE = re.compile(r"tensor parallel: (\d+) ranks, plan (\S+): (\d+) of (\d+) parameters on this rank "
+TP_RE = re.compile(r"tensor parallel: (\d+) ranks(?: with sequence parallelism)?, plan (\S+): (\d+) of (\d+) parameters on this rank "
                    r"\((\d+) tensors split\); last step all-reduced ([\d.]+) MiB of activations forward, "
                    r"([\d.]+) MiB of their gradients backward")
 
@@ -84,11 +84,23 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
+def sequence_parallel_config(tmp):
+    """gpt-mini-tp.pbtxt with parallel.sequence_parallel on (written once into tmp)."""
+    path = os.path.join(tmp, "gpt-mini-tp-sp.pbtxt")
+    if not os.path.exists(path):
+        text = open(os.path.join(ROOT, CONFIGS["tp"])).read()
+        assert "parallel { tensor: 2 }" in text, "gpt-mini-tp.pbtxt changed: update this benchmark"
+        with open(path, "w") as f:
+            f.write(text.replace("parallel { tensor: 2 }", "parallel { tensor: 2 sequence_parallel: true }"))
+    return path
+
+
 def run(kind, steps, tmp, tag, timeout=600):
     out = os.path.join(tmp, tag)
     n = NPROC[kind]
+    config = CONFIGS[kind] if kind != "tp_sp" else sequence_parallel_config(tmp)
     cmd = [LAUNCHER, f"--nproc_per_node={n}", f"--log_dir={out}-workers", "--",
-           f"--config={os.path.join(ROOT, CONFIGS[kind])}", f"--steps={steps}", f"--log_dir={out}"]
+           f"--config={os.path.join(ROOT, config)}", f"--steps={steps}", f"--log_dir={out}"]
     t0 = time.time()
     try:
         r = subprocess.run(cmd, env=ENV1, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
@@ -130,7 +142,7 @@ def run(kind, steps, tmp, tag, timeout=600):
             res["tensors_split"] = int(m.group(5))
             res["tp_forward_mib"] = float(m.group(6))
             res["tp_backward_mib"] = float(m.group(7))
-    if kind == "tp" and "tp_forward_mib" not in res:
+    if kind in ("tp", "tp_sp") and "tp_forward_mib" not in res:
         sys.exit(f"{tag}: no 'tensor parallel:' summary line in {out}/train.log")
     return res
 
@@ -144,6 +156,8 @@ def main():
                                 "(see the file's docstring)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--no_sp", action="store_true",
+                   help="leave out TP = 2 with sequence parallelism (parallel.sequence_parallel)")
     p.add_argument("--no_single", action="store_true",
                    help="leave out the one-process run (gpt-mini.pbtxt) that TP's speed-up is against")
     a = p.parse_args()
@@ -151,7 +165,7 @@ def main():
         sys.exit(f"{LAUNCHER} not found: run `bazel build //launcher:all //plugins/...` first")
     emit({"bench": "tp_bench", "date": datetime.datetime.now().isoformat(timespec="seconds"),
           "commit": commit(), "args": vars(a), "cpus": os.cpu_count()})
-    kinds = ["tp", "ddp"] + ([] if a.no_single else ["single"])
+    kinds = ["tp", "ddp"] + ([] if a.no_sp else ["tp_sp"]) + ([] if a.no_single else ["single"])
     res = {k: [] for k in kinds}
     with tempfile.TemporaryDirectory() as tmp:
         for rnd in range(a.rounds):
@@ -198,6 +212,13 @@ def main():
         # The summary line rounds to 0.01 MiB.
         matches_formula=abs(tp["tp_forward_mib"] - f["forward_bytes"] / MIB) <= 0.006
         and abs(tp["tp_backward_mib"] - f["backward_bytes"] / MIB) <= 0.006)
+    if "tp_sp" in res:
+        sp = res["tp_sp"][-1]
+        summary["ratio_tp_sp_to_tp"] = round(med["tp_sp"] / med["tp"], 3)
+        summary["tp_sp"].update(allreduce_forward_mib=sp["tp_forward_mib"],
+                                allreduce_backward_mib=sp["tp_backward_mib"])
+        summary["sp_peak_saving_mib_rank0"] = round(
+            summary["tp"]["peak_tensor_mib_per_rank"][0] - summary["tp_sp"]["peak_tensor_mib_per_rank"][0], 1)
     ddp_full = summary["ddp"]["params_on_rank"]
     summary["ddp"].update(
         grad_allreduce_mib=round(median([x["comm_bytes_per_step"] for x in res["ddp"]]) / MIB, 3),
@@ -222,6 +243,17 @@ def main():
           f"{d['peak_tensor_mib_per_rank'][0]} / {d['peak_tensor_mib_per_rank'][1]} | "
           f"{d['peak_rss_mib_per_rank'][0]} / {d['peak_rss_mib_per_rank'][1]} | "
           f"gradients {d['grad_allreduce_mib']:.2f} MiB | {d['formula_grad_mib']:.2f} MiB (4 B x parameters) |")
+    if "tp_sp" in res:
+        s = summary["tp_sp"]
+        print(f"| TP = 2 + SP | 2,048 | {med['tp_sp']:,.0f} | {med['tp_sp'] / med['ddp']:.3f} | "
+              f"{s['median_step_s']:.3f} ({s['median_forward_s']:.3f} / {s['median_backward_s']:.3f}) | "
+              f"{s['params_on_rank']:,} | "
+              f"{s['peak_tensor_mib_per_rank'][0]} / {s['peak_tensor_mib_per_rank'][1]} | "
+              f"{s['peak_rss_mib_per_rank'][0]} / {s['peak_rss_mib_per_rank'][1]} | "
+              f"all-gather/reduce-scatter {s['allreduce_forward_mib']:.2f} + {s['allreduce_backward_mib']:.2f} MiB "
+              f"(all-reduce equivalent) | as TP |")
+        print(f"sequence parallelism: peak tensor memory -{summary['sp_peak_saving_mib_rank0']} MiB on rank 0, "
+              f"tokens/s x{summary['ratio_tp_sp_to_tp']} of TP")
     if "single" in res:
         o = summary["single"]
         print(f"| 1 process | 2,048 | {med['single']:,.0f} | {med['single'] / med['ddp']:.3f} | "

@@ -1,0 +1,73 @@
+// How one pipeline stage's data-parallel replicas turn their accumulated gradients into the
+// update, ZeRO-style on the data axis (the ZeRO paper's stage 1 inside each stage; the zero
+// plugin does the same for a whole model):
+//   stage 0: the replicas all-reduce (average) the gradients; each steps every parameter.
+//   stage 1: a reduce-scatter leaves each replica the average of its shard of the stage's flat
+//            gradient; it steps only that shard (optimizer state 1/D of the stage's), then an
+//            all-gather gives every replica the updated parameters. Same bytes on the wire as
+//            the all-reduce.
+// Shards are ranges of one padded flat buffer holding the stage's parameters in model order.
+#ifndef BRAID_PLUGINS_PIPELINE_STAGE_OPTIMIZER_H_
+#define BRAID_PLUGINS_PIPELINE_STAGE_OPTIMIZER_H_
+
+#include <memory>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/communicator.h"
+#include "core/optimizer.h"
+#include "core/strategy.h"
+#include "core/tensor.h"
+
+namespace braid::pipeline {
+
+class StageOptimizer {
+ public:
+  // `own`: the stage's trainable parameters (model order); `counted`: the names counted in the
+  // gradient norm (a weight two stages share counts on one of them). `data` is the stage's
+  // data-parallel group (size 1: no replicas).
+  static absl::StatusOr<std::unique_ptr<StageOptimizer>> Create(
+      const std::vector<std::pair<std::string, Tensor>>& own, const std::set<std::string>& counted,
+      Communicator& data, int zero_stage, const OptimizerFactory& make_optimizer, Device device);
+
+  Optimizer* optimizer() const { return optimizer_.get(); }
+  void ZeroGrad();
+  // Averages the accumulated gradients over the replicas (stage 0) or reduce-scatters them into
+  // this replica's shard (stage 1).
+  absl::Status Reduce();
+  // This replica's share of the squared gradient norm, each parameter (or piece) weighted by its
+  // grad_norm_share (a weight another stage also counts: 0). Sum it over the data group when
+  // `sharded()`, then over the stages.
+  double LocalSquaredNorm() const;
+  bool sharded() const { return zero_stage_ >= 1 && data_->size() > 1; }
+  // Scales the gradients the step will use.
+  void ScaleGradients(float scale);
+  // The optimizer step, then (stage 1) the all-gather of the updated parameters.
+  absl::Status Step();
+  // Bytes held, for the summary: parameters, gradients, optimizer state (after the first step).
+  std::vector<std::pair<std::string, int64_t>> Peaks() const;
+  int64_t comm_bytes() const { return comm_bytes_; }
+
+ private:
+  StageOptimizer() = default;
+  int zero_stage_ = 0;
+  Communicator* data_ = nullptr;
+  Device device_;
+  std::vector<std::pair<std::string, Tensor>> own_;
+  std::set<std::string> counted_;
+  std::unique_ptr<Optimizer> optimizer_;
+  // Stage 1: the flat parameters every own parameter is a view of, this replica's range and
+  // the optimizer's pieces (views of the range, their gradients views of grad_shard_).
+  Tensor flat_;
+  int64_t numel_ = 0, padded_ = 0, shard_ = 0;
+  Tensor grad_shard_;
+  std::vector<Tensor> pieces_;
+  int64_t optimizer_state_bytes_ = 0, comm_bytes_ = 0;
+};
+
+}  // namespace braid::pipeline
+
+#endif  // BRAID_PLUGINS_PIPELINE_STAGE_OPTIMIZER_H_
