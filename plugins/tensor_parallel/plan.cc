@@ -28,6 +28,7 @@ lm_head          colwise
 wpe              sequence_slice
 output           vocab_sharded
 sequence_dim     1
+divides          n_head
 )";
 
 // The MNIST MLP (models/mlp): the hidden layer split, one all-reduce before the logits.
@@ -84,6 +85,14 @@ absl::StatusOr<Plan> ParsePlan(const std::string& text, const std::string& origi
             absl::StrCat(where(), "'output' takes one word: vocab_sharded"));
       }
       plan.output_vocab_sharded = true;
+      continue;
+    }
+    if (words[0] == "divides") {
+      if (words.size() != 2 || (words[1] != "n_head" && words[1] != "n_embd" && words[1] != "n_layer")) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where(), "'divides' takes one model field: n_head, n_embd or n_layer"));
+      }
+      plan.divides.push_back(words[1]);
       continue;
     }
     if (words[0] == "sequence_dim") {

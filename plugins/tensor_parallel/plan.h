@@ -17,7 +17,8 @@
 //   vocab_embedding  weight [V, C] split by rows; lookups outside a rank's rows give zero; g.
 //   sequence_slice   (sequence parallelism only) the module's output [T, ...] keeps this rank's
 //                    rows of the sequence: position embeddings added to a split sequence.
-// `output vocab_sharded` says the model's output is split over its last dimension (the tied
+// `divides <model field>` (n_head, n_embd, n_layer) names a model config field the tensor size
+// must divide, checked at start (GPT's attention is split by heads). `output vocab_sharded` says the model's output is split over its last dimension (the tied
 // head's logits): the loss is then the vocabulary-parallel cross-entropy. `sequence_dim 1` says
 // the activations between split layers are [B, T, ...]: sequence parallelism may then split T
 // (with it, f and g become all-gather and reduce-scatter along T, and every replicated
@@ -53,6 +54,9 @@ struct Plan {
   std::vector<Rule> rules;
   bool output_vocab_sharded = false;
   bool sequence_dim_declared = false;  // `sequence_dim 1`
+  // `divides n_head`: model config fields the tensor size must divide (attention is split by
+  // heads, so a rank must get whole heads), checked against the config at start.
+  std::vector<std::string> divides;
 };
 
 absl::StatusOr<Plan> ParsePlan(const std::string& text, const std::string& origin);

@@ -65,6 +65,18 @@ class TensorParallelStrategy : public Strategy {
     if (!plan.ok()) return Error(plan.status().code(), std::string(plan.status().message()));
     plan_ = std::move(*plan);
     group_ = &ctx.mesh->tensor();
+    if (ctx.config != nullptr) {
+      const auto& m = ctx.config->model();
+      for (const std::string& field : plan_.divides) {
+        const int64_t v = field == "n_head" ? m.n_head() : field == "n_embd" ? m.n_embd() : m.n_layer();
+        if (v > 0 && v % group_->size() != 0) {
+          return Error(absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("model.", field, " (", v, ") is not a multiple of parallel.tensor (",
+                                    group_->size(), "): plan ", plan_.name,
+                                    " splits by it; choose a tensor size that divides it"));
+        }
+      }
+    }
     full_parameters_ = model.NumParameters();
     absl::StatusOr<ShardMap> shards = ApplyPlan(model, plan_, *group_, &counters_, sequence_parallel_);
     if (!shards.ok()) return Error(shards.status().code(), std::string(shards.status().message()));

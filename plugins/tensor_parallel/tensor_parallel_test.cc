@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/autograd.h"
+#include "core/config/train_config.pb.h"
 #include "core/mesh.h"
 #include "core/micro_batches.h"
 #include "core/ops.h"
@@ -435,6 +436,26 @@ TEST_F(StrategyTest, LoadingFullWeightsKeepsEachRanksSliceAndFullStateDictGather
     wrong["wte.weight"] = RandomTensor({32, 16}, 1);
     absl::Status st = (*tp)->LoadFullStateDict(wrong);
     EXPECT_THAT(std::string(st.message()), AllOf(HasSubstr("wte.weight"), HasSubstr("[64,16]")));
+  });
+}
+
+// A head count the tensor size does not divide is refused at Setup, before any step, naming it.
+TEST_F(StrategyTest, HeadsTheTensorSizeDoesNotDivideAreRefusedAtStart) {
+  config::TrainConfig cfg;
+  cfg.mutable_model()->set_n_head(3);
+  testing::RunRanks(2, [&](int rank, Communicator* comm) {
+    auto mesh = DeviceMesh::Create(*comm, {2, 1, 1});
+    ASSERT_TRUE(mesh.ok());
+    auto tp = Registry::Get().MakeStrategy("tensor_parallel");
+    ASSERT_TRUE((*tp)->Wrap(*Registry::Get().MakeStrategy("single")).ok());
+    StrategyContext ctx;
+    ctx.comm = comm;
+    ctx.mesh = mesh->get();
+    ctx.config = &cfg;
+    models::Gpt model(SmallGpt());
+    absl::Status st = (*tp)->Setup(model, testing::GroupedByWeightDecay(false, 0.1f, 0), ctx);
+    EXPECT_THAT(std::string(st.message()),
+                HasSubstr("model.n_head (3) is not a multiple of parallel.tensor (2)"));
   });
 }
 
