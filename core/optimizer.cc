@@ -97,6 +97,23 @@ class SlottedOptimizer : public Optimizer {
     return out;
   }
 
+  std::vector<std::map<std::string, Tensor>> ParameterStates(bool create) override {
+    SyncState();
+    std::vector<std::map<std::string, Tensor>> out;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+        std::map<std::string, Tensor> slots;
+        if (create || HasState(g, i)) {
+          for (size_t s = 0; s < slot_names_.size(); ++s) slots[slot_names_[s]] = Slot(g, i, s);
+        }
+        out.push_back(std::move(slots));
+      }
+    }
+    return out;
+  }
+  int64_t steps_taken() const override { return step_; }
+  void set_steps_taken(int64_t steps) override { step_ = steps; }
+
   absl::Status LoadStateDict(const std::map<std::string, Tensor>& state) override {
     SyncState();
     auto keys = Keys();

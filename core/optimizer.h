@@ -38,6 +38,16 @@ class Optimizer {
   virtual std::map<std::string, Tensor> StateDict() const = 0;
   virtual absl::Status LoadStateDict(const std::map<std::string, Tensor>& state) = 0;
 
+  // For checkpoints that place each parameter's state where the parameter goes (a sharded
+  // checkpoint, resharded on load): the state of every parameter, in param_groups() order, by
+  // slot name ("exp_avg" -> the optimizer's own tensor, so writing into it loads it). With
+  // `create`, a parameter never stepped gets its (zero) state first, so that a checkpoint can be
+  // loaded before the first step. Empty maps for an optimizer without per-parameter state.
+  virtual std::vector<std::map<std::string, Tensor>> ParameterStates(bool create) = 0;
+  // The number of steps taken (AdamW's bias correction depends on it).
+  virtual int64_t steps_taken() const = 0;
+  virtual void set_steps_taken(int64_t steps) = 0;
+
  protected:
   explicit Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {}
   std::vector<ParamGroup> groups_;

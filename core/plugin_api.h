@@ -11,7 +11,7 @@
 
 #include <stdint.h>
 
-#define BRAID_PLUGIN_ABI_VERSION 4u
+#define BRAID_PLUGIN_ABI_VERSION 5u
 
 #ifdef __cplusplus
 namespace braid {

@@ -181,6 +181,26 @@ absl::Status Registry::AddCommunicator(const std::string& name, CommunicatorFact
   return Add(communicators_, name, std::move(factory), origin);
 }
 
+absl::Status Registry::AddCheckpointer(const std::string& name, CheckpointerFactory factory,
+                                       const std::string& origin) {
+  return Add(checkpointers_, name, std::move(factory), origin);
+}
+
+absl::StatusOr<std::unique_ptr<Checkpointer>> Registry::MakeCheckpointer(
+    const std::string& name, const CheckpointOptions& options) const {
+  BRAID_ASSIGN_OR_RETURN(auto found, Find(checkpointers_, name));
+  BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Checkpointer> made, found.first(options));
+  if (made == nullptr) {
+    return absl::InternalError(absl::StrCat("the factory of checkpointer '", name, "' (from ",
+                                            found.second, ") returned null"));
+  }
+  return made;
+}
+
+bool Registry::HasCheckpointer(const std::string& name) const {
+  return Find(checkpointers_, name).ok();
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> Registry::MakeCommunicator(
     const std::string& name, const CommunicatorOptions& options) const {
   BRAID_ASSIGN_OR_RETURN(auto found, Find(communicators_, name));

@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/checkpointer.h"
 #include "core/communicator.h"
 #include "core/device.h"
 #include "core/module.h"
@@ -156,6 +157,13 @@ class Registry {
   bool HasCommunicator(const std::string& name) const;
   std::vector<std::string> CommunicatorNames() const;
 
+  // Checkpointers ("safetensors", from plugins/checkpoint), same rules as strategies.
+  absl::Status AddCheckpointer(const std::string& name, CheckpointerFactory factory,
+                               const std::string& origin = "built-in");
+  absl::StatusOr<std::unique_ptr<Checkpointer>> MakeCheckpointer(
+      const std::string& name, const CheckpointOptions& options) const;
+  bool HasCheckpointer(const std::string& name) const;
+
   // LoadPlugin brackets a plugin's register call with these (on one thread): AddStrategy calls
   // in between that keep the default origin are attributed to `plugin`, and their errors are
   // handed back so that the load fails saying why, even if the plugin ignored them.
@@ -196,6 +204,7 @@ class Registry {
   Table<StrategyFactory> strategies_{"strategy", kFromPlugin, {}, {}};
   std::map<std::string, StrategyTraits> strategy_traits_;  // by name, for registered strategies
   Table<CommunicatorFactory> communicators_{"communicator", kFromPlugin, {}, {}};
+  Table<CheckpointerFactory> checkpointers_{"checkpointer", kFromPlugin, {}, {}};
   Table<ModelSpec> models_{"model", kFromLibrary, {}, {}};
   Table<DatasetSpec> datasets_{"dataset", kFromLibrary, {}, {}};
   Table<OptimizerSpec> optimizers_{"optimizer", kFromLibrary, {}, {}};

@@ -18,6 +18,7 @@
 #include "core/mesh.h"
 #include "core/module.h"
 #include "core/optimizer.h"
+#include "core/state_chunks.h"
 #include "core/tensor.h"
 
 namespace braid {
@@ -138,6 +139,21 @@ class Strategy {
 
   // Lines for the end-of-training summary (a pipeline's measured bubble, say); empty by default.
   virtual std::vector<std::string> SummaryLines() const { return {}; }
+
+  // This rank's model and optimizer state as chunks of global tensors (core/state_chunks.h), for
+  // sharded checkpoints: parameters and buffers under their state-dict names, the optimizer's
+  // state under "optimizer/<name>/<slot>" and "optimizer/step". Local tensors alias the live
+  // state, so a checkpointer reads them to save and writes them to load; after loading, call
+  // AfterStateLoaded. `create`: make optimizer state that does not exist yet (to load before the
+  // first step). Each element of every global tensor is written by exactly one rank (write set).
+  virtual absl::StatusOr<std::vector<StateChunk>> StateChunks(bool create) {
+    return absl::UnimplementedError(name() + " cannot write sharded checkpoints yet");
+  }
+  // After a checkpointer wrote into StateChunks' tensors: re-establish what derives from them
+  // (the optimizer's step count from "optimizer/step"; replicas all-gathered, ...).
+  virtual absl::Status AfterStateLoaded(const std::vector<StateChunk>& chunks) {
+    return absl::OkStatus();
+  }
 
   // A strategy that works around another (tensor parallelism, which splits layers and leaves
   // data parallelism, ZeRO or the pipeline to the strategy it wraps) takes that one here,

@@ -9,6 +9,7 @@
 #include <memory>
 #include <numeric>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -24,6 +25,7 @@
 #include "core/safetensors.h"
 #include "core/store.h"
 #include "launcher/net.h"
+#include "core/checkpointer.h"
 #include "core/deferred_init.h"
 #include "core/mesh.h"
 #include "core/strategy.h"
@@ -404,6 +406,52 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
       tokens_per_step, unit, cfg.train_micro_batch_size_per_gpu(), accum, strategy->data_parallel_size(),
       cfg.threads()));
 
+  // Sharded checkpoints (plugins/checkpoint): resume from the newest complete one, if any.
+  std::unique_ptr<Checkpointer> checkpointer;
+  int first_step = 0;
+  int64_t batches_drawn = 0;  // from the data source, for the resumed run to draw the same
+  if (cfg.has_checkpoint()) {
+    const auto& c = cfg.checkpoint();
+    if (c.dir().empty()) return absl::InvalidArgumentError("checkpoint.dir is empty; name a folder");
+    BRAID_RETURN_IF_ERROR(LoadPlugin("checkpoint", PluginSearchPath(env.plugin_search_path)));
+    CheckpointOptions co;
+    co.dir = c.dir();
+    co.keep_last = c.has_keep_last() ? c.keep_last() : 2;
+    co.async = c.async();
+    BRAID_ASSIGN_OR_RETURN(checkpointer, Registry::Get().MakeCheckpointer("safetensors", co));
+    if (!c.has_resume() || c.resume()) {
+      BRAID_ASSIGN_OR_RETURN(std::optional<int64_t> latest, checkpointer->Latest(*group[0]));
+      if (latest.has_value()) {
+        absl::StatusOr<std::vector<StateChunk>> chunks = strategy->StateChunks(/*create=*/true);
+        if (!chunks.ok()) {
+          return absl::Status(chunks.status().code(),
+                              absl::StrCat("cannot resume from ", c.dir(), ": ", chunks.status().message()));
+        }
+        BRAID_ASSIGN_OR_RETURN(auto extra, checkpointer->Load(*latest, *chunks, *group[0]));
+        BRAID_RETURN_IF_ERROR(strategy->AfterStateLoaded(*chunks));
+        first_step = int(*latest);
+        // The data where it was: the batches drawn before are drawn again and dropped.
+        int64_t drawn = 0;
+        if (!absl::SimpleAtoi(extra["batches_drawn"], &drawn)) {
+          return absl::DataLossError(absl::StrCat(c.dir(), "/step_", *latest,
+                                                  " has no data position for rank ", env.rank));
+        }
+        for (; batches_drawn < drawn; ++batches_drawn) (void)source->Next();
+        rep.Line(absl::StrFormat("braid: resumed from %s/step_%d (step %d of %d)", c.dir(), *latest,
+                                 first_step, steps));
+      }
+    }
+  }
+  auto save_checkpoint = [&](int done_steps) -> absl::Status {
+    BRAID_ASSIGN_OR_RETURN(std::vector<StateChunk> chunks, strategy->StateChunks(/*create=*/false));
+    return checkpointer->Save(done_steps, chunks,
+                              {{"batches_drawn", absl::StrCat(batches_drawn)},
+                               {"step", absl::StrCat(done_steps)}},
+                              *group[0]);
+  };
+  int checkpoints_saved = 0;
+  double checkpoint_blocked_s = 0;
+
   TrainResult result;
   std::vector<double> step_times;
   double fwd = 0, bwd = 0, comm = 0, opt = 0, total = 0;
@@ -412,9 +460,10 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   GetAllocator(device)->ResetPeak();
   for (auto& [d, m] : AllMemoryStats()) GetAllocator(d)->ResetPeak();
   absl::Time start = absl::Now();
-  for (int step = 0; step < steps; ++step) {
+  for (int step = first_step; step < steps; ++step) {
     std::vector<Batch> micro;
     for (int i = 0; i < accum; ++i) micro.push_back(source->Next());
+    batches_drawn += accum;
     float lr = schedule->At(step);
     strategy->optimizer()->SetLearningRate(lr);
     absl::Time t0 = absl::Now();
@@ -432,7 +481,7 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
     opt += st.optimizer_s;
     comm_bytes += st.comm_bytes;
     comm_overlapped += st.comm_bytes_overlapped;
-    if (step == 0) result.first_loss = st.loss;
+    if (step == first_step) result.first_loss = st.loss;
     result.final_loss = st.loss;
     double tps = double(tokens_per_step) / dt;
     double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
@@ -450,7 +499,17 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
                                  int(std::to_string(steps).size()), step + 1, steps, st.loss,
                                  absl::StrFormat("%.0f", tps), unit, lr, FormatDuration(eta)),
                  keep);
+    if (checkpointer != nullptr) {
+      BRAID_RETURN_IF_ERROR(checkpointer->Poll(*group[0]));  // commits a finished async save
+      const int every = cfg.checkpoint().every_steps();
+      if ((every > 0 && (step + 1) % every == 0) || step == steps - 1) {
+        BRAID_RETURN_IF_ERROR(save_checkpoint(step + 1));
+        ++checkpoints_saved;
+        checkpoint_blocked_s += checkpointer->last_save().blocked_s;
+      }
+    }
   }
+  if (checkpointer != nullptr) BRAID_RETURN_IF_ERROR(checkpointer->Wait());
   result.steps = steps;
   // Steady state: leave out the first steps (allocator and cache warm-up) when there are enough.
   std::vector<double> steady(step_times.begin() + std::min<size_t>(step_times.size() / 5, 5),
@@ -472,6 +531,14 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
       double(peak_rss) / (1 << 20), pct(fwd),
       pct(bwd), pct(comm), pct(opt)));
   for (const std::string& line : strategy->SummaryLines()) rep.Line("braid: " + line);
+  if (checkpoints_saved > 0) {
+    const Checkpointer::SaveStats last = checkpointer->last_save();
+    rep.Line(absl::StrFormat(
+        "braid: checkpoints: %d saved in %s (the last: %.1f MiB from this rank, written in %.0f ms); "
+        "training blocked %.0f ms per save%s",
+        checkpoints_saved, cfg.checkpoint().dir(), double(last.bytes) / (1 << 20), 1e3 * last.write_s,
+        1e3 * checkpoint_blocked_s / checkpoints_saved, cfg.checkpoint().async() ? " (asynchronous)" : ""));
+  }
   // What the strategy held of the model's state on this rank (ZeRO's sharding shows here).
   if (auto peaks = strategy->ModelStatePeaks(); !peaks.empty()) {
     std::string line = "braid: model state per rank (peak):";

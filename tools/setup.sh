@@ -15,7 +15,9 @@ done
 pkgs=(bazel-bootstrap g++ libgloo-dev libabsl-dev libprotobuf-dev protobuf-compiler
       libgtest-dev libgmock-dev libopenblas-dev nlohmann-json3-dev iproute2
       # The store's job-token handshake (OpenSSL libcrypto) and its fuzzer (clang + libFuzzer).
-      libssl-dev clang-14 libclang-rt-14-dev)
+      libssl-dev clang-14 libclang-rt-14-dev
+      # The checkpoint plugin's checksums (zlib's CRC-32).
+      zlib1g-dev)
 # Node's npm fetches the data sets; a machine with nodejs from elsewhere already has it.
 command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 [ "$want_torch" = 1 ] && pkgs+=(python3-torch python3-numpy)

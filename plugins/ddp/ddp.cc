@@ -181,6 +181,15 @@ class DdpStrategy final : public Strategy, public DdpIntrospection {
     }
     return model_->LoadStateDict(state, /*strict=*/true);  // every rank loads the same values
   }
+  // Every rank holds the same model and optimizer state: rank 0 writes it, all read it.
+  absl::StatusOr<std::vector<StateChunk>> StateChunks(bool create) override {
+    if (model_ == nullptr) return Error(absl::StatusCode::kFailedPrecondition, "StateChunks before Setup");
+    return WholeModelChunks(*model_, *optimizer_, create, comm_ == nullptr || comm_->rank() == 0);
+  }
+  absl::Status AfterStateLoaded(const std::vector<StateChunk>& chunks) override {
+    RestoreOptimizerStep(*optimizer_, chunks);
+    return absl::OkStatus();
+  }
   int data_parallel_rank() const override { return comm_ ? comm_->rank() : 0; }
   int data_parallel_size() const override { return comm_ ? comm_->size() : 1; }
   absl::Status Evaluate(const std::function<void(Module&)>& eval) override {

@@ -170,6 +170,17 @@ class PipelineStrategy final : public Strategy {
                  "held-out evaluation or evaluate the saved weights with one process");
   }
   std::vector<std::string> SummaryLines() const override;
+  // Each stage's own parameters, written by the stage that counts them (a tied weight once) on
+  // replica 0; the optimizer's state likewise (with ZeRO-1, by every replica: its shard).
+  absl::StatusOr<std::vector<StateChunk>> StateChunks(bool create) override {
+    if (model_ == nullptr) return Error(absl::StatusCode::kFailedPrecondition, "StateChunks before Setup");
+    auto writes = [this](const std::string& n) { return dp_ == 0 && counted_.count(n) > 0; };
+    return stage_opt_->Chunks(create, writes, world_->rank() == 0);
+  }
+  absl::Status AfterStateLoaded(const std::vector<StateChunk>& chunks) override {
+    RestoreOptimizerStep(*stage_opt_->optimizer(), chunks);
+    return absl::OkStatus();
+  }
 
  private:
   struct Chunk {

@@ -134,6 +134,56 @@ absl::Status StageOptimizer::Step() {
   return data_->AllGather(mine, flat_)->Wait();
 }
 
+std::vector<StateChunk> StageOptimizer::Chunks(bool create,
+                                               const std::function<bool(const std::string&)>& writes,
+                                               bool write_step) {
+  std::vector<StateChunk> out;
+  for (auto& [n, p] : own_) out.push_back(WholeChunk(n, p, writes(n)));
+  const size_t params = out.size();
+  // The optimizer's parameters: the whole ones above, or (stage 1) this replica's pieces, each
+  // a run of its parameter, written by every replica (each holds different pieces) of the owner.
+  std::vector<StateChunk> pieces;
+  if (sharded()) {
+    const int64_t own_b = int64_t(data_->rank()) * shard_, own_e = std::min(numel_, own_b + shard_);
+    int64_t at = 0;
+    for (auto& [n, p] : own_) {
+      const int64_t b = std::max(own_b, at), e = std::min(own_e, at + p.numel());
+      if (b < e) {
+        StateChunk c;
+        c.name = n;
+        c.global_shape = p.shape();
+        c.runs = {{b - at, e - at}};
+        c.local = flat_.FlatRange(b, e - b);
+        c.write = true;  // set below: the owning stage's replicas each write theirs
+        pieces.push_back(std::move(c));
+      }
+      at += p.numel();
+    }
+  }
+  std::map<std::string, bool> owner;  // parameter -> written by this stage at all
+  for (auto& [n, p] : own_) owner[n] = counted_.count(n) > 0;
+  std::vector<StateChunk> opt = OptimizerStateChunks(
+      *optimizer_,
+      [&](const Tensor& t) -> const StateChunk* {
+        if (sharded()) {
+          for (StateChunk& c : pieces) {
+            if (t.name() == absl::StrCat(c.name, "[", c.runs[0].first, ":", c.runs[0].second, "]")) {
+              c.write = owner[c.name];  // a tied weight's state: the stage that counts it
+              return &c;
+            }
+          }
+          return nullptr;
+        }
+        for (size_t i = 0; i < params; ++i) {
+          if (out[i].local.SameAs(t)) return &out[i];
+        }
+        return nullptr;
+      },
+      create, write_step);
+  out.insert(out.end(), opt.begin(), opt.end());
+  return out;
+}
+
 std::vector<std::pair<std::string, int64_t>> StageOptimizer::Peaks() const {
   int64_t params = 0;
   for (auto& [n, p] : own_) params += int64_t(p.nbytes());

@@ -10,6 +10,7 @@
 #ifndef BRAID_PLUGINS_PIPELINE_STAGE_OPTIMIZER_H_
 #define BRAID_PLUGINS_PIPELINE_STAGE_OPTIMIZER_H_
 
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -19,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "core/communicator.h"
 #include "core/optimizer.h"
+#include "core/state_chunks.h"
 #include "core/strategy.h"
 #include "core/tensor.h"
 
@@ -47,6 +49,12 @@ class StageOptimizer {
   void ScaleGradients(float scale);
   // The optimizer step, then (stage 1) the all-gather of the updated parameters.
   absl::Status Step();
+  // The stage's parameters (whole) and the optimizer's state as checkpoint chunks
+  // (core/state_chunks.h): a parameter is written where `writes(name)` says (one replica of the
+  // stage that owns it); with stage 1 each replica writes its shard's optimizer state.
+  std::vector<StateChunk> Chunks(bool create, const std::function<bool(const std::string&)>& writes,
+                                 bool write_step);
+
   // Bytes held, for the summary: parameters, gradients, optimizer state (after the first step).
   std::vector<std::pair<std::string, int64_t>> Peaks() const;
   int64_t comm_bytes() const { return comm_bytes_; }

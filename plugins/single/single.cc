@@ -86,6 +86,15 @@ class SingleStrategy final : public Strategy {
     return model_->StateDict();
   }
 
+  absl::StatusOr<std::vector<StateChunk>> StateChunks(bool create) override {
+    if (model_ == nullptr) return absl::FailedPreconditionError("strategy 'single': StateChunks before Setup");
+    return WholeModelChunks(*model_, *optimizer_, create, /*write=*/true);
+  }
+  absl::Status AfterStateLoaded(const std::vector<StateChunk>& chunks) override {
+    RestoreOptimizerStep(*optimizer_, chunks);
+    return absl::OkStatus();
+  }
+
   absl::Status LoadFullStateDict(const std::map<std::string, Tensor>& state) override {
     if (model_ == nullptr) {
       return absl::FailedPreconditionError("strategy 'single': LoadFullStateDict before Setup");

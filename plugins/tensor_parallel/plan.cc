@@ -193,6 +193,33 @@ Tensor SliceForRank(const Tensor& full, const ShardSpec& spec, int rank, int siz
   return Tensor::FromVector(out, shape, full.device()).To(full.dtype());
 }
 
+Runs PartToFull(const ShardSpec& spec, int rank, int size, int64_t begin, int64_t end) {
+  const Shape& full = spec.full_shape;
+  Runs out;
+  if (spec.dim == 0) {
+    const int64_t inner = NumElements(full) / std::max<int64_t>(full[0], 1);
+    const int64_t chunk = full[0] / spec.chunks, part = chunk / size;
+    const int64_t per_chunk = part * inner;  // elements of one chunk in this rank's part
+    for (int64_t i = begin; i < end;) {
+      const int64_t j = i / per_chunk, within = i % per_chunk;
+      const int64_t len = std::min(end - i, per_chunk - within);
+      const int64_t at = (j * chunk + int64_t(rank) * part) * inner + within;
+      out.push_back({at, at + len});
+      i += len;
+    }
+  } else {
+    const int64_t cols = full[1], part = cols / size;
+    for (int64_t i = begin; i < end;) {
+      const int64_t row = i / part, col = i % part;
+      const int64_t len = std::min(end - i, part - col);
+      const int64_t at = row * cols + int64_t(rank) * part + col;
+      out.push_back({at, at + len});
+      i += len;
+    }
+  }
+  return out;
+}
+
 absl::StatusOr<Tensor> GatherFromGroup(const Tensor& local, const ShardSpec& spec,
                                        Communicator& group) {
   const int size = group.size();

@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "core/communicator.h"
 #include "core/module.h"
+#include "core/state_chunks.h"
 #include "plugins/tensor_parallel/parallel_ops.h"
 
 namespace braid::tensor_parallel {
@@ -78,6 +79,10 @@ using ShardMap = std::map<std::string, ShardSpec>;  // by NamedParameters name
 
 // This rank's part of a full tensor under `spec` (a new tensor on full's device).
 Tensor SliceForRank(const Tensor& full, const ShardSpec& spec, int rank, int size);
+// Where [begin, end) of this rank's part (its flat index) sits in the full tensor's flat index,
+// as runs (core/state_chunks.h).
+Runs PartToFull(const ShardSpec& spec, int rank, int size, int64_t begin, int64_t end);
+
 // The full tensor from every rank's part (collective over `group`).
 absl::StatusOr<Tensor> GatherFromGroup(const Tensor& local, const ShardSpec& spec,
                                        Communicator& group);

@@ -157,6 +157,32 @@ class TensorParallelStrategy : public Strategy {
     return inner_->LoadFullStateDict(local);
   }
 
+  // The wrapped strategy's chunks are of this rank's slices: each is placed in the full tensor
+  // (its runs mapped through the slice), and a replicated tensor is written by tensor rank 0 only.
+  absl::StatusOr<std::vector<StateChunk>> StateChunks(bool create) override {
+    BRAID_ASSIGN_OR_RETURN(std::vector<StateChunk> chunks, inner_->StateChunks(create));
+    const int rank = group_->rank(), size = group_->size();
+    for (StateChunk& c : chunks) {
+      // "optimizer/<param>/<slot>" is placed like <param>.
+      std::string param = c.name;
+      if (param.rfind("optimizer/", 0) == 0) {
+        param = param.substr(10, param.rfind('/') - 10);
+      }
+      auto it = shards_.find(param);
+      if (it == shards_.end()) {
+        c.write = c.write && rank == 0;
+        continue;
+      }
+      const ShardSpec& spec = it->second;
+      c.runs = MapRuns(c.runs, [&](int64_t b, int64_t e) { return PartToFull(spec, rank, size, b, e); });
+      c.global_shape = spec.full_shape;
+    }
+    return chunks;
+  }
+  absl::Status AfterStateLoaded(const std::vector<StateChunk>& chunks) override {
+    return inner_->AfterStateLoaded(chunks);
+  }
+
   int data_parallel_rank() const override { return inner_->data_parallel_rank(); }
   int data_parallel_size() const override { return inner_->data_parallel_size(); }
 

@@ -90,4 +90,60 @@ absl::Status ZeroStrategy::LoadFullStateDict(const std::map<std::string, Tensor>
   return comm_status_;
 }
 
+// Each rank's chunks are its pieces: the part of each parameter in its shard (at every stage:
+// ranks hold full parameters only at stages 1 and 2, and writing the shards covers each element
+// once), with the optimizer's state for each piece. Frozen parameters and buffers are whole,
+// written by rank 0.
+absl::StatusOr<std::vector<StateChunk>> ZeroStrategy::StateChunks(bool create) {
+  if (model_ == nullptr) return Error(absl::StatusCode::kFailedPrecondition, "StateChunks before Setup");
+  std::vector<StateChunk> out;
+  std::map<std::string, size_t> by_piece;  // the optimizer's piece name -> chunk
+  std::map<std::string, bool> in_units;
+  for (Unit& u : units_) {
+    auto [own_b, own_e] = OwnRange(u);
+    for (Slot& s : u.slots) {
+      in_units[s.name] = true;
+      const int64_t b = std::max(own_b, s.offset), e = std::min(own_e, s.offset + s.param.numel());
+      if (b >= e) continue;
+      StateChunk c;
+      c.name = s.name;
+      c.global_shape = s.param.shape();
+      c.runs = {{b - s.offset, e - s.offset}};
+      c.local = opts_.stage < 3 ? u.flat.FlatRange(b, e - b) : u.param_shard.FlatRange(b - own_b, e - b);
+      by_piece[absl::StrCat(s.name, "[", b - s.offset, ":", e - s.offset, "]")] = out.size();
+      out.push_back(std::move(c));
+    }
+  }
+  for (auto& [n, p] : model_->NamedParameters()) {
+    if (!in_units.count(n)) out.push_back(WholeChunk(n, p, rank_ == 0));
+  }
+  for (auto& [n, b] : model_->NamedBuffers()) out.push_back(WholeChunk(n, b, rank_ == 0));
+  std::vector<StateChunk> opt = OptimizerStateChunks(
+      *optimizer_,
+      [&](const Tensor& piece) -> const StateChunk* {
+        auto it = by_piece.find(piece.name());
+        return it == by_piece.end() ? nullptr : &out[it->second];
+      },
+      create, rank_ == 0);
+  out.insert(out.end(), opt.begin(), opt.end());
+  return out;
+}
+
+absl::Status ZeroStrategy::AfterStateLoaded(const std::vector<StateChunk>& chunks) {
+  RestoreOptimizerStep(*optimizer_, chunks);
+  // Every rank loaded its shards: stages 1 and 2 (and stage 3's persistent units) gather the
+  // full parameters from them, as after an optimizer step.
+  for (Unit& u : units_) {
+    if (opts_.stage < 3) {
+      Tensor own = u.flat.FlatRange(int64_t(rank_) * u.shard, u.shard).Clone();
+      (void)Wait(comm_->AllGather(own, u.flat), "all-gathering loaded parameters");
+    } else if (u.persistent) {
+      (void)Wait(comm_->AllGather(u.param_shard, u.flat), "all-gathering loaded parameters");
+    }
+  }
+  // The optimizer's host copies follow what was loaded into the pieces.
+  for (size_t i = 0; i < host_pieces_.size(); ++i) host_pieces_[i].CopyFrom(pieces_[i]);
+  return comm_status_;
+}
+
 }  // namespace braid::zero

@@ -90,6 +90,8 @@ class ZeroStrategy final : public Strategy {
   Optimizer* optimizer() override { return optimizer_.get(); }
   absl::StatusOr<std::map<std::string, Tensor>> FullStateDict() override;
   absl::Status LoadFullStateDict(const std::map<std::string, Tensor>& state) override;
+  absl::StatusOr<std::vector<StateChunk>> StateChunks(bool create) override;
+  absl::Status AfterStateLoaded(const std::vector<StateChunk>& chunks) override;
   int data_parallel_rank() const override { return rank_; }
   int data_parallel_size() const override { return world_; }
   absl::Status Evaluate(const std::function<void(Module&)>& eval) override {

@@ -1,0 +1,442 @@
+// The "safetensors" checkpointer: sharded, atomic, checksummed training checkpoints.
+//
+// <dir>/step_<N>/ holds rank<r>.safetensors (each rank's chunks, core/state_chunks.h) and
+// index.json, which maps every global tensor to its shape and chunks (file, key, runs of the
+// global flat index) and every file to its size and CRC-32, with each rank's `extra` strings.
+// Commit protocol: every rank writes and flushes its file into step_<N>.tmp/; the ranks exchange
+// their chunk lists and checksums; rank 0 writes index.json last and renames the folder to
+// step_<N>, then flushes the parent folder. A folder without its final name or index does not
+// exist as a checkpoint. The folder must be one all ranks see (a shared file system across nodes).
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "core/checkpointer.h"
+#include "core/plugin_api.h"
+#include "core/registry.h"
+#include "core/safetensors.h"
+#include "nlohmann/json.hpp"
+
+namespace braid::checkpoint {
+namespace {
+
+using json = nlohmann::json;
+constexpr char kName[] = "safetensors";
+constexpr char kFormat[] = "braid-checkpoint-1";
+
+absl::Status Error(absl::StatusCode code, const std::string& msg) {
+  return absl::Status(code, absl::StrCat("checkpoint: ", msg));
+}
+double Now() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
+
+std::string StepDir(const std::string& dir, int64_t step) { return absl::StrCat(dir, "/step_", step); }
+
+// CRC-32 (zlib's) of a whole file, and its size.
+absl::StatusOr<std::pair<uint32_t, int64_t>> FileCrc(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Error(absl::StatusCode::kNotFound, absl::StrCat("'", path, "' cannot be read"));
+  uLong crc = crc32(0L, Z_NULL, 0);
+  int64_t size = 0;
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), std::streamsize(buf.size()));
+    const std::streamsize n = in.gcount();
+    if (n <= 0) break;
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), uInt(n));
+    size += n;
+  }
+  return std::make_pair(uint32_t(crc), size);
+}
+
+absl::Status SyncPath(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) return Error(absl::StatusCode::kInternal, absl::StrCat("cannot open '", path, "' to flush it"));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return Error(absl::StatusCode::kDataLoss, absl::StrCat("flushing '", path, "' failed"));
+  return absl::OkStatus();
+}
+
+absl::Status MakeDirs(const std::string& path) {
+  std::string at;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || (path[i] == '/' && i > 0)) {
+      at = path.substr(0, i);
+      if (::mkdir(at.c_str(), 0755) != 0 && errno != EEXIST) {
+        return Error(absl::StatusCode::kPermissionDenied,
+                     absl::StrCat("cannot create the checkpoint folder '", at, "'"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+void RemoveTree(const std::string& path) {
+  if (DIR* d = ::opendir(path.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n != "." && n != "..") ::unlink(absl::StrCat(path, "/", n).c_str());
+    }
+    ::closedir(d);
+  }
+  ::rmdir(path.c_str());
+}
+
+// The steps of the complete-looking checkpoints under `dir`, newest first.
+std::vector<int64_t> Steps(const std::string& dir) {
+  std::vector<int64_t> steps;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      int64_t s;
+      if (n.rfind("step_", 0) == 0 && absl::SimpleAtoi(n.substr(5), &s)) steps.push_back(s);
+    }
+    ::closedir(d);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+// Strings (one per rank) gathered on every rank, over the communicator's byte all-gather.
+absl::StatusOr<std::vector<std::string>> AllGatherStrings(const std::string& mine, Communicator& world) {
+  const int n = world.size();
+  Tensor len = Tensor::FromVector(std::vector<int64_t>{int64_t(mine.size())}, {1});
+  Tensor lens = Tensor::Empty({n}, DType::kI64);
+  BRAID_RETURN_IF_ERROR(world.AllGather(len, lens)->Wait());
+  std::vector<int64_t> counts = lens.ToVector<int64_t>();
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  Tensor in = Tensor::FromVector(std::vector<uint8_t>(mine.begin(), mine.end()), {int64_t(mine.size())});
+  Tensor all = Tensor::Empty({total}, DType::kU8);
+  BRAID_RETURN_IF_ERROR(world.AllGather(in, all, counts)->Wait());
+  std::vector<uint8_t> bytes = all.ToVector<uint8_t>();
+  std::vector<std::string> out;
+  int64_t at = 0;
+  for (int64_t c : counts) {
+    out.emplace_back(bytes.begin() + at, bytes.begin() + at + c);
+    at += c;
+  }
+  return out;
+}
+
+class SafetensorsCheckpointer : public Checkpointer {
+ public:
+  explicit SafetensorsCheckpointer(CheckpointOptions o) : opts_(std::move(o)) {}
+  ~SafetensorsCheckpointer() override {
+    if (writer_.joinable()) writer_.join();
+  }
+
+  absl::Status Save(int64_t step, const std::vector<StateChunk>& chunks,
+                    const std::map<std::string, std::string>& extra, Communicator& world) override {
+    const double start = Now();
+    BRAID_RETURN_IF_ERROR(Wait());  // one save in flight at a time; commits the previous one
+    const int rank = world.rank();
+    pending_ = Pending();
+    pending_.step = step;
+    pending_.tmp = StepDir(opts_.dir, step) + ".tmp";
+    pending_.file = absl::StrCat("rank", rank, ".safetensors");
+    if (rank == 0) {
+      RemoveTree(pending_.tmp);  // a previous attempt's leftovers
+      BRAID_RETURN_IF_ERROR(MakeDirs(pending_.tmp));
+    }
+    BRAID_RETURN_IF_ERROR(world.Barrier()->Wait());  // the folder exists for everyone
+    // This rank's manifest and a snapshot of what it writes (copies: training goes on).
+    json manifest = {{"rank", rank}, {"file", pending_.file}, {"extra", extra}, {"chunks", json::array()}};
+    int k = 0;
+    for (const StateChunk& c : chunks) {
+      if (!c.write) continue;
+      const std::string key = absl::StrCat(c.name, "#", k++);
+      Tensor snapshot = c.local.Detach().Clone().Reshape({c.local.numel()});
+      pending_.tensors[key] = snapshot;
+      json runs = json::array();
+      for (auto& [b, e] : c.runs) runs.push_back({b, e});
+      manifest["chunks"].push_back({{"name", c.name}, {"key", key}, {"shape", c.global_shape},
+                                    {"dtype", DTypeName(c.local.dtype())}, {"runs", runs}});
+      pending_.bytes += int64_t(snapshot.nbytes());
+    }
+    pending_.manifest = manifest.dump();
+    pending_.active = true;
+    written_ = false;
+    auto write = [this] {
+      const double t0 = Now();
+      const std::string path = absl::StrCat(pending_.tmp, "/", pending_.file);
+      absl::Status st = SaveSafetensors(path, pending_.tensors, {{"format", kFormat}});
+      if (st.ok()) {
+        auto crc = FileCrc(path);
+        if (crc.ok()) {
+          pending_.crc = crc->first;
+          pending_.size = crc->second;
+        } else {
+          st = crc.status();
+        }
+      }
+      if (!st.ok()) {
+        st = Error(st.code(), absl::StrCat("writing '", path, "' failed: ", st.message(),
+                                           " (is the disk full? the previous checkpoint is kept)"));
+      }
+      pending_.write_status = st;
+      pending_.write_s = Now() - t0;
+      pending_.tensors.clear();  // the snapshot's memory goes back now
+      written_ = true;
+    };
+    if (opts_.async) {
+      writer_ = std::thread(write);
+      stats_.blocked_s = Now() - start;
+      world_ = &world;
+      return absl::OkStatus();
+    }
+    write();
+    absl::Status st = Commit(world);
+    stats_.blocked_s = Now() - start;
+    return st;
+  }
+
+  absl::Status Wait() override {
+    if (!pending_.active) return absl::OkStatus();
+    if (writer_.joinable()) writer_.join();
+    return Commit(*world_);
+  }
+
+  absl::Status Poll(Communicator& world) override {
+    if (!pending_.active || !opts_.async) return absl::OkStatus();  // the same on every rank
+    Tensor done = Tensor::FromVector(std::vector<int32_t>{written_.load() ? 1 : 0}, {1});
+    BRAID_RETURN_IF_ERROR(world.AllReduce(done, ReduceOp::kMin)->Wait());
+    if (done.ToVector<int32_t>()[0] == 0) return absl::OkStatus();
+    return Wait();
+  }
+
+  absl::StatusOr<std::optional<int64_t>> Latest(Communicator& world) override {
+    // Rank 0 checks the newest checkpoints' files against their checksums; everyone gets its answer.
+    int64_t found = -1;
+    std::string warnings;
+    if (world.rank() == 0) {
+      for (int64_t step : Steps(opts_.dir)) {
+        absl::Status st = Verify(StepDir(opts_.dir, step));
+        if (st.ok()) {
+          found = step;
+          break;
+        }
+        std::fprintf(stderr, "braid: %s; trying an older checkpoint\n", std::string(st.message()).c_str());
+      }
+    }
+    Tensor t = Tensor::FromVector(std::vector<int64_t>{found}, {1});
+    BRAID_RETURN_IF_ERROR(world.Broadcast(t, 0)->Wait());
+    found = t.ToVector<int64_t>()[0];
+    if (found < 0) return std::optional<int64_t>();
+    return std::optional<int64_t>(found);
+  }
+
+  absl::StatusOr<std::map<std::string, std::string>> Load(int64_t step, std::vector<StateChunk>& chunks,
+                                                          Communicator& world) override {
+    const std::string dir = StepDir(opts_.dir, step);
+    BRAID_ASSIGN_OR_RETURN(json index, ReadIndex(dir));
+    std::map<std::string, SafetensorsContents> files;  // read once each
+    auto file = [&](const std::string& name) -> absl::StatusOr<const SafetensorsContents*> {
+      auto it = files.find(name);
+      if (it == files.end()) {
+        BRAID_ASSIGN_OR_RETURN(SafetensorsContents c, ReadSafetensors(absl::StrCat(dir, "/", name)));
+        it = files.emplace(name, std::move(c)).first;
+      }
+      return &it->second;
+    };
+    const json& tensors = index["tensors"];
+    for (StateChunk& c : chunks) {
+      if (!tensors.contains(c.name)) {
+        return Error(absl::StatusCode::kNotFound,
+                     absl::StrCat(dir, " has no tensor '", c.name, "' (it was written by another "
+                                  "model or optimizer)"));
+      }
+      const json& t = tensors[c.name];
+      if (t["shape"].get<Shape>() != c.global_shape) {
+        return Error(absl::StatusCode::kInvalidArgument,
+                     absl::StrCat("'", c.name, "' is ", ShapeToString(t["shape"].get<Shape>()), " in ", dir,
+                                  " but ", ShapeToString(c.global_shape), " here"));
+      }
+      // Each of our elements from whichever saved chunk holds it.
+      std::vector<float> local(size_t(c.local.numel()));
+      int64_t covered = 0;
+      for (const json& saved : t["chunks"]) {
+        Runs runs;
+        for (const json& r : saved["runs"]) runs.push_back({r[0].get<int64_t>(), r[1].get<int64_t>()});
+        std::vector<Overlap> overlap = Intersect(c.runs, runs);
+        if (overlap.empty()) continue;
+        BRAID_ASSIGN_OR_RETURN(const SafetensorsContents* f, file(saved["file"].get<std::string>()));
+        auto it = f->tensors.find(saved["key"].get<std::string>());
+        if (it == f->tensors.end()) {
+          return Error(absl::StatusCode::kDataLoss, absl::StrCat(dir, "/", saved["file"].get<std::string>(),
+                                                                 " lacks ", saved["key"].get<std::string>()));
+        }
+        std::vector<float> src = it->second.ToFloatVector();
+        for (const Overlap& o : overlap) {
+          std::copy(src.begin() + o.b_at, src.begin() + o.b_at + o.length, local.begin() + o.a_at);
+          covered += o.length;
+        }
+      }
+      if (covered != c.local.numel()) {
+        return Error(absl::StatusCode::kDataLoss,
+                     absl::StrCat(dir, " covers ", covered, " of the ", c.local.numel(),
+                                  " elements this rank needs of '", c.name, "'"));
+      }
+      Tensor(c.local).CopyFrom(Tensor::FromVector(local, c.local.shape()));
+    }
+    std::map<std::string, std::string> extra;
+    const std::string me = std::to_string(world.rank());
+    if (index["extra"].contains(me)) extra = index["extra"][me].get<std::map<std::string, std::string>>();
+    return extra;
+  }
+
+  SaveStats last_save() const override { return stats_; }
+
+ private:
+  struct Pending {
+    bool active = false;
+    int64_t step = 0;
+    std::string tmp, file, manifest;
+    std::map<std::string, Tensor> tensors;
+    absl::Status write_status;
+    uint32_t crc = 0;
+    int64_t size = 0, bytes = 0;
+    double write_s = 0;
+  };
+
+  absl::StatusOr<json> ReadIndex(const std::string& dir) {
+    std::ifstream in(dir + "/index.json");
+    if (!in) return Error(absl::StatusCode::kNotFound, absl::StrCat(dir, "/index.json cannot be read"));
+    std::stringstream text;
+    text << in.rdbuf();
+    json index = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+    if (index.is_discarded() || !index.is_object() || index.value("format", "") != kFormat) {
+      return Error(absl::StatusCode::kDataLoss, absl::StrCat(dir, "/index.json is not a Braid checkpoint index"));
+    }
+    return index;
+  }
+
+  absl::Status Verify(const std::string& dir) {
+    BRAID_ASSIGN_OR_RETURN(json index, ReadIndex(dir));
+    for (auto& [name, f] : index["files"].items()) {
+      const std::string path = absl::StrCat(dir, "/", name);
+      auto crc = FileCrc(path);
+      if (!crc.ok()) return Error(absl::StatusCode::kDataLoss, absl::StrCat(path, " is missing"));
+      if (crc->second != f["bytes"].get<int64_t>() || crc->first != f["crc32"].get<uint32_t>()) {
+        return Error(absl::StatusCode::kDataLoss,
+                     absl::StrCat(path, " is damaged: its CRC-32 or size differs from the index's"));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Every rank's write done: rank 0 writes the index and renames the folder into place.
+  absl::Status Commit(Communicator& world) {
+    pending_.active = false;
+    // Everyone learns whether everyone wrote (a full disk on one rank fails the save everywhere).
+    json mine = json::parse(pending_.manifest);
+    mine["ok"] = pending_.write_status.ok();
+    mine["crc32"] = pending_.crc;
+    mine["bytes"] = pending_.size;
+    BRAID_ASSIGN_OR_RETURN(std::vector<std::string> all, AllGatherStrings(mine.dump(), world));
+    std::vector<json> manifests;
+    for (const std::string& s : all) manifests.push_back(json::parse(s));
+    for (const json& m : manifests) {
+      if (!m["ok"].get<bool>()) {
+        if (world.rank() == 0) RemoveTree(pending_.tmp);
+        if (!pending_.write_status.ok()) return pending_.write_status;
+        return Error(absl::StatusCode::kDataLoss,
+                     absl::StrCat("rank ", m["rank"].get<int>(), " could not write its part of step ",
+                                  pending_.step, " (its log says why); the previous checkpoint is kept"));
+      }
+    }
+    absl::Status st = absl::OkStatus();
+    if (world.rank() == 0) st = WriteIndexAndRename(manifests);
+    Tensor ok = Tensor::FromVector(std::vector<int32_t>{st.ok() ? 1 : 0}, {1});
+    BRAID_RETURN_IF_ERROR(world.Broadcast(ok, 0)->Wait());
+    if (!st.ok()) return st;
+    if (ok.ToVector<int32_t>()[0] != 1) {
+      return Error(absl::StatusCode::kDataLoss, absl::StrCat("rank 0 could not commit step ", pending_.step));
+    }
+    stats_.write_s = pending_.write_s;
+    stats_.bytes = pending_.bytes;
+    return absl::OkStatus();
+  }
+
+  absl::Status WriteIndexAndRename(const std::vector<json>& manifests) {
+    json index = {{"format", kFormat}, {"step", pending_.step}, {"world_size", manifests.size()},
+                  {"files", json::object()}, {"tensors", json::object()}, {"extra", json::object()}};
+    for (const json& m : manifests) {
+      const std::string file = m["file"];
+      index["files"][file] = {{"crc32", m["crc32"]}, {"bytes", m["bytes"]}};
+      index["extra"][std::to_string(m["rank"].get<int>())] = m["extra"];
+      for (const json& c : m["chunks"]) {
+        json& t = index["tensors"][c["name"].get<std::string>()];
+        t["shape"] = c["shape"];
+        t["dtype"] = c["dtype"];
+        t["chunks"].push_back({{"file", file}, {"key", c["key"]}, {"runs", c["runs"]}});
+      }
+    }
+    const std::string path = pending_.tmp + "/index.json";
+    {
+      std::ofstream out(path, std::ios::trunc);
+      out << index.dump();
+      out.flush();
+      if (!out) {
+        return Error(absl::StatusCode::kDataLoss,
+                     absl::StrCat("writing '", path, "' failed (is the disk full?); the previous checkpoint is kept"));
+      }
+    }
+    BRAID_RETURN_IF_ERROR(SyncPath(path, false));
+    BRAID_RETURN_IF_ERROR(SyncPath(pending_.tmp, true));
+    const std::string final_dir = StepDir(opts_.dir, pending_.step);
+    RemoveTree(final_dir);  // a stale one of the same step (a rerun)
+    if (::rename(pending_.tmp.c_str(), final_dir.c_str()) != 0) {
+      return Error(absl::StatusCode::kInternal, absl::StrCat("cannot rename '", pending_.tmp, "' to '", final_dir, "'"));
+    }
+    BRAID_RETURN_IF_ERROR(SyncPath(opts_.dir, true));
+    // Keep the newest keep_last complete checkpoints.
+    std::vector<int64_t> steps = Steps(opts_.dir);
+    for (size_t i = size_t(std::max(opts_.keep_last, 1)); i < steps.size(); ++i) {
+      RemoveTree(StepDir(opts_.dir, steps[i]));
+    }
+    return absl::OkStatus();
+  }
+
+  CheckpointOptions opts_;
+  Pending pending_;
+  std::thread writer_;
+  std::atomic<bool> written_{false};
+  Communicator* world_ = nullptr;
+  SaveStats stats_;
+};
+
+}  // namespace
+}  // namespace braid::checkpoint
+
+BRAID_PLUGIN(registry) {
+  absl::Status s = registry->AddCheckpointer(
+      braid::checkpoint::kName,
+      [](const braid::CheckpointOptions& o) -> absl::StatusOr<std::unique_ptr<braid::Checkpointer>> {
+        if (o.dir.empty()) {
+          return absl::InvalidArgumentError("checkpoint: checkpoint.dir is empty; name a folder");
+        }
+        absl::Status made = braid::checkpoint::MakeDirs(o.dir);
+        if (!made.ok()) return made;
+        return std::unique_ptr<braid::Checkpointer>(new braid::checkpoint::SafetensorsCheckpointer(o));
+      });
+  return s.ok() ? 0 : 1;
+}
