@@ -2,6 +2,8 @@
 
 #include <sys/resource.h>
 
+#include <csignal>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -10,10 +12,12 @@
 #include <numeric>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "backends/store/tcp_store.h"
+#include "core/activation_checkpointing.h"
 #include "core/allocator.h"
 #include "core/check.h"
 #include "core/autograd.h"
@@ -280,6 +284,9 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
     return absl::UnimplementedError(absl::StrCat(
         "device '", cfg.device(), "': this build has no CUDA backend yet; use device: \"cpu\""));
   }
+  // A file-size limit (ulimit -f) makes a too-large write fail with EFBIG, reported like a full
+  // disk, instead of killing the process with SIGXFSZ.
+  std::signal(SIGXFSZ, SIG_IGN);
   Reporter rep(env);
   if (!rep.ok()) {
     return absl::PermissionDeniedError(
@@ -380,6 +387,17 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
     BRAID_ASSIGN_OR_RETURN(model, BuildModel(cfg, device));
   }
   BRAID_RETURN_IF_ERROR(strategy->Setup(*model, MakeOptimizerFactory(cfg), ctx));
+  // ---- Activation checkpointing (core/activation_checkpointing.h), under every strategy ----
+  // Here, after Setup: the model is in its final form (tensor parallelism has split it, the
+  // pipeline has cut it), and the strategy's hooks are installed, so they fire again when a
+  // recompute runs a block in backward (ZeRO-3 gathers its parameters there).
+  if (cfg.has_activation_checkpointing()) {
+    BRAID_ASSIGN_OR_RETURN(CheckpointPolicy policy,
+                           CheckpointPolicyFromConfig(cfg.activation_checkpointing()));
+    BRAID_ASSIGN_OR_RETURN(CheckpointingSummary ckpt, EnableActivationCheckpointing(*model, policy));
+    rep.Line("braid: activation checkpointing: " + ckpt.ToString());
+  }
+  // ---- end of activation checkpointing ----
   // Applied after Setup: a strategy that shards parameters keeps only this rank's part.
   if (!cfg.init_from().empty()) {
     absl::Status st = strategy->LoadFullStateDict(init_weights);
@@ -430,12 +448,10 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
         BRAID_ASSIGN_OR_RETURN(auto extra, checkpointer->Load(*latest, *chunks, *group[0]));
         BRAID_RETURN_IF_ERROR(strategy->AfterStateLoaded(*chunks));
         first_step = int(*latest);
-        // The data where it was: the batches drawn before are drawn again and dropped.
-        int64_t drawn = 0;
-        if (!absl::SimpleAtoi(extra["batches_drawn"], &drawn)) {
-          return absl::DataLossError(absl::StrCat(c.dir(), "/step_", *latest,
-                                                  " has no data position for rank ", env.rank));
-        }
+        // The data where it was: every rank draws `accum` batches a step, so after k steps each
+        // rank's stream is k * accum batches in, whatever the layout that wrote the checkpoint
+        // (and the sequential loader's global position is the same). Drawn again and dropped.
+        const int64_t drawn = int64_t(first_step) * accum;
         for (; batches_drawn < drawn; ++batches_drawn) (void)source->Next();
         rep.Line(absl::StrFormat("braid: resumed from %s/step_%d (step %d of %d)", c.dir(), *latest,
                                  first_step, steps));
@@ -460,7 +476,19 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   GetAllocator(device)->ResetPeak();
   for (auto& [d, m] : AllMemoryStats()) GetAllocator(d)->ResetPeak();
   absl::Time start = absl::Now();
+  // A test hook (tests/distributed/checkpoint_test.sh): BRAID_FAULT=kill_at_step:N makes the
+  // last rank kill itself at the start of step N in the group's first attempt, as a crash would.
+  int kill_at_step = -1;
+  if (const char* fault = std::getenv("BRAID_FAULT"); fault != nullptr) {
+    const char* attempt = std::getenv("BRAID_RESTART_COUNT");
+    absl::string_view f(fault);
+    if (absl::ConsumePrefix(&f, "kill_at_step:") && (attempt == nullptr || std::string(attempt) == "0") &&
+        env.rank == env.world_size - 1) {
+      (void)absl::SimpleAtoi(f, &kill_at_step);
+    }
+  }
   for (int step = first_step; step < steps; ++step) {
+    if (step == kill_at_step) std::raise(SIGKILL);
     std::vector<Batch> micro;
     for (int i = 0; i < accum; ++i) micro.push_back(source->Next());
     batches_drawn += accum;

@@ -14,6 +14,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <csignal>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -197,6 +198,7 @@ class SafetensorsCheckpointer : public Checkpointer {
       pending_.tensors.clear();  // the snapshot's memory goes back now
       written_ = true;
     };
+    MaybeKillInSave(step, world);
     if (opts_.async) {
       writer_ = std::thread(write);
       stats_.blocked_s = Now() - start;
@@ -306,6 +308,19 @@ class SafetensorsCheckpointer : public Checkpointer {
   SaveStats last_save() const override { return stats_; }
 
  private:
+  // A test hook (tests/distributed/checkpoint_test.sh): BRAID_FAULT=kill_in_save:N kills the last
+  // rank in the middle of saving step N (its part half written, nothing committed), in the
+  // group's first attempt, as a crash during a save would.
+  void MaybeKillInSave(int64_t step, Communicator& world) const {
+    const char* fault = std::getenv("BRAID_FAULT");
+    const char* attempt = std::getenv("BRAID_RESTART_COUNT");
+    if (fault == nullptr || (attempt != nullptr && std::string(attempt) != "0")) return;
+    if (std::string(fault) != absl::StrCat("kill_in_save:", step) || world.rank() != world.size() - 1) return;
+    std::ofstream(absl::StrCat(StepDirOf(step), ".tmp/rank", world.rank(), ".safetensors")) << "partial";
+    std::raise(SIGKILL);
+  }
+  std::string StepDirOf(int64_t step) const { return StepDir(opts_.dir, step); }
+
   struct Pending {
     bool active = false;
     int64_t step = 0;
