@@ -169,6 +169,29 @@ TEST_P(OpsTest, SliceAndGatherAreInverse) {
   EXPECT_EQ(MaxAbsDiff(part.Slice(4, 8), w.Slice(8, 12)), 0.0);
 }
 
+// A checkpoint places a slice's elements by PartToFull: slicing a tensor whose values are their
+// own flat positions must give exactly the positions PartToFull names, for any sub-range.
+TEST_P(OpsTest, PartToFullNamesTheElementsSliceForRankTakes) {
+  const int t = GetParam();
+  std::vector<float> pos(24 * 8);
+  for (size_t i = 0; i < pos.size(); ++i) pos[i] = float(i);
+  Tensor w = Tensor::FromVector(pos, {24, 8});
+  for (ShardSpec spec : {ShardSpec{0, 1, w.shape()}, ShardSpec{0, 3, w.shape()},
+                         ShardSpec{1, 1, w.shape()}}) {
+    for (int r = 0; r < t; ++r) {
+      std::vector<float> local = SliceForRank(w, spec, r, t).ToFloatVector();
+      for (auto [b, e] : {std::pair<int64_t, int64_t>{0, int64_t(local.size())}, {3, 17}}) {
+        std::vector<float> named;
+        for (auto& [x, y] : PartToFull(spec, r, t, b, e)) {
+          for (int64_t i = x; i < y; ++i) named.push_back(float(i));
+        }
+        EXPECT_EQ(named, std::vector<float>(local.begin() + b, local.begin() + e))
+            << "dim " << spec.dim << " chunks " << spec.chunks << " rank " << r;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, OpsTest, ::testing::Values(2, 4));
 
 // ---- GPT under the shipped plan -------------------------------------------------------------
