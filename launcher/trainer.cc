@@ -426,6 +426,7 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
 
   // Sharded checkpoints (plugins/checkpoint): resume from the newest complete one, if any.
   std::unique_ptr<Checkpointer> checkpointer;
+  CheckpointOptions checkpoint_options;
   int first_step = 0;
   int64_t batches_drawn = 0;  // from the data source, for the resumed run to draw the same
   if (cfg.has_checkpoint()) {
@@ -434,10 +435,21 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
     BRAID_RETURN_IF_ERROR(LoadPlugin("checkpoint", PluginSearchPath(env.plugin_search_path)));
     CheckpointOptions co;
     co.dir = c.dir();
+    // Relative to the workspace under `bazel run` (as runs/ is), not to the runfiles tree.
+    const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+    if (co.dir[0] != '/' && ws != nullptr && *ws) co.dir = absl::StrCat(ws, "/", co.dir);
     co.keep_last = c.has_keep_last() ? c.keep_last() : 2;
     co.async = c.async();
+    checkpoint_options = co;
     BRAID_ASSIGN_OR_RETURN(checkpointer, Registry::Get().MakeCheckpointer("safetensors", co));
+    // Refused at start, not at the first save, by a strategy that cannot describe its state.
+    if (absl::StatusOr<std::vector<StateChunk>> probe = strategy->StateChunks(false); !probe.ok()) {
+      return absl::Status(probe.status().code(),
+                          absl::StrCat("checkpoint: ", probe.status().message(),
+                                       "; remove the checkpoint section or choose another strategy"));
+    }
     if (!c.has_resume() || c.resume()) {
+      const absl::Time load_start = absl::Now();
       BRAID_ASSIGN_OR_RETURN(std::optional<int64_t> latest, checkpointer->Latest(*group[0]));
       if (latest.has_value()) {
         absl::StatusOr<std::vector<StateChunk>> chunks = strategy->StateChunks(/*create=*/true);
@@ -453,8 +465,12 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
         // (and the sequential loader's global position is the same). Drawn again and dropped.
         const int64_t drawn = int64_t(first_step) * accum;
         for (; batches_drawn < drawn; ++batches_drawn) (void)source->Next();
-        rep.Line(absl::StrFormat("braid: resumed from %s/step_%d (step %d of %d)", c.dir(), *latest,
-                                 first_step, steps));
+        int64_t loaded = 0;
+        for (const StateChunk& chunk : *chunks) loaded += int64_t(chunk.local.nbytes());
+        rep.Line(absl::StrFormat(
+            "braid: resumed from %s/step_%d (step %d of %d); checked and loaded %.1f MiB in %.2f s",
+            co.dir, *latest, first_step, steps, double(loaded) / (1 << 20),
+            absl::ToDoubleSeconds(absl::Now() - load_start)));
       }
     }
   }
@@ -466,6 +482,7 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
                               *group[0]);
   };
   int checkpoints_saved = 0;
+  const std::string checkpoint_dir = checkpointer != nullptr ? checkpoint_options.dir : "";
   double checkpoint_blocked_s = 0;
 
   TrainResult result;
@@ -564,7 +581,7 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
     rep.Line(absl::StrFormat(
         "braid: checkpoints: %d saved in %s (the last: %.1f MiB from this rank, written in %.0f ms); "
         "training blocked %.0f ms per save%s",
-        checkpoints_saved, cfg.checkpoint().dir(), double(last.bytes) / (1 << 20), 1e3 * last.write_s,
+        checkpoints_saved, checkpoint_dir, double(last.bytes) / (1 << 20), 1e3 * last.write_s,
         1e3 * checkpoint_blocked_s / checkpoints_saved, cfg.checkpoint().async() ? " (asynchronous)" : ""));
   }
   // What the strategy held of the model's state on this rank (ZeRO's sharding shows here).
