@@ -3,6 +3,8 @@
 #   A. exact resume: stopped after step 3 and resumed to 6 ends bitwise equal to an uninterrupted
 #      run, with the same losses at steps 4-6: single, DDP (2), ZeRO 1/2/3 (2), pipeline (2),
 #      tensor parallel (2). AdamW, so the optimizer state and its step count must come back.
+#   M. the reshard matrix: each of those 7 layouts' checkpoint loads into each of the other 6,
+#      bitwise (the loaded weights are the writer's).
 #   B. reshard: a checkpoint of one process loads into DDP on 2, ZeRO-3 on 2, TP 2 and a 2-stage
 #      pipeline (and ZeRO-3's into one process); training on equals the one process's run within
 #      2e-6 (SGD with momentum: the momentum buffers move with the parameters; reduction order
@@ -68,6 +70,30 @@ exact zero2 2 2 1 'strategy { name: "zero" } zero_optimization { stage: 2 }'
 exact zero3 2 2 1 'strategy { name: "zero" } zero_optimization { stage: 3 }'
 exact pipe 2 2 2 'parallel { pipeline: 2 }'
 exact tp 2 4 1 'parallel { tensor: 2 } strategy { name: "single" }'
+
+# ---- M. the reshard matrix: every layout's step-6 checkpoint loads into every other ---------
+# (no steps run: the loader's weights must be the writer's, bitwise)
+declare -A NPROC=([single]=1 [ddp]=2 [zero1]=2 [zero2]=2 [zero3]=2 [pipe]=2 [tp]=2)
+declare -A SECTIONS=([single]='strategy { name: "single" }' [ddp]='strategy { name: "ddp" }'
+  [zero1]='strategy { name: "zero" } zero_optimization { stage: 1 }'
+  [zero2]='strategy { name: "zero" } zero_optimization { stage: 2 }'
+  [zero3]='strategy { name: "zero" } zero_optimization { stage: 3 }'
+  [pipe]='parallel { pipeline: 2 }' [tp]='parallel { tensor: 2 } strategy { name: "single" }')
+matrix_ok=0
+for from in single ddp zero1 zero2 zero3 pipe tp; do
+  for to in single ddp zero1 zero2 zero3 pipe tp; do
+    [ "$from" = "$to" ] && continue
+    d="$T/m-$from-$to"; rm -rf "$d"; mkdir -p "$d"; cp -r "$T/$from-ckpt/step_6" "$d/"
+    cfg "$d.pbtxt" 2 2 "$ADAMW" "${SECTIONS[$to]} checkpoint { dir: \"$d\" }"
+    if run "m-$from-$to" ${NPROC[$to]} "$d.pbtxt" -- --save_to="$d.safetensors" &&
+       cmp -s "$d.safetensors" "$T/$from-plain.safetensors"; then
+      matrix_ok=$((matrix_ok+1))
+    else
+      fail "M $from -> $to"; tail -3 "$T/m-$from-$to.out"
+    fi
+  done
+done
+echo "ok   M $matrix_ok of 42 writer -> loader pairs load bitwise"
 
 # ---- B. reshard ------------------------------------------------------------------------------
 cfg "$T/r-single.pbtxt" 4 1 "$SGDM" "strategy { name: \"single\" } checkpoint { dir: \"$T/r-src\" every_steps: 3 }"
