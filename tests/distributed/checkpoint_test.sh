@@ -2,7 +2,8 @@
 # Sharded checkpoints through the real launcher and training program (plugins/checkpoint):
 #   A. exact resume: stopped after step 3 and resumed to 6 ends bitwise equal to an uninterrupted
 #      run, with the same losses at steps 4-6: single, DDP (2), ZeRO 1/2/3 (2), pipeline (2),
-#      tensor parallel (2). AdamW, so the optimizer state and its step count must come back.
+#      tensor parallel (2), and DDP with asynchronous saves. AdamW, so the optimizer state and its
+#      step count must come back.
 #   M. the reshard matrix: each of those 7 layouts' checkpoint loads into each of the other 6,
 #      bitwise (the loaded weights are the writer's).
 #   B. reshard: a checkpoint of one process loads into DDP on 2, ZeRO-3 on 2, TP 2 and a 2-stage
@@ -48,10 +49,10 @@ run() {  # NAME NPROC CFG [MORE LAUNCHER FLAGS...] -- [MORE TRAIN FLAGS...]
 losses() { grep '"step"' "$1" | sed 's/.*"loss": \([^,]*\),.*/\1/' | tail -n "$2"; }
 
 # ---- A. exact resume -------------------------------------------------------------------------
-exact() {  # NAME NPROC MICRO ACCUM SECTIONS
+exact() {  # NAME NPROC MICRO ACCUM SECTIONS [CHECKPOINT OPTIONS]
   local n=$1 p=$2
   cfg "$T/$n.pbtxt" $3 $4 "$ADAMW" "$5"
-  cfg "$T/$n-ck.pbtxt" $3 $4 "$ADAMW" "$5 checkpoint { dir: \"$T/$n-ckpt\" every_steps: 3 }"
+  cfg "$T/$n-ck.pbtxt" $3 $4 "$ADAMW" "$5 checkpoint { dir: \"$T/$n-ckpt\" every_steps: 3 ${6:-} }"
   run "$n-plain" $p "$T/$n.pbtxt" -- --save_to="$T/$n-plain.safetensors" || { fail "$n: plain run"; tail -5 "$T/$n-plain.out"; return; }
   run "$n-first" $p "$T/$n-ck.pbtxt" -- --steps=3 || { fail "$n: first half"; tail -5 "$T/$n-first.out"; return; }
   run "$n-resumed" $p "$T/$n-ck.pbtxt" -- --save_to="$T/$n-resumed.safetensors" || { fail "$n: resumed run"; tail -5 "$T/$n-resumed.out"; return; }
@@ -70,6 +71,9 @@ exact zero2 2 2 1 'strategy { name: "zero" } zero_optimization { stage: 2 }'
 exact zero3 2 2 1 'strategy { name: "zero" } zero_optimization { stage: 3 }'
 exact pipe 2 2 2 'parallel { pipeline: 2 }'
 exact tp 2 4 1 'parallel { tensor: 2 } strategy { name: "single" }'
+# Asynchronous saves (written on a background thread, committed at a later step boundary).
+exact ddp_async 2 2 1 'strategy { name: "ddp" }' 'async: true'
+grep -q "training blocked .* per save (asynchronous)" "$T/ddp_async-first.out" || fail "A ddp_async: no asynchronous save reported"
 
 # ---- M. the reshard matrix: every layout's step-6 checkpoint loads into every other ---------
 # (no steps run: the loader's weights must be the writer's, bitwise)
