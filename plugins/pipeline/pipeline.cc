@@ -164,10 +164,32 @@ class PipelineStrategy final : public Strategy {
   absl::Status LoadFullStateDict(const std::map<std::string, Tensor>& state) override;
   int data_parallel_rank() const override { return dp_; }
   int data_parallel_size() const override { return dp_size_; }
-  absl::Status Evaluate(const std::function<void(Module&)>&) override {
-    return Error(absl::StatusCode::kUnimplemented,
-                 "evaluation of a model cut into stages is not supported yet; train without a "
-                 "held-out evaluation or evaluate the saved weights with one process");
+  // Every stage of a replica borrows the whole model for the evaluation (the other stages'
+  // parameters broadcast from the stage that owns each), runs it, then gives back what is not
+  // its own: simple, and the evaluation runs as one process would, at the price of holding the
+  // whole model for its duration.
+  absl::Status Evaluate(const std::function<void(Module&)>& eval) override {
+    if (model_ == nullptr) return Error(absl::StatusCode::kFailedPrecondition, "Evaluate before Setup");
+    std::set<std::string> mine;
+    for (auto& [n, p] : own_) mine.insert(n);
+    std::vector<Tensor> borrowed;
+    for (auto& [n, p] : model_->NamedParameters()) {  // the same order on every stage
+      if (!mine.count(n) && !p.has_data()) {
+        p.storage()->Reallocate();
+        borrowed.push_back(p);
+      }
+      auto it = owner_.find(n);
+      if (stages_ > 1 && it != owner_.end()) {
+        Tensor t = p;
+        BRAID_RETURN_IF_ERROR(pipe_->Broadcast(t, it->second)->Wait());
+      }
+    }
+    {
+      autograd::NoGradGuard no_grad;
+      eval(*model_);
+    }
+    for (Tensor& p : borrowed) p.storage()->Release();
+    return absl::OkStatus();
   }
   std::vector<std::string> SummaryLines() const override;
   // Each stage's own parameters, written by the stage that counts them (a tied weight once) on

@@ -251,6 +251,47 @@ TEST_F(PipelineTest, ZeroStage1OnTheDataAxisEqualsOneProcessAndHalvesOptimizerSt
   }
 }
 
+// Evaluation borrows the whole model on every stage: the loss of a held-out batch after training
+// equals the one process's on its trained model, and the borrowed layers are given back.
+TEST_F(PipelineTest, EvaluateRunsTheWholeModelOnEveryStage) {
+  Spec spec;
+  spec.stages = 3;
+  spec.steps = 2;
+  std::unique_ptr<Module> reference = MakeGpt();
+  Batch held_out = Rows(99, 0, 0);
+  Result r = Run(spec);
+  ASSERT_TRUE(reference->LoadStateDict(r.reference).ok());
+  const float want = ops::CrossEntropy((*reference)(held_out.inputs), held_out.targets).item();
+  testing::RunRanks(3, [&](int rank, Communicator* comm) {
+    auto pipe = std::move(Registry::Get().MakeStrategy("pipeline")).value();
+    StrategyContext ctx;
+    ctx.comm = comm;
+    ctx.options["stages"] = "3";
+    ctx.criterion = CrossEntropyCriterion();
+    std::unique_ptr<Module> model;
+    {
+      DeferredInitScope deferred;
+      model = MakeGpt();
+    }
+    ASSERT_TRUE(pipe->Setup(*model, Optim(false), ctx).ok());
+    ASSERT_TRUE(pipe->LoadFullStateDict(r.reference).ok());
+    auto held = [&] {
+      int n = 0;
+      for (auto& [name, p] : model->NamedParameters()) n += p.has_data();
+      return n;
+    };
+    const int before = held();
+    EXPECT_LT(before, int(model->NamedParameters().size()));  // a stage holds only its layers
+    float got = 0;
+    absl::Status st = pipe->Evaluate([&](Module& m) {
+      got = ops::CrossEntropy(m(held_out.inputs), held_out.targets).item();
+    });
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_NEAR(got, want, 1e-6) << "rank " << rank;
+    EXPECT_EQ(held(), before) << "borrowed layers kept";
+  });
+}
+
 // The tied weight (wte: the embedding on stage 0, the head on the last stage) keeps one value:
 // both stages hold exactly the one-process result, which needs the sum of both gradients.
 TEST_F(PipelineTest, TiedWeightKeepsOneValueOnBothStages) {
