@@ -73,6 +73,9 @@ struct StrategyContext {
   // replica (the tensor-parallel group), after the strategy's own sum over `comm`: what a global
   // gradient norm needs when parameters are split inside a layer. Null: nothing to add.
   std::function<double(double)> model_parallel_sum;
+  // One micro-batch shaped as training's (its values do not matter), for a strategy that times
+  // the model at Setup (the pipeline's cut by measured time); null when the caller has none.
+  std::function<Batch()> sample_batch;
 };
 
 // `local` summed with ctx.model_parallel_sum, when there is one.

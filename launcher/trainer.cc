@@ -386,6 +386,13 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   } else {
     BRAID_ASSIGN_OR_RETURN(model, BuildModel(cfg, device));
   }
+  // A batch of the training data's shape, for strategies that time the model (pipeline
+  // partition "time"); read from the data as rank 0 of one would, only when asked.
+  ctx.sample_batch = [&cfg, &model, device]() -> Batch {
+    absl::StatusOr<std::unique_ptr<BatchSource>> s = BuildData(cfg, *model, 0, 1, device);
+    BRAID_CHECK(s.ok()) << s.status().ToString();
+    return (*s)->Next();
+  };
   BRAID_RETURN_IF_ERROR(strategy->Setup(*model, MakeOptimizerFactory(cfg), ctx));
   // ---- Activation checkpointing (core/activation_checkpointing.h), under every strategy ----
   // Here, after Setup: the model is in its final form (tensor parallelism has split it, the

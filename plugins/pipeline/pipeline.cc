@@ -52,7 +52,7 @@ struct Options {
   int stages = 0;
   std::string schedule = "1f1b";
   int chunks = 1;                          // virtual stages per rank (interleaved)
-  std::string partition = "parameters";    // "parameters", "uniform", or layer counts "2,3,1"
+  std::string partition = "parameters";    // "parameters", "time", "uniform", or counts "2,3,1"
   // Chrome trace of the last step, one file per rank ("{rank}" is replaced): pid = replica,
   // tid = stage, so the files of one replica opened together show one row per stage.
   std::string trace_file;
@@ -127,7 +127,7 @@ absl::StatusOr<std::vector<std::pair<int, int>>> Partition(const std::vector<int
     for (absl::string_view part : absl::StrSplit(how, ',')) {
       int c;
       if (!absl::SimpleAtoi(part, &c) || c < 1) {
-        return Invalid(absl::StrCat("partition '", how, "' is not 'parameters', 'uniform' or a list of ",
+        return Invalid(absl::StrCat("partition '", how, "' is not 'parameters', 'time', 'uniform' or a list of ",
                                     "layer counts such as 2,3,1"));
       }
       counts.push_back(c);
@@ -218,6 +218,8 @@ class PipelineStrategy final : public Strategy {
   int Tag(int kind, int vs, int mb) const { return (kind * stages_ * opts_.chunks + vs) * 100000 + mb; }
   absl::Status Run(const Action& a, const std::vector<Batch>& mbs, StepStats* stats);
   Tensor ForwardChunk(const Chunk& c, const Tensor& x);
+  absl::StatusOr<std::vector<int64_t>> TimeLayers(Module& model, const std::vector<PipelineLayer>& layers,
+                                                  const Batch& sample, const CriterionFn& criterion);
 
   Options opts_;
   Module* model_ = nullptr;
@@ -256,6 +258,43 @@ class PipelineStrategy final : public Strategy {
   void WriteTrace() const;  // device bytes above the step's start, at most
   absl::Status status_;
 };
+
+// Each layer's forward + backward time on `sample` in microseconds (the fastest of 3, so a
+// preempted run does not count), on every rank at once; rank 0's figures are everyone's, so all
+// ranks cut alike. Materialises the whole model for it (the layers not this stage's are
+// released again when Setup keeps its own).
+absl::StatusOr<std::vector<int64_t>> PipelineStrategy::TimeLayers(Module& model,
+                                                                  const std::vector<PipelineLayer>& layers,
+                                                                  const Batch& sample,
+                                                                  const CriterionFn& criterion) {
+  for (auto& [n, p] : model.NamedParameters()) {
+    if (IsDeferred(p)) Materialize(p);
+    p.MoveTo(device_);
+  }
+  std::vector<int64_t> cost(layers.size(), 1);
+  Tensor x = sample.inputs.To(device_);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    double best = 1e30;
+    Tensor next;
+    for (int rep = 0; rep < 3; ++rep) {
+      Tensor in = x;
+      if (i > 0) in = x.Detach().set_requires_grad(true);
+      const double t0 = NowS();
+      Tensor out = layers[i].forward(in);
+      Tensor root = i + 1 == layers.size() ? criterion(out, Batch{sample.inputs, sample.targets.To(device_)})
+                                           : ops::Sum(out);
+      root.Backward();
+      best = std::min(best, NowS() - t0);
+      next = out.Detach();
+    }
+    cost[i] = std::max<int64_t>(1, int64_t(best * 1e6));
+    x = next;
+  }
+  model.ZeroGrad();
+  Tensor t = Tensor::FromVector(cost, {int64_t(cost.size())});
+  BRAID_RETURN_IF_ERROR(world_->Broadcast(t, 0)->Wait());
+  return t.ToVector<int64_t>();
+}
 
 absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make_optimizer,
                                      const StrategyContext& ctx) {
@@ -309,7 +348,17 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
     cost.push_back(std::max<int64_t>(c, 1));
     layer_names_.push_back(l.name);
   }
-  BRAID_ASSIGN_OR_RETURN(ranges_, Partition(cost, parts, opts_.partition));
+  std::string how = opts_.partition, unit = "parameters";
+  if (how == "time") {
+    // Balanced by measured time instead: the same cut, over each layer's forward + backward.
+    if (!ctx.sample_batch) {
+      return Invalid("partition 'time' times the layers on a sample batch, and none was given");
+    }
+    BRAID_ASSIGN_OR_RETURN(cost, TimeLayers(model, layers, ctx.sample_batch(), ctx.criterion));
+    how = "parameters";
+    unit = "us forward+backward";
+  }
+  BRAID_ASSIGN_OR_RETURN(ranges_, Partition(cost, parts, how));
   if (world_->rank() == 0) {
     std::vector<std::string> desc;
     for (int vs = 0; vs < parts; ++vs) {
@@ -319,7 +368,7 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
                                   ranges_[size_t(vs)].second - ranges_[size_t(vs)].first > 1
                                       ? absl::StrCat("..", layer_names_[size_t(ranges_[size_t(vs)].second) - 1])
                                       : "",
-                                  " (", n, " parameters)"));
+                                  " (", n, " ", unit, ")"));
     }
     std::printf("braid: pipeline of %d stage(s)%s, schedule %s, cut by %s: %s\n", stages_,
                 opts_.chunks > 1 ? absl::StrCat(" x ", opts_.chunks, " virtual").c_str() : "",

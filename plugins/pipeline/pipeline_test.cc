@@ -79,6 +79,7 @@ struct Spec {
   bool adamw = false;
   float max_grad_norm = 0;
   int zero_stage = 0;  // ZeRO on the data axis (zero_optimization.stage)
+  std::string partition = "parameters";
 };
 
 struct Result {
@@ -132,6 +133,8 @@ class PipelineTest : public ::testing::Test {
       ctx.options["virtual_stages"] = std::to_string(spec.virtual_stages);
       ctx.max_grad_norm = spec.max_grad_norm;
       ctx.criterion = CrossEntropyCriterion();
+      ctx.options["partition"] = spec.partition;
+      ctx.sample_batch = [] { return Rows(0, 0, 0); };
       config::TrainConfig cfg;
       cfg.mutable_zero_optimization()->set_stage(spec.zero_stage);
       ctx.config = &cfg;
@@ -249,6 +252,15 @@ TEST_F(PipelineTest, ZeroStage1OnTheDataAxisEqualsOneProcessAndHalvesOptimizerSt
     // Half of the stage's elements, rounded up to the padding (at most 1 element per moment).
     EXPECT_LE(std::abs(2 * half - full), 16) << "rank " << rank << ": " << half << " vs " << full;
   }
+}
+
+// A cut by measured time (each layer's forward + backward on a sample batch, rank 0's timing for
+// everyone) trains like any other cut: equal to one process.
+TEST_F(PipelineTest, CutByMeasuredTimeEqualsOneProcess) {
+  Spec spec;
+  spec.stages = 3;
+  spec.partition = "time";
+  ExpectMatches(spec, Run(spec), 1e-6);
 }
 
 // Evaluation borrows the whole model on every stage: the loss of a held-out batch after training
