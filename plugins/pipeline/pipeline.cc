@@ -305,10 +305,10 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
   BRAID_ASSIGN_OR_RETURN(opts_, ParseOptions(ctx.options));
   // ZeRO on the data axis (declared as feature zero1): the config's section, when there is one.
   if (ctx.config != nullptr) zero_stage_ = ctx.config->zero_optimization().stage();
-  if (zero_stage_ > 1) {
+  if (zero_stage_ > 2) {
     return Invalid(absl::StrCat("zero_optimization.stage ", zero_stage_,
-                                " is not supported inside a pipeline; stage 1 shards the optimizer "
-                                "state over each stage's data-parallel replicas"));
+                                " is not supported inside a pipeline (each stage holds its layers "
+                                "whole); stages 1 and 2 shard over each stage's data-parallel replicas"));
   }
   world_ = ctx.comm;
   device_ = ctx.device;
@@ -456,8 +456,10 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
       BRAID_RETURN_IF_ERROR(data_->Broadcast(t, 0)->Wait());
     }
   }
+  std::set<std::string> tied_names;
+  for (auto& [set, names] : tied) tied_names.insert(names.begin(), names.end());
   BRAID_ASSIGN_OR_RETURN(stage_opt_, StageOptimizer::Create(own_, counted_, *data_, zero_stage_,
-                                                            make_optimizer, device_));
+                                                            make_optimizer, device_, tied_names));
   act_shape_.assign(size_t(parts), Shape());
   return absl::OkStatus();
 }
@@ -549,6 +551,9 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
       f.recv_grad = Tensor();
       stats->backward_s += NowS() - start;
       busy_s_ += steps_ > 0 ? NowS() - start : 0;
+      // ZeRO-2: this micro-batch's gradients are complete on this rank after its lowest chunk's
+      // backward; they go into the shard now (asynchronously), not at the step's end.
+      if (a.chunk == 0) BRAID_RETURN_IF_ERROR(stage_opt_->ReduceMicroBatch());
       events_.push_back({absl::StrCat("B", a.micro_batch, opts_.chunks > 1 ? absl::StrCat(".", a.chunk) : ""),
                          start, NowS()});
       return absl::OkStatus();
@@ -719,6 +724,6 @@ absl::Status PipelineStrategy::LoadFullStateDict(const std::map<std::string, Ten
 BRAID_PLUGIN(registry) {
   absl::Status s = registry->AddStrategy(
       braid::pipeline::kName, [] { return std::make_unique<braid::pipeline::PipelineStrategy>(); },
-      braid::StrategyTraits{{"zero1"}});
+      braid::StrategyTraits{{"zero1", "zero2"}});
   return s.ok() ? 0 : 1;
 }

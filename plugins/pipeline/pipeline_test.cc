@@ -254,6 +254,34 @@ TEST_F(PipelineTest, ZeroStage1OnTheDataAxisEqualsOneProcessAndHalvesOptimizerSt
   }
 }
 
+// ZeRO-2 on the data axis: each micro-batch's gradients reduce-scattered into the shard after its
+// backward (the tied wte's at the step's end, after the stages sum it). Equal to one process with
+// SGD (a shard accumulated twice or a lost 1/D shows) and AdamW, 1F1B and GPipe, 2 and 3 stages.
+TEST_F(PipelineTest, ZeroStage2OnTheDataAxisEqualsOneProcess) {
+  for (const char* schedule : {"1f1b", "gpipe"}) {
+    for (int stages : {2, 3}) {
+      SCOPED_TRACE(absl::StrCat(schedule, " on ", stages, " stages"));
+      Spec spec;
+      spec.schedule = schedule;
+      spec.stages = stages;
+      spec.replicas = 2;
+      spec.max_grad_norm = 0.1f;
+      spec.zero_stage = 2;
+      ExpectMatches(spec, Run(spec), 1e-6);
+    }
+  }
+  Spec spec;
+  spec.stages = 2;
+  spec.replicas = 2;
+  spec.zero_stage = 2;
+  spec.adamw = true;
+  ExpectMatches(spec, Run(spec), 2e-5);
+  spec.schedule = "interleaved";
+  spec.virtual_stages = 2;
+  spec.adamw = false;
+  ExpectMatches(spec, Run(spec), 1e-6);
+}
+
 // A cut by measured time (each layer's forward + backward on a sample batch, rank 0's timing for
 // everyone) trains like any other cut: equal to one process.
 TEST_F(PipelineTest, CutByMeasuredTimeEqualsOneProcess) {

@@ -21,8 +21,10 @@ double SquaredNorm(const Tensor& g) {
 
 absl::StatusOr<std::unique_ptr<StageOptimizer>> StageOptimizer::Create(
     const std::vector<std::pair<std::string, Tensor>>& own, const std::set<std::string>& counted,
-    Communicator& data, int zero_stage, const OptimizerFactory& make_optimizer, Device device) {
+    Communicator& data, int zero_stage, const OptimizerFactory& make_optimizer, Device device,
+    const std::set<std::string>& tied) {
   auto so = std::unique_ptr<StageOptimizer>(new StageOptimizer());
+  so->tied_ = tied;
   so->zero_stage_ = zero_stage;
   so->data_ = &data;
   so->device_ = device;
@@ -74,8 +76,54 @@ void StageOptimizer::ZeroGrad() {
   if (sharded()) grad_shard_.Zero();
 }
 
+absl::Status StageOptimizer::FinishPending() {
+  if (pending_ == nullptr) return absl::OkStatus();
+  absl::Status st = pending_->Wait();
+  pending_ = nullptr;
+  BRAID_RETURN_IF_ERROR(st);
+  kernels::axpby.Get(device_)(1.0f, pending_out_, 1.0f, grad_shard_);
+  pending_in_ = pending_out_ = Tensor();
+  return absl::OkStatus();
+}
+
+absl::Status StageOptimizer::ReduceMicroBatch() {
+  if (zero_stage_ < 2 || !sharded()) return absl::OkStatus();
+  BRAID_RETURN_IF_ERROR(FinishPending());  // one in flight at a time
+  Tensor flat = Tensor::Zeros({padded_}, DType::kF32, device_);
+  int64_t at = 0;
+  for (auto& [n, p] : own_) {
+    if (!tied_.count(n) && p.grad().defined()) {
+      flat.FlatRange(at, p.numel()).CopyFrom(p.grad().Reshape({-1}));
+      p.ZeroGrad();  // the full gradient is done with: the shard accumulates
+    }
+    at += p.numel();
+  }
+  comm_bytes_ += int64_t(flat.nbytes());
+  pending_in_ = flat;
+  pending_out_ = Tensor::Empty({shard_}, DType::kF32, device_);
+  pending_ = data_->ReduceScatter(pending_in_, pending_out_, ReduceOp::kAvg);
+  return absl::OkStatus();
+}
+
 absl::Status StageOptimizer::Reduce() {
   if (data_->size() == 1) return absl::OkStatus();
+  if (zero_stage_ >= 2 && sharded()) {
+    // What is left: the tied weights' (summed between their stages by now) and anything a
+    // backward added after the last per-micro-batch reduce-scatter.
+    BRAID_RETURN_IF_ERROR(FinishPending());
+    Tensor flat = Tensor::Zeros({padded_}, DType::kF32, device_);
+    int64_t at = 0;
+    for (auto& [n, p] : own_) {
+      if (p.grad().defined()) flat.FlatRange(at, p.numel()).CopyFrom(p.grad().Reshape({-1}));
+      p.ZeroGrad();
+      at += p.numel();
+    }
+    comm_bytes_ += int64_t(flat.nbytes());
+    Tensor out = Tensor::Empty({shard_}, DType::kF32, device_);
+    BRAID_RETURN_IF_ERROR(data_->ReduceScatter(flat, out, ReduceOp::kAvg)->Wait());
+    kernels::axpby.Get(device_)(1.0f, out, 1.0f, grad_shard_);
+    return absl::OkStatus();
+  }
   // One flat buffer of the stage's gradients (zeros where a parameter got none).
   Tensor flat = Tensor::Zeros({sharded() ? padded_ : numel_}, DType::kF32, device_);
   int64_t at = 0;
@@ -187,6 +235,13 @@ std::vector<StateChunk> StageOptimizer::Chunks(bool create,
 std::vector<std::pair<std::string, int64_t>> StageOptimizer::Peaks() const {
   int64_t params = 0;
   for (auto& [n, p] : own_) params += int64_t(p.nbytes());
+  if (zero_stage_ >= 2 && sharded()) {
+    // The shard lasts the step; the full gradients only one micro-batch's backward.
+    return {{"parameters", int64_t(flat_.nbytes())},
+            {"gradients", int64_t(grad_shard_.nbytes())},
+            {"optimizer state", optimizer_state_bytes_},
+            {"transient", params}};
+  }
   const int64_t grads = sharded() ? params + int64_t(grad_shard_.nbytes()) : params;
   return {{"parameters", sharded() ? int64_t(flat_.nbytes()) : params},
           {"gradients", grads},

@@ -6,6 +6,12 @@
 //            gradient; it steps only that shard (optimizer state 1/D of the stage's), then an
 //            all-gather gives every replica the updated parameters. Same bytes on the wire as
 //            the all-reduce.
+//   stage 2: as stage 1, but each micro-batch's gradients are reduce-scattered into the shard as
+//            soon as its backward is done on this stage (asynchronously, while the schedule goes
+//            on) and the full gradients freed: they live only through one backward, not across
+//            the forwards of the micro-batches in between. m reduce-scatters a step instead of 1.
+//            A weight tied to another stage keeps its full gradient until the step's end, when
+//            the stages sum it, then goes through one last reduce-scatter.
 // Shards are ranges of one padded flat buffer holding the stage's parameters in model order.
 #ifndef BRAID_PLUGINS_PIPELINE_STAGE_OPTIMIZER_H_
 #define BRAID_PLUGINS_PIPELINE_STAGE_OPTIMIZER_H_
@@ -33,13 +39,17 @@ class StageOptimizer {
   // data-parallel group (size 1: no replicas).
   static absl::StatusOr<std::unique_ptr<StageOptimizer>> Create(
       const std::vector<std::pair<std::string, Tensor>>& own, const std::set<std::string>& counted,
-      Communicator& data, int zero_stage, const OptimizerFactory& make_optimizer, Device device);
+      Communicator& data, int zero_stage, const OptimizerFactory& make_optimizer, Device device,
+      const std::set<std::string>& tied = {});
 
   Optimizer* optimizer() const { return optimizer_.get(); }
   void ZeroGrad();
   // Averages the accumulated gradients over the replicas (stage 0) or reduce-scatters them into
   // this replica's shard (stage 1).
   absl::Status Reduce();
+  // Stage 2: after a micro-batch's backward on this stage, reduce-scatters what its gradients
+  // hold (but the tied ones) into the shard and frees them. A no-op at stages 0 and 1.
+  absl::Status ReduceMicroBatch();
   // This replica's share of the squared gradient norm, each parameter (or piece) weighted by its
   // grad_norm_share (a weight another stage also counts: 0). Sum it over the data group when
   // `sharded()`, then over the stages.
@@ -72,6 +82,12 @@ class StageOptimizer {
   Tensor flat_;
   int64_t numel_ = 0, padded_ = 0, shard_ = 0;
   Tensor grad_shard_;
+  std::set<std::string> tied_;
+  // Stage 2: the reduce-scatter in flight, its input and output (added into grad_shard_ once
+  // done).
+  std::shared_ptr<Work> pending_;
+  Tensor pending_in_, pending_out_;
+  absl::Status FinishPending();
   std::vector<Tensor> pieces_;
   int64_t optimizer_state_bytes_ = 0, comm_bytes_ = 0;
 };

@@ -6,7 +6,7 @@
 # replicated weight twice, or misses another rank's slices, clips differently and moves the
 # weights by ~1e-4), 3 steps, the sequential loader making replicas' rows the one process's:
 #   tensor 2 and 4 (around single), tensor 2 x data 2 (DDP, and ZeRO stages 1 and 2 on the data axis),
-#   tensor 2 x pipeline 2 x data 2 (8 processes, 1F1B; and with ZeRO-1 on the data axis); with
+#   tensor 2 x pipeline 2 x data 2 (8 processes, 1F1B; and with ZeRO-1 and 2 on the data axis); with
 #   sequence parallelism, tensor 2 and
 #   tensor 2 x pipeline 2 x data 2.
 # Tolerance 2e-6 on the weights: each split matrix product sums its terms in t parts and an
@@ -54,12 +54,14 @@ cfg "$T/t2p2d2.pbtxt" 2 4 'parallel { tensor: 2 pipeline: 2 data: 2 } strategy {
 run t2p2d2 8 "$T/t2p2d2.pbtxt"
 cfg "$T/t2p2d2z1.pbtxt" 2 4 'parallel { tensor: 2 pipeline: 2 data: 2 } strategy { name: "pipeline" } zero_optimization { stage: 1 }'
 run t2p2d2_zero1 8 "$T/t2p2d2z1.pbtxt"
+cfg "$T/t2p2d2z2.pbtxt" 2 4 'parallel { tensor: 2 pipeline: 2 data: 2 } strategy { name: "pipeline" } zero_optimization { stage: 2 }'
+run t2p2d2_zero2 8 "$T/t2p2d2z2.pbtxt"
 # Sequence parallelism: tensor 2, and tensor 2 x pipeline 2 x data 2.
 cfg "$T/t2sp.pbtxt" 4 4 'parallel { tensor: 2 sequence_parallel: true } strategy { name: "single" }'
 run t2_sp 2 "$T/t2sp.pbtxt"
 cfg "$T/t2p2d2sp.pbtxt" 2 4 'parallel { tensor: 2 pipeline: 2 data: 2 sequence_parallel: true } strategy { name: "pipeline" }'
 run t2p2d2_sp 8 "$T/t2p2d2sp.pbtxt"
-for n in t2 t4 t2d2 t2d2_zero1 t2d2_zero2 t2p2d2 t2p2d2_zero1 t2_sp t2p2d2_sp; do
+for n in t2 t4 t2d2 t2d2_zero1 t2d2_zero2 t2p2d2 t2p2d2_zero1 t2p2d2_zero2 t2_sp t2p2d2_sp; do
   compare "$n == one process" "$T/$n.safetensors" "$T/single.safetensors" 2e-6
 done
 # The clipping bound binds on the first step (the one process's norm is above 8) and not on the
@@ -75,7 +77,7 @@ import json, sys
 def norms(path):
     return [json.loads(l)["grad_norm"] for l in open(path) if '"step"' in l]
 want = norms(f"{sys.argv[1]}/single/metrics.jsonl")
-for run in ("t2", "t4", "t2d2", "t2d2_zero1", "t2d2_zero2", "t2p2d2", "t2p2d2_zero1", "t2_sp", "t2p2d2_sp"):
+for run in ("t2", "t4", "t2d2", "t2d2_zero1", "t2d2_zero2", "t2p2d2", "t2p2d2_zero1", "t2p2d2_zero2", "t2_sp", "t2p2d2_sp"):
     got = norms(f"{sys.argv[1]}/{run}/metrics.jsonl")
     assert len(got) == len(want) and all(abs(a - b) <= 1e-5 * b for a, b in zip(got, want)), (run, got, want)
 print("   gradient norms:", want)
