@@ -51,6 +51,9 @@ class Module {
   using ForwardFn = std::function<Tensor(const Tensor&)>;
   void ReplaceForward(ForwardFn fn) { replaced_forward_ = std::move(fn); }
   bool forward_replaced() const { return replaced_forward_ != nullptr; }
+  // The replacement (null when none), so another rewrite can wrap it rather than drop it
+  // (activation checkpointing keeps a tensor-parallel forward).
+  const ForwardFn& replaced_forward() const { return replaced_forward_; }
 
   const std::string& type_name() const { return type_name_; }
 

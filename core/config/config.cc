@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/activation_checkpointing.h"
 #include "core/check.h"
 #include "core/registry.h"
 #include "google/protobuf/descriptor.h"
@@ -624,13 +625,36 @@ void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog)
                            d == "nvme" ? " (Braid has no NVMe offload)" : ""));
     }
   }
+}
 
-  if (cfg->has_activation_checkpointing()) {
-    features.Require("activation_checkpointing", kFeatureActivationCheckpointing);
-    const ActivationCheckpointingConfig& a = cfg->activation_checkpointing();
-    if (a.has_number_checkpoints()) {
-      c.Positive("activation_checkpointing.number_checkpoints", a.number_checkpoints());
-    }
+// activation_checkpointing needs no strategy feature: the training program applies it to the
+// model after any strategy's Setup (core/activation_checkpointing.h). Fills in the policy.
+void CheckActivationCheckpointing(Checker& c, TrainConfig* cfg) {
+  if (!cfg->has_activation_checkpointing()) return;
+  ActivationCheckpointingConfig* a = cfg->mutable_activation_checkpointing();
+  if (a->has_number_checkpoints()) {
+    c.Positive("activation_checkpointing.number_checkpoints", a->number_checkpoints());
+  }
+  absl::StatusOr<CheckpointPolicy> policy = CheckpointPolicyFromConfig(*a);
+  if (policy.ok()) {
+    a->set_policy(CheckpointPolicyNames()[size_t(policy->kind)]);
+  } else {
+    c.Error(std::string(policy.status().message()));
+  }
+  // DeepSpeed options that would change where kept inputs live: refused rather than ignored, so
+  // that a run does not silently hold more memory than its config promises.
+  const std::pair<const char*, bool> unsupported[] = {
+      {"partition_activations: Braid does not split the kept inputs over the tensor-parallel "
+       "group (each rank keeps its own)",
+       a->partition_activations()},
+      {"cpu_checkpointing: Braid keeps the checkpointed inputs on the training device (no CPU "
+       "offload)",
+       a->cpu_checkpointing()},
+      {"contiguous_memory_optimization: Braid does not copy the kept inputs into one buffer",
+       a->contiguous_memory_optimization()},
+  };
+  for (const auto& [what, on] : unsupported) {
+    if (on) c.Error(absl::StrCat("activation_checkpointing.", what, "; set it false or remove it"));
   }
 }
 
@@ -898,7 +922,6 @@ std::vector<std::string> RequestedFeatures(const TrainConfig& cfg) {
   if (cfg.bf16().enabled()) features.push_back(kFeatureBf16);
   const int stage = cfg.zero_optimization().stage();
   if (stage >= 1 && stage <= 3) features.push_back(ZeroFeatureName(stage));
-  if (cfg.has_activation_checkpointing()) features.push_back(kFeatureActivationCheckpointing);
   return features;
 }
 
@@ -939,6 +962,7 @@ absl::Status ValidateConfigWith(TrainConfig* cfg, int data_parallel_size,
   CheckOptimizer(c, cfg);
   CheckScheduler(c, cfg);
   CheckFeatures(c, cfg, strategies);
+  CheckActivationCheckpointing(c, cfg);
   CheckModelAndData(c, cfg);
   return c.Status();
 }

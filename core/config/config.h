@@ -38,11 +38,11 @@ std::string ConfigToJson(const TrainConfig& cfg);
 // Names of plugin-provided features, as listed in ValidateConfig's `available_features`.
 inline constexpr char kFeatureFp16[] = "fp16";
 inline constexpr char kFeatureBf16[] = "bf16";
-inline constexpr char kFeatureActivationCheckpointing[] = "activation_checkpointing";
 // ZeRO stage N (1..3) is the feature "zeroN".
 std::string ZeroFeatureName(int stage);
 
-// The feature sections `cfg` asks for (fp16, bf16, zeroN, activation_checkpointing), by name.
+// The feature sections `cfg` asks for (fp16, bf16, zeroN), by name. activation_checkpointing is
+// not one: the training program applies it under every strategy.
 std::vector<std::string> RequestedFeatures(const TrainConfig& cfg);
 
 // The strategy of a config that names none: "single" for one process, "ddp" for more.
@@ -75,7 +75,7 @@ struct StrategyCatalog {
 // Fills defaults and derived values into `cfg` and checks it for a job with
 // `data_parallel_size` ranks (the number of processes: with a `parallel` section the
 // data-parallel size is its data axis, checked against it). Sections needing a feature (fp16, bf16, zero_optimization.stage
-// > 0, activation_checkpointing) are rejected unless the chosen strategy provides the feature;
+// > 0) are rejected unless the chosen strategy provides the feature;
 // the message names the strategies that do. Call it once: afterwards the batch-size fields are
 // all set, so calling it again with another data-parallel size reports them as inconsistent.
 absl::Status ValidateConfigWith(TrainConfig* cfg, int data_parallel_size,

@@ -491,8 +491,6 @@ TEST(ConfigValidate, FeatureSectionsNeedAStrategyThatProvidesThem) {
       {"bf16 { enabled: true }", "bf16 needs a strategy that provides \"bf16\""},
       {"zero_optimization { stage: 1 }",
        "zero_optimization (stage 1) needs a strategy that provides \"zero1\""},
-      {"activation_checkpointing { }",
-       "activation_checkpointing needs a strategy that provides \"activation_checkpointing\""},
   };
   for (const auto& [text, expected] : cases) {
     EXPECT_THAT(ValidationError(text),
@@ -505,9 +503,6 @@ TEST(ConfigValidate, FeatureSectionsNeedAStrategyThatProvidesThem) {
   }
   EXPECT_EQ(ValidationError("fp16 { enabled: true }", 1, {kFeatureFp16}), "");
   EXPECT_EQ(ValidationError("bf16 { enabled: true }", 1, {kFeatureBf16}), "");
-  EXPECT_EQ(ValidationError("activation_checkpointing { partition_activations: true }", 1,
-                            {kFeatureActivationCheckpointing}),
-            "");
   EXPECT_EQ(ValidationError("zero_optimization { stage: 2 } strategy { name: \"zero\" }", 2,
                             {ZeroFeatureName(2)}),
             "");
@@ -537,9 +532,68 @@ TEST(ConfigValidate, FeatureSectionsNeedAStrategyThatProvidesThem) {
 TEST(ConfigValidate, RequestedFeatures) {
   EXPECT_TRUE(RequestedFeatures(Text("fp16 { enabled: false } zero_optimization { stage: 0 }"))
                   .empty());
+  // activation_checkpointing is not a strategy feature (the training program applies it).
   EXPECT_EQ(RequestedFeatures(Text("fp16 { enabled: true } bf16 { enabled: true } "
                                    "zero_optimization { stage: 3 } activation_checkpointing {}")),
-            (std::vector<std::string>{"fp16", "bf16", "zero3", "activation_checkpointing"}));
+            (std::vector<std::string>{"fp16", "bf16", "zero3"}));
+  EXPECT_TRUE(RequestedFeatures(Text("activation_checkpointing { policy: \"every_block\" }")).empty());
+}
+
+// The section works with every strategy: validation asks no strategy about it, fills in the
+// policy and checks the fields Braid defines.
+TEST(ConfigValidate, ActivationCheckpointingNeedsNoStrategyFeature) {
+  std::vector<std::string> asked;
+  StrategyCatalog catalog;
+  catalog.features_of = [&](const std::string& name) -> absl::StatusOr<std::vector<std::string>> {
+    asked.push_back(name);
+    return std::vector<std::string>{};
+  };
+  for (const char* strategy : {"single", "ddp", "zero", "pipeline", "some_plugin"}) {
+    TrainConfig cfg = Text(absl::StrCat("strategy { name: \"", strategy, "\" } activation_checkpointing {}"));
+    EXPECT_TRUE(ValidateConfigWith(&cfg, 1, catalog).ok()) << strategy;
+    EXPECT_EQ(cfg.activation_checkpointing().policy(), "sqrt") << "the default, filled in";
+  }
+  EXPECT_TRUE(asked.empty()) << "no strategy was asked for a feature";
+  EXPECT_EQ(ValidationError("activation_checkpointing { }", 2), "");
+
+  TrainConfig cfg = Text("activation_checkpointing { policy: \"Every_Block\" }");
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  EXPECT_EQ(cfg.activation_checkpointing().policy(), "every_block");
+  EXPECT_EQ(ValidationError("activation_checkpointing { policy: \"every_k\" every_k: 2 }"), "");
+  EXPECT_EQ(ValidationError("activation_checkpointing { policy: \"attention\" }"), "");
+
+  EXPECT_THAT(ValidationError("activation_checkpointing { policy: \"half\" }"),
+              HasSubstr("activation_checkpointing.policy \"half\" is unknown; known: sqrt, "
+                        "every_block, every_k, attention"));
+  EXPECT_THAT(ValidationError("activation_checkpointing { policy: \"every_k\" }"),
+              HasSubstr("policy \"every_k\" needs activation_checkpointing.every_k (>= 1)"));
+  EXPECT_THAT(ValidationError("activation_checkpointing { policy: \"every_k\" every_k: 0 }"),
+              HasSubstr("activation_checkpointing.every_k (0) must be >= 1"));
+  EXPECT_THAT(ValidationError("activation_checkpointing { every_k: 2 }"),
+              HasSubstr("every_k (2) applies to policy \"every_k\" only, and the policy is "
+                        "\"sqrt\"; remove every_k or set policy: \"every_k\""));
+  EXPECT_THAT(ValidationError("activation_checkpointing { number_checkpoints: 0 }"),
+              HasSubstr("activation_checkpointing.number_checkpoints (0) must be >= 1"));
+  // DeepSpeed's options Braid does not implement: true is refused, false accepted.
+  for (const char* field : {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization"}) {
+    EXPECT_THAT(ValidationError(absl::StrCat("activation_checkpointing { ", field, ": true }")),
+                AllOf(HasSubstr(absl::StrCat("activation_checkpointing.", field, ": Braid")),
+                      HasSubstr("set it false or remove it")))
+        << field;
+    EXPECT_EQ(ValidationError(absl::StrCat("activation_checkpointing { ", field, ": false }")), "")
+        << field;
+  }
+
+  // A DeepSpeed JSON's section, as DeepSpeed's documentation writes it, plus Braid's policy.
+  auto json = ParseJsonConfig(R"({"activation_checkpointing": {
+      "partition_activations": false, "cpu_checkpointing": false,
+      "contiguous_memory_optimization": false, "number_checkpoints": 4,
+      "synchronize_checkpoint_boundary": false, "profile": false, "policy": "every_k",
+      "every_k": 3}})", "ds.json");
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_TRUE(ValidateConfig(&*json, 1, {}).ok());
+  EXPECT_EQ(json->activation_checkpointing().every_k(), 3);
+  EXPECT_EQ(json->activation_checkpointing().number_checkpoints(), 4);
 }
 
 // The training program's way: the catalog loads the chosen strategy, and every plugin when a

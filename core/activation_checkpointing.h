@@ -1,0 +1,131 @@
+// Activation (gradient) checkpointing (Chen et al. 2016): a checkpointed module keeps only its
+// input for backward and recomputes the rest when backward reaches it, trading one extra forward
+// of that module for the memory of everything its ops would have saved.
+//
+// How (non-reentrant, in the manner of PyTorch's torch.utils.checkpoint(use_reentrant=False)):
+// the module's forward is replaced (Module::ReplaceForward) by one that runs the original forward
+// normally, building the ordinary autograd graph, but inside a SavedTensorHooksScope whose pack
+// keeps a numbered placeholder instead of each tensor an op saves. The first placeholder backward
+// unpacks makes the checkpoint run the forward again from the kept input, under a scope whose
+// pack records what the ops save, in the same order; unpack(i) then hands out the i-th recorded
+// tensor and drops the checkpoint's reference, so the recomputed activations are freed as
+// backward consumes them. The graph backward runs is the original one (same nodes, same order,
+// same values), so gradients are bitwise those of the plain model.
+//
+// A segment is several consecutive modules (blocks) checkpointed together: one input kept for
+// all of them, all recomputed at once. The `sqrt` policy uses ~√n segments of ~√n blocks.
+//
+// Rules the implementation relies on, checked where they can be:
+// - Ops save the same tensors, in the same order, when the forward is run again. Braid's ops do;
+//   the recompute fails loudly (naming the module) when the count or a shape differs.
+// - Replay is exact because Braid's ops draw no random numbers (no dropout). An op that adds
+//   randomness must register its generator with SetCheckpointRngState, so the recompute replays
+//   the same draws.
+// - Blocks of a segment feed each other directly (block k+1's input is block k's output, as in
+//   GPT's layer stack). When they do not (a pipeline stage boundary cuts a segment, or something
+//   runs between the two blocks), the segment splits there by itself.
+// - Checkpoints do not nest: EnableActivationCheckpointing refuses a module inside, or around, one
+//   already checkpointed.
+#ifndef BRAID_CORE_ACTIVATION_CHECKPOINTING_H_
+#define BRAID_CORE_ACTIVATION_CHECKPOINTING_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/module.h"
+
+namespace braid {
+
+namespace config {
+class ActivationCheckpointingConfig;  // core/config/train_config.proto
+}
+
+// Which modules of a model are checkpointed, over its n blocks (Module::NamedBlocks, in order).
+struct CheckpointPolicy {
+  enum class Kind {
+    // ⌈√n⌉ segments of consecutive blocks, lengths differing by at most one (longer first):
+    // n = 8 gives 3 + 3 + 2, n = 32 gives 6 + 6 + 5 + 5 + 5 + 5. Kept: one input per segment;
+    // recomputed in backward: one segment at a time, so activation memory grows as √n.
+    kSqrt,
+    kEveryBlock,  // each block alone: n inputs kept, one block's activations recomputed at once
+    kEveryK,      // blocks 0, k, 2k, ... each alone; the others keep their activations
+    kAttention,   // the `attn` child of each block alone (selective: the attention's activations)
+  };
+  Kind kind = Kind::kSqrt;
+  int every_k = 0;  // kEveryK only, >= 1
+
+  // "sqrt", "every_block", "every_k, k=2", "attention".
+  std::string ToString() const;
+};
+
+// The policy names a config may give, in the order the documentation lists them.
+const std::vector<std::string>& CheckpointPolicyNames();
+
+// `name` is one of CheckpointPolicyNames, any case ("" = "sqrt"); `every_k` is required by
+// "every_k" and refused by the others. Errors name the config field and what to give instead.
+absl::StatusOr<CheckpointPolicy> ParseCheckpointPolicy(const std::string& name,
+                                                       std::optional<int> every_k);
+absl::StatusOr<CheckpointPolicy> CheckpointPolicyFromConfig(
+    const config::ActivationCheckpointingConfig& section);
+
+// The segments `policy` makes of `num_blocks` blocks: each a list of consecutive block indices
+// (for kAttention, the blocks whose `attn` is checkpointed).
+std::vector<std::vector<int>> PlanCheckpointSegments(int num_blocks, const CheckpointPolicy& policy);
+
+// What EnableActivationCheckpointing did, for the training program's line.
+struct CheckpointingSummary {
+  CheckpointPolicy policy;
+  int modules = 0;   // modules whose forward is now checkpointed (blocks, or their attn)
+  int covered = 0;   // blocks with (some of) their activations recomputed
+  int blocks = 0;    // blocks of the model
+  int segments = 0;  // inputs kept per forward (when no segment is split at run time)
+  // "8 of 8 blocks in 3 segments (policy sqrt)".
+  std::string ToString() const;
+};
+
+// Checkpoints `model`'s blocks by `policy`. Call it on the model in its final form (after a
+// strategy's Setup: tensor parallelism has split it, the pipeline has cut it); a block's forward
+// already replaced is kept and checkpointed as it is. Errors: a model without blocks, a block
+// without `attn` (policy attention), a module already checkpointed.
+absl::StatusOr<CheckpointingSummary> EnableActivationCheckpointing(Module& model,
+                                                                   const CheckpointPolicy& policy);
+
+// Checkpoints `modules` (name, module), consecutive modules each fed the previous one's output,
+// as one segment. What EnableActivationCheckpointing does per segment; open for other layouts.
+absl::Status CheckpointSegment(const std::vector<std::pair<std::string, Module*>>& modules);
+
+// Restores the forward of every checkpointed module under `model` (including itself) to what it
+// was before; returns how many were restored.
+int DisableActivationCheckpointing(Module& model);
+
+// Whether `m`'s forward is checkpointed.
+bool IsActivationCheckpointed(const Module& m);
+
+// This thread's counts, for tests and benchmarks.
+struct ActivationCheckpointStats {
+  int64_t forwards = 0;      // segment forwards that kept only their input (grad mode on)
+  int64_t recomputes = 0;    // segment forwards run again during backward
+  int64_t placeholders = 0;  // saved tensors replaced by placeholders
+};
+ActivationCheckpointStats GetActivationCheckpointStats();
+void ResetActivationCheckpointStats();
+
+// How to read and restore the state of a random generator that ops draw from, so a recompute
+// replays the draws of the forward it repeats. Process-wide; empty functions (the default):
+// nothing to replay, which is exact today because no Braid op is random.
+struct CheckpointRngState {
+  std::function<std::shared_ptr<void>()> save;
+  std::function<void(const std::shared_ptr<void>&)> restore;
+};
+void SetCheckpointRngState(CheckpointRngState state);
+
+}  // namespace braid
+
+#endif  // BRAID_CORE_ACTIVATION_CHECKPOINTING_H_
