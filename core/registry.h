@@ -36,7 +36,7 @@ class OptimizerConfig;  // core/config/train_config.proto
 
 // What a strategy implements beyond plain training: the features (config sections) it provides,
 // by the names of core/config/config.h ("fp16", "bf16", "zero1".."zero3",
-// "activation_checkpointing"). Validation rejects a section the chosen strategy does not declare.
+// "tensor_parallel"). Validation rejects a section the chosen strategy does not declare.
 struct StrategyTraits {
   std::vector<std::string> features;
 };

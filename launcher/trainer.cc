@@ -375,7 +375,13 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   // Strategies that keep several copies of the model (dp) build them with the same config.
   ctx.make_replica = [&cfg](Device d) -> std::unique_ptr<Module> {
     auto m = BuildModel(cfg, d);
-    return m.ok() ? std::move(*m) : nullptr;
+    if (!m.ok()) return nullptr;
+    // A replica is trained like the model: checkpointed the same way (dp's devices).
+    if (cfg.has_activation_checkpointing()) {
+      auto policy = CheckpointPolicyFromConfig(cfg.activation_checkpointing());
+      if (!policy.ok() || !EnableActivationCheckpointing(**m, *policy).ok()) return nullptr;
+    }
+    return std::move(*m);
   };
   // The model, built whole, or without parameter memory when the strategy materialises only
   // what this rank keeps (ZeRO-3): every rank then never holds the whole model.

@@ -29,8 +29,9 @@ expect batch-mismatch 'train_batch_size \(48\)' -- "$train" --config="$tmp/batch
 expect not-available 'fp16.*not available yet' -- "$train" --config="$tmp/fp16.pbtxt" --log_dir="$tmp/l"
 # A feature the default strategy lacks: one line naming the feature and the strategy, and either
 # the strategy (and plugin) that provides it or that none on the plugin search path does.
-# The zero plugin ships with the program: the message names it.
-zero_pattern='^braid train: zero_optimization \(stage 2\) needs a strategy that provides "zero2"; strategy "single" does not; use strategy.name "zero" \(plugin libbraid_zero\.so\)$'
+# The zero and pipeline plugins ship with the program (both shard over the data axis): the
+# message names them.
+zero_pattern='^braid train: zero_optimization \(stage 2\) needs a strategy that provides "zero2"; strategy "single" does not; use strategy.name "pipeline" \(plugin libbraid_pipeline\.so\) or "zero" \(plugin libbraid_zero\.so\)$'
 expect zero-needs-a-strategy "$zero_pattern" -- "$train" --config="$tmp/zero2.pbtxt" --log_dir="$tmp/l"
 zero_out=$(timeout 60 "$train" --config="$tmp/zero2.pbtxt" --log_dir="$tmp/l" 2>&1)
 if [ "$(printf '%s\n' "$zero_out" | wc -l)" != 1 ]; then
