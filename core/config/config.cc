@@ -839,6 +839,19 @@ void CheckRun(Checker& c, TrainConfig* cfg, int dp) {
   c.Positive("threads", cfg->threads());
   if (!cfg->has_seed()) cfg->set_seed(kDefaultSeed);
 
+  if (cfg->has_checkpoint()) {
+    CheckpointConfig* k = cfg->mutable_checkpoint();
+    if (k->dir().empty()) c.Error("checkpoint.dir is empty; name the folder the checkpoints go to");
+    if (!k->has_every_steps()) k->set_every_steps(0);
+    if (k->every_steps() < 0) {
+      c.Error(absl::StrCat("checkpoint.every_steps (", k->every_steps(),
+                           ") must be >= 0 (0: only after the last step)"));
+    }
+    if (!k->has_keep_last()) k->set_keep_last(2);
+    c.Positive("checkpoint.keep_last", k->keep_last());
+    if (!k->has_resume()) k->set_resume(true);
+  }
+
   LogConfig* log = cfg->mutable_log();
   if (!log->has_print_every()) log->set_print_every(kDefaultPrintEvery);
   c.Positive("log.print_every", log->print_every());

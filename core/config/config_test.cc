@@ -754,6 +754,18 @@ TEST(ConfigValidate, ParallelLayout) {
               HasSubstr("zero_optimization.stage 3 with parallel.tensor > 1 is not supported"));
 }
 
+TEST(ConfigValidate, CheckpointSection) {
+  TrainConfig cfg = Text("checkpoint { dir: \"runs/x\" }");
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  EXPECT_EQ(cfg.checkpoint().every_steps(), 0);
+  EXPECT_EQ(cfg.checkpoint().keep_last(), 2);
+  EXPECT_TRUE(cfg.checkpoint().resume());
+  EXPECT_THAT(ValidationError("checkpoint { every_steps: 5 }"), HasSubstr("checkpoint.dir is empty"));
+  EXPECT_THAT(ValidationError("checkpoint { dir: \"d\" every_steps: -1 }"),
+              HasSubstr("checkpoint.every_steps (-1) must be >= 0"));
+  EXPECT_THAT(ValidationError("checkpoint { dir: \"d\" keep_last: 0 }"), HasSubstr("checkpoint.keep_last (0)"));
+}
+
 TEST(ConfigValidate, ReportsEveryProblemAtOnce) {
   EXPECT_THAT(ValidationError("steps: 0 optimizer { params { lr: 0 } } threads: 0"),
               AllOf(HasSubstr("3 problems"), HasSubstr("steps (0)"),
