@@ -50,21 +50,19 @@ double Now() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
 
 std::string StepDir(const std::string& dir, int64_t step) { return absl::StrCat(dir, "/step_", step); }
 
-// CRC-32 (zlib's) of a whole file, and its size.
-absl::StatusOr<std::pair<uint32_t, int64_t>> FileCrc(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Error(absl::StatusCode::kNotFound, absl::StrCat("'", path, "' cannot be read"));
+// CRC-32 (zlib's) of the tensors' bytes, in key order.
+uint32_t DataCrc(const std::map<std::string, Tensor>& tensors) {
   uLong crc = crc32(0L, Z_NULL, 0);
-  int64_t size = 0;
-  std::vector<char> buf(1 << 20);
-  while (in) {
-    in.read(buf.data(), std::streamsize(buf.size()));
-    const std::streamsize n = in.gcount();
-    if (n <= 0) break;
-    crc = crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), uInt(n));
-    size += n;
+  for (auto& [key, t] : tensors) {
+    const Bytef* p = static_cast<const Bytef*>(t.raw_data());
+    for (size_t left = t.nbytes(); left > 0;) {
+      const uInt n = uInt(std::min<size_t>(left, size_t(1) << 30));
+      crc = crc32(crc, p, n);
+      p += n;
+      left -= n;
+    }
   }
-  return std::make_pair(uint32_t(crc), size);
+  return uint32_t(crc);
 }
 
 absl::Status SyncPath(const std::string& path, bool directory) {
@@ -165,7 +163,10 @@ class SafetensorsCheckpointer : public Checkpointer {
     for (const StateChunk& c : chunks) {
       if (!c.write) continue;
       const std::string key = absl::StrCat(c.name, "#", k++);
-      Tensor snapshot = c.local.Detach().Clone().Reshape({c.local.numel()});
+      // Asynchronous saves copy (training goes on and changes the state); a synchronous one
+      // writes the live tensors, which nothing changes until it returns.
+      Tensor snapshot = opts_.async ? c.local.Detach().Clone().Reshape({c.local.numel()})
+                                    : c.local.Detach().Reshape({c.local.numel()});
       pending_.tensors[key] = snapshot;
       json runs = json::array();
       for (auto& [b, e] : c.runs) runs.push_back({b, e});
@@ -181,13 +182,11 @@ class SafetensorsCheckpointer : public Checkpointer {
       const std::string path = absl::StrCat(pending_.tmp, "/", pending_.file);
       absl::Status st = SaveSafetensors(path, pending_.tensors, {{"format", kFormat}});
       if (st.ok()) {
-        auto crc = FileCrc(path);
-        if (crc.ok()) {
-          pending_.crc = crc->first;
-          pending_.size = crc->second;
-        } else {
-          st = crc.status();
-        }
+        // The checksum of what was written, from memory (no second pass over the file): every
+        // tensor's bytes in key order. Verify reads the file back and compares.
+        pending_.crc = DataCrc(pending_.tensors);
+        struct stat info;
+        pending_.size = ::stat(path.c_str(), &info) == 0 ? int64_t(info.st_size) : -1;
       }
       if (!st.ok()) {
         st = Error(st.code(), absl::StrCat("writing '", path, "' failed: ", st.message(),
@@ -272,8 +271,9 @@ class SafetensorsCheckpointer : public Checkpointer {
                      absl::StrCat("'", c.name, "' is ", ShapeToString(t["shape"].get<Shape>()), " in ", dir,
                                   " but ", ShapeToString(c.global_shape), " here"));
       }
-      // Each of our elements from whichever saved chunk holds it.
-      std::vector<float> local(size_t(c.local.numel()));
+      // Each of our elements from whichever saved chunk holds it, copied straight from the file's
+      // tensor (one copy per overlapping run: a single one when the layouts agree).
+      Tensor dst = c.local.Detach().Reshape({c.local.numel()});
       int64_t covered = 0;
       for (const json& saved : t["chunks"]) {
         Runs runs;
@@ -286,9 +286,10 @@ class SafetensorsCheckpointer : public Checkpointer {
           return Error(absl::StatusCode::kDataLoss, absl::StrCat(dir, "/", saved["file"].get<std::string>(),
                                                                  " lacks ", saved["key"].get<std::string>()));
         }
-        std::vector<float> src = it->second.ToFloatVector();
+        const Tensor src = it->second.Reshape({it->second.numel()});
         for (const Overlap& o : overlap) {
-          std::copy(src.begin() + o.b_at, src.begin() + o.b_at + o.length, local.begin() + o.a_at);
+          Tensor part = dst.FlatRange(o.a_at, o.length);
+          part.CopyFrom(src.FlatRange(o.b_at, o.length));
           covered += o.length;
         }
       }
@@ -297,7 +298,6 @@ class SafetensorsCheckpointer : public Checkpointer {
                      absl::StrCat(dir, " covers ", covered, " of the ", c.local.numel(),
                                   " elements this rank needs of '", c.name, "'"));
       }
-      Tensor(c.local).CopyFrom(Tensor::FromVector(local, c.local.shape()));
     }
     std::map<std::string, std::string> extra;
     const std::string me = std::to_string(world.rank());
@@ -348,11 +348,15 @@ class SafetensorsCheckpointer : public Checkpointer {
     BRAID_ASSIGN_OR_RETURN(json index, ReadIndex(dir));
     for (auto& [name, f] : index["files"].items()) {
       const std::string path = absl::StrCat(dir, "/", name);
-      auto crc = FileCrc(path);
-      if (!crc.ok()) return Error(absl::StatusCode::kDataLoss, absl::StrCat(path, " is missing"));
-      if (crc->second != f["bytes"].get<int64_t>() || crc->first != f["crc32"].get<uint32_t>()) {
+      struct stat info;
+      if (::stat(path.c_str(), &info) != 0) {
+        return Error(absl::StatusCode::kDataLoss, absl::StrCat(path, " is missing"));
+      }
+      absl::StatusOr<SafetensorsContents> contents = ReadSafetensors(path);  // checks the header
+      if (int64_t(info.st_size) != f["bytes"].get<int64_t>() || !contents.ok() ||
+          DataCrc(contents->tensors) != f["crc32"].get<uint32_t>()) {
         return Error(absl::StatusCode::kDataLoss,
-                     absl::StrCat(path, " is damaged: its CRC-32 or size differs from the index's"));
+                     absl::StrCat(path, " is damaged: its size, header or CRC-32 differs from the index's"));
       }
     }
     return absl::OkStatus();
