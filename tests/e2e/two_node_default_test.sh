@@ -32,7 +32,7 @@ wait $n1; rc1=$?
 [ $rc0 = 0 ] && ok "node 0: exit code 0" || { fail "node 0: exit code $rc0"; tail -20 node0.err; }
 [ $rc1 = 0 ] && ok "node 1: exit code 0" || { fail "node 1: exit code $rc1"; tail -20 node1.err; }
 expect_grep "node 0 says where the master is" "no --master_addr given: node 0 is this machine \(127\.0\.0\.1:${ports[0]}\)" node0.err
-expect_grep "default model, DDP over both nodes" "^braid: training gpt-mini .* strategy ddp, 3 step\(s\) .* x 2 rank\(s\)" node0.out
+expect_grep "default model, DDP over both nodes" "^braid: training gpt-mini .* strategy ddp, 3 step\(s\) .* x 2 data-parallel rank\(s\)" node0.out
 expect_grep "training finished" "^braid: done: " node0.out
 token_files=$(ls "$XDG_RUNTIME_DIR/braid" | grep -c "^job-token-127.0.0.1-${ports[0]}$")
 [ "$token_files" = 1 ] && ok "one shared token file" || fail "$token_files token files: $(ls "$XDG_RUNTIME_DIR/braid")"
