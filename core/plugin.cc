@@ -14,6 +14,7 @@
 #include <mutex>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -315,6 +316,37 @@ absl::Status EnsureCommunicator(const std::string& name,
       "communicator", name, search_path, [&](const std::string& n) { return r.HasCommunicator(n); },
       [&] { return r.MakeCommunicator(name, CommunicatorOptions{}).status(); },
       [&] { return r.CommunicatorNames(); });
+}
+
+absl::Status EnsureOptimizer(const std::string& name, const std::vector<std::string>& search_path) {
+  Registry& r = Registry::Get();
+  // Config names are case-insensitive (validation stores the registered spelling) and plugin
+  // files are lowercase by convention: "Adam8bit" and "adam8bit" both load libbraid_adam8bit.so.
+  auto registered = [&](const std::string& n) {
+    for (const std::string& known : r.OptimizerNames()) {
+      if (absl::EqualsIgnoreCase(known, n)) return true;
+    }
+    return false;
+  };
+  auto unknown = [&](const std::string& why) {
+    return absl::StrCat("unknown optimizer '", name, "'; known: ",
+                        absl::StrJoin(r.OptimizerNames(), ", "),
+                        ". An optimizer is built in (core/optimizer.cc) or registered by plugin "
+                        "libbraid_<lowercased name>.so on the plugin search path",
+                        why);
+  };
+  absl::Status s = EnsureRegistered(
+      "optimizer", absl::AsciiStrToLower(name), search_path, registered,
+      [&] {
+        return absl::InvalidArgumentError(
+            unknown(" (this name cannot be a plugin's: letters, digits, '_' and '-' only)"));
+      },
+      [&] { return r.OptimizerNames(); });
+  // Not found on the search path: the unknown-name error, saying where the plugin was looked for.
+  if (absl::IsNotFound(s) && !registered(name)) {
+    return absl::NotFoundError(unknown(absl::StrCat("; ", s.message())));
+  }
+  return s;
 }
 
 }  // namespace braid

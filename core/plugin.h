@@ -44,6 +44,12 @@ absl::Status EnsureStrategy(const std::string& name, const std::vector<std::stri
 absl::Status EnsureCommunicator(const std::string& name,
                                 const std::vector<std::string>& search_path);
 
+// The same for optimizers (optimizer.type): one a plugin registers is loaded from plugin
+// `<name, lowercased>` ("Adam8bit" loads libbraid_adam8bit.so). Names match case-insensitively,
+// as config validation matches optimizer.type, so "adamw" finds core's "AdamW" and loads nothing.
+// An unknown name is an error listing the registered optimizers and the files looked for.
+absl::Status EnsureOptimizer(const std::string& name, const std::vector<std::string>& search_path);
+
 }  // namespace braid
 
 #endif  // BRAID_CORE_PLUGIN_H_

@@ -114,6 +114,12 @@ absl::Status Run(const char* argv0) {
     return found;
   };
   catalog.searched = "strategy in the plugins on the search path";
+  // optimizer.type may name an optimizer that a plugin registers ("Adam8bit" comes from
+  // libbraid_adam8bit.so): load it before validation, which looks the name up in the registry.
+  if (!cfg.optimizer().type().empty()) {
+    absl::Status st = braid::EnsureOptimizer(cfg.optimizer().type(), search_path);
+    if (!st.ok()) return absl::Status(st.code(), absl::StrCat("optimizer.type: ", st.message()));
+  }
   BRAID_RETURN_IF_ERROR(braid::config::ValidateConfigWith(&cfg, env.world_size, catalog));
   if (absl::GetFlag(FLAGS_print_config)) {
     std::printf("%s", braid::config::ConfigToText(cfg).c_str());
