@@ -9,6 +9,21 @@
 
 namespace braid {
 
+std::vector<std::vector<std::string>> Optimizer::Keys() const {
+  std::map<std::string, int> uses;
+  for (const ParamGroup& g : groups_) {
+    for (const Tensor& p : g.params) uses[p.name()]++;
+  }
+  std::vector<std::vector<std::string>> keys(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      const std::string& n = groups_[g].params[i].name();
+      keys[g].push_back(!n.empty() && uses[n] == 1 ? n : absl::StrCat(g, ".", i));
+    }
+  }
+  return keys;
+}
+
 void Optimizer::ZeroGrad() {
   for (ParamGroup& g : groups_) {
     for (Tensor& p : g.params) p.ZeroGrad();
@@ -63,22 +78,6 @@ class SlottedOptimizer : public Optimizer {
     return grad;
   }
 
-  // A parameter's key: its name when that names it alone among this optimizer's parameters,
-  // otherwise "<group>.<index>" (flat shards and unnamed tensors).
-  std::vector<std::vector<std::string>> Keys() const {
-    std::map<std::string, int> uses;
-    for (const ParamGroup& g : groups_) {
-      for (const Tensor& p : g.params) uses[p.name()]++;
-    }
-    std::vector<std::vector<std::string>> keys(groups_.size());
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      for (size_t i = 0; i < groups_[g].params.size(); ++i) {
-        const std::string& n = groups_[g].params[i].name();
-        keys[g].push_back(!n.empty() && uses[n] == 1 ? n : absl::StrCat(g, ".", i));
-      }
-    }
-    return keys;
-  }
 
  public:
   std::map<std::string, Tensor> StateDict() const override {

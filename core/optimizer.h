@@ -50,6 +50,10 @@ class Optimizer {
 
  protected:
   explicit Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {}
+  // Each parameter's state-dict key, [group][index]: its name when that names it alone among
+  // this optimizer's parameters, otherwise "<group>.<index>" (flat shards, unnamed tensors).
+  // One rule for every optimizer, so their state dicts key parameters alike.
+  std::vector<std::vector<std::string>> Keys() const;
   std::vector<ParamGroup> groups_;
 };
 

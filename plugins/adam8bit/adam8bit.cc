@@ -340,22 +340,6 @@ class Adam8bit final : public Optimizer, public Adam8bitInfo {
     return grad;
   }
 
-  // A parameter's key, as core's AdamW makes it: its name when that names it alone among this
-  // optimizer's parameters, otherwise "<group>.<index>" (flat shards and unnamed tensors).
-  std::vector<std::vector<std::string>> Keys() const {
-    std::map<std::string, int> uses;
-    for (const ParamGroup& g : groups_) {
-      for (const Tensor& p : g.params) uses[p.name()]++;
-    }
-    std::vector<std::vector<std::string>> keys(groups_.size());
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      for (size_t i = 0; i < groups_[g].params.size(); ++i) {
-        const std::string& n = groups_[g].params[i].name();
-        keys[g].push_back(!n.empty() && uses[n] == 1 ? n : absl::StrCat(g, ".", i));
-      }
-    }
-    return keys;
-  }
 
   // Each moment of each parameter in one form (f32, or codes + absmax over the same blocks),
   // either both moments or neither, the maps of the codes equal to ours, nothing else; one error
