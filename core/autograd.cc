@@ -42,7 +42,9 @@ void AccumulateInto(Tensor& acc, const Tensor& g) {
     return;
   }
   CheckSameShape("gradient accumulation", acc, g);
-  kernels::axpby.Get(acc.device())(1.0f, g, 1.0f, acc);
+  // Keyed by the half one of the two (see kernels::AxpbyKey): half gradients add in f32 and
+  // round once.
+  kernels::axpby.Get(acc.device(), kernels::AxpbyKey(g, acc))(1.0f, g, 1.0f, acc);
 }
 
 std::vector<Tensor> AccumulateGrad::Apply(std::vector<Tensor>&& grads) {
@@ -61,7 +63,7 @@ std::vector<Tensor> AccumulateGrad::Apply(std::vector<Tensor>&& grads) {
     // Own the buffer: the incoming gradient may alias memory the graph still uses.
     g = incoming.Detach().Clone();
   } else {
-    kernels::axpby.Get(g.device())(1.0f, incoming, 1.0f, g);
+    kernels::axpby.Get(g.device(), kernels::AxpbyKey(incoming, g))(1.0f, incoming, 1.0f, g);
   }
   var.set_grad(g);
   // Copy: a hook may remove itself.
@@ -124,14 +126,22 @@ namespace {
 // Per-output metadata needed to make zero gradients for outputs that got none.
 class RecordedNode final : public Node {
  public:
-  RecordedNode(std::string name, BackwardFn bw, std::vector<std::pair<Shape, Device>> outs)
+  struct OutputMeta {
+    Shape shape;
+    DType dtype;
+    Device device;
+  };
+  RecordedNode(std::string name, BackwardFn bw, std::vector<OutputMeta> outs)
       : name_(std::move(name)), backward_(std::move(bw)), outs_(std::move(outs)) {}
   std::vector<Tensor> Apply(std::vector<Tensor>&& grads) override {
     BRAID_CHECK(backward_ != nullptr)
         << "backward through '" << name_
         << "' a second time: its saved tensors were freed (use retain_graph=true)";
     for (size_t i = 0; i < grads.size(); ++i) {
-      if (!grads[i].defined()) grads[i] = Tensor::Zeros(outs_[i].first, DType::kF32, outs_[i].second);
+      // A gradient has its output's dtype (a half op's backward expects half gradients).
+      if (!grads[i].defined()) {
+        grads[i] = Tensor::Zeros(outs_[i].shape, outs_[i].dtype, outs_[i].device);
+      }
     }
     std::vector<Tensor> r = backward_(grads);
     BRAID_CHECK(r.size() == next_edges.size())
@@ -145,7 +155,7 @@ class RecordedNode final : public Node {
  private:
   std::string name_;
   BackwardFn backward_;
-  std::vector<std::pair<Shape, Device>> outs_;
+  std::vector<OutputMeta> outs_;
 };
 }  // namespace
 
@@ -155,8 +165,8 @@ bool RecordFunction(const std::string& name, const std::vector<Tensor>& inputs,
   bool any = false;
   for (const Tensor& t : inputs) any = any || (t.defined() && t.requires_grad());
   if (!any) return false;
-  std::vector<std::pair<Shape, Device>> outs;
-  for (Tensor* o : outputs) outs.emplace_back(o->shape(), o->device());
+  std::vector<RecordedNode::OutputMeta> outs;
+  for (Tensor* o : outputs) outs.push_back({o->shape(), o->dtype(), o->device()});
   auto node = std::make_shared<RecordedNode>(name, std::move(backward), std::move(outs));
   node->num_outputs = int(outputs.size());
   node->next_edges.reserve(inputs.size());
@@ -235,9 +245,12 @@ void Backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     if (!g.defined()) {
       BRAID_CHECK(r.numel() == 1) << "backward from non-scalar " << r.DescribeForError()
                                   << " needs an explicit gradient";
-      g = Tensor::Full(r.shape(), 1.0f, DType::kF32, r.device());
+      g = Tensor::Full(r.shape(), 1.0f, r.dtype(), r.device());
     }
     CheckSameShape("backward seed", r, g);
+    // A gradient has its tensor's dtype: a seed given in another one (an f32 vector for a half
+    // output) is converted once here rather than refused.
+    if (g.dtype() != r.dtype()) g = g.To(r.dtype());
     root_edges.push_back(GradientEdge(r));
     root_grads.push_back(g);
   }
@@ -273,7 +286,7 @@ void Backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       slot = g;
     } else {
       Tensor sum = slot.Clone();
-      kernels::axpby.Get(sum.device())(1.0f, g, 1.0f, sum);
+      kernels::axpby.Get(sum.device(), kernels::AxpbyKey(g, sum))(1.0f, g, 1.0f, sum);
       slot = sum;
     }
   };

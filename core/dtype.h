@@ -11,6 +11,7 @@
 namespace braid {
 
 enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kI64, kU8, kI8 };
+inline constexpr int kNumDTypes = int(DType::kI8) + 1;
 
 size_t SizeOf(DType t);
 const char* DTypeName(DType t);  // "f32", "bf16", ...

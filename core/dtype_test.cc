@@ -223,5 +223,67 @@ TEST(DTypeTest, SpecialValues) {
   EXPECT_EQ(FloatToBF16(std::numeric_limits<float>::denorm_min()), 0x0000);  // tie to even 0
 }
 
+// NaNs of every kind, both signs: quiet and signalling (quiet bit clear), payloads only in the
+// high bits, only in the bits bf16 drops, or everywhere. bf16 keeps the sign and the top of the
+// payload and sets the quiet bit (so a payload living only in the low 16 bits cannot turn into
+// infinity); f16 gives the canonical quiet NaN with the sign.
+TEST(DTypeTest, EveryKindOfNaN) {
+  for (uint32_t sign : {0u, 0x80000000u}) {
+    for (uint32_t payload : {0x400000u, 0x000001u, 0x200000u, 0x00ffffu, 0x7fffffu, 0x3f0000u,
+                             0x010000u, 0x408000u}) {
+      const uint32_t bits = sign | 0x7f800000u | payload;
+      const float f = FromBits(bits);
+      ASSERT_TRUE(std::isnan(f));
+      EXPECT_EQ(FloatToBF16(f), uint16_t((bits >> 16) | 0x40u)) << std::hex << bits;
+      EXPECT_EQ(FloatToF16(f), uint16_t((sign >> 16) | 0x7e00u)) << std::hex << bits;
+    }
+  }
+}
+
+// The float32 classes swept by stride against the search reference, both signs: f32
+// subnormals (below both formats' normal range for f16, inside bf16's), f16 subnormals, the
+// normals around 1, and the bands just below each format's overflow boundary.
+TEST(DTypeTest, FloatClassesAgainstSearch) {
+  struct Band {
+    const char* name;
+    uint32_t lo, hi, stride;
+  };
+  const Band bands[] = {
+      {"f32 subnormals", 0x00000001u, 0x007fffffu, 997},
+      {"f16 subnormals and the first normals", 0x33000000u, 0x38ffffffu, 1009},
+      {"normals around 1", 0x3f000000u, 0x40000000u, 997},
+      {"below bf16 overflow", 0x7f7f0000u, 0x7f7fffffu, 7},
+      {"below f16 overflow", 0x477f0000u, 0x4780ffffu, 3},
+      {"huge and infinite", 0x7f000000u, 0x7f800000u, 4099},
+  };
+  for (const Band& b : bands) {
+    for (uint64_t u = b.lo; u <= b.hi; u += b.stride) {
+      for (uint32_t sign : {0u, 0x80000000u}) {
+        const float f = FromBits(uint32_t(u) | sign);
+        ASSERT_EQ(FloatToBF16(f), EncodeBySearch(f, kBF16)) << b.name << " " << std::hex << u;
+        ASSERT_EQ(FloatToF16(f), EncodeBySearch(f, kF16)) << b.name << " " << std::hex << u;
+      }
+    }
+    // The band's last pattern too (the stride may step over it).
+    const float last = FromBits(b.hi);
+    ASSERT_EQ(FloatToBF16(last), EncodeBySearch(last, kBF16)) << b.name;
+    ASSERT_EQ(FloatToF16(last), EncodeBySearch(last, kF16)) << b.name;
+  }
+  // bf16's overflow boundary: the midpoint between its largest finite value (0x7f7f) and 2^128
+  // is a tie that goes to the even pattern, infinity; one f32 step below stays finite.
+  const float bf16_mid = FromBits(0x7f7f8000u);
+  EXPECT_EQ(FloatToBF16(bf16_mid), 0x7f80);
+  EXPECT_EQ(FloatToBF16(std::nextafter(bf16_mid, 0.0f)), 0x7f7f);
+  EXPECT_EQ(FloatToBF16(-bf16_mid), 0xff80);
+  // f16's: 65520 is the midpoint between 65504 (0x7bff) and 2^16.
+  EXPECT_EQ(FloatToF16(-65520.0f), 0xfc00);
+  EXPECT_EQ(FloatToF16(std::nextafter(-65520.0f, 0.0f)), 0xfbff);
+  // Signed zeros and f32 subnormals below f16's range keep their sign.
+  EXPECT_EQ(FloatToF16(-std::numeric_limits<float>::denorm_min()), 0x8000);
+  EXPECT_EQ(FloatToBF16(-std::numeric_limits<float>::denorm_min()), 0x8000);
+  EXPECT_EQ(FloatToF16(0.0f), 0x0000);
+  EXPECT_EQ(FloatToBF16(0.0f), 0x0000);
+}
+
 }  // namespace
 }  // namespace braid

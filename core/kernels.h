@@ -3,7 +3,7 @@
 // Each slot is one op with a fixed C++ signature; a backend fills the slot for its device type
 // (backends/cpu for kCPU, backends/cuda for kCUDA) from a static initialiser. Tensors passed in
 // are contiguous, already shape-checked by the caller, and outputs are preallocated on the same
-// device. Unless stated, kernels work on f32.
+// device. The slots are keyed by (device type, dtype): see KernelSlot.
 #ifndef BRAID_CORE_KERNELS_H_
 #define BRAID_CORE_KERNELS_H_
 
@@ -12,31 +12,72 @@
 
 namespace braid::kernels {
 
+// One slot: a kernel per (device type, dtype). The dtype is the op's floating dtype (every
+// floating operand of an op has it, see core/ops.h); where a slot's operands mix dtypes on
+// purpose (LayerNorm's f32 mean/rstd, CrossEntropy's f32 losses and probabilities, axpby into
+// an f32 accumulator) the slot's comment says which one keys it. The table is open: a backend or
+// a plugin may register a kernel for any dtype, and Register replaces what was there (so a test
+// can swap a kernel in and put the old one back).
 template <typename Fn>
 class KernelSlot {
  public:
+  using FnType = Fn;
   explicit constexpr KernelSlot(const char* name) : name_(name) {}
-  void Register(DeviceType type, Fn* fn) { fns_[int(type)] = fn; }
-  Fn* Find(DeviceType type) const { return fns_[int(type)]; }
-  Fn* Get(Device device) const {
-    Fn* f = fns_[int(device.type)];
-    BRAID_CHECK(f != nullptr) << "no kernel '" << name_ << "' for " << device
-                              << ": link the backend for this device type into the program";
+  // The f32 kernel (what every backend registered before kernels were keyed by dtype).
+  void Register(DeviceType type, Fn* fn) { Register(type, DType::kF32, fn); }
+  void Register(DeviceType type, DType dtype, Fn* fn) { fns_[int(type)][int(dtype)] = fn; }
+  Fn* Find(DeviceType type, DType dtype = DType::kF32) const {
+    return fns_[int(type)][int(dtype)];
+  }
+  Fn* Get(Device device, DType dtype = DType::kF32) const {
+    Fn* f = fns_[int(device.type)][int(dtype)];
+    if (__builtin_expect(f == nullptr, 0)) FailMissing(device, dtype);
     return f;
   }
   const char* name() const { return name_; }
 
  private:
+  [[noreturn]] void FailMissing(Device device, DType dtype) const {
+    const bool has_f32 = fns_[int(device.type)][int(DType::kF32)] != nullptr;
+    BRAID_CHECK(false) << "no kernel '" << name_ << "' for dtype " << DTypeName(dtype) << " on "
+                       << device << ": "
+                       << (has_f32 ? "this device has only other dtypes' kernels; register one "
+                                     "with BRAID_REGISTER_KERNEL_FOR_DTYPE(kernels::"
+                                   : "link the backend for this device type into the program, "
+                                     "or register one with BRAID_REGISTER_KERNEL_FOR_DTYPE(kernels::")
+                       << name_ << ", type, " << DTypeName(dtype) << ", fn)"
+                       << (has_f32 && dtype != DType::kF32
+                               ? " or call kernels::RegisterHalfFallbacks(type) for the up-cast "
+                                 "wrappers around the f32 kernel"
+                               : "");
+    __builtin_unreachable();
+  }
   const char* name_;
-  Fn* fns_[kNumDeviceTypes] = {};
+  Fn* fns_[kNumDeviceTypes][kNumDTypes] = {};
 };
 
-// Registers `fn` for `type` in `slot` at static-initialisation time (alwayslink the library).
+// Registers `fn` as `slot`'s f32 kernel for `type` at static-initialisation time (alwayslink
+// the library).
 #define BRAID_REGISTER_KERNEL(slot, type, fn) \
   static const bool BRAID_CONCAT(_braid_kernel_reg_, __COUNTER__) = ((slot).Register(type, fn), true)
+// The same for another dtype, e.g. (kernels::matmul, DeviceType::kCPU, DType::kBF16, &MyGemm).
+#define BRAID_REGISTER_KERNEL_FOR_DTYPE(slot, type, dtype, fn)                 \
+  static const bool BRAID_CONCAT(_braid_kernel_reg_, __COUNTER__) = \
+      ((slot).Register(type, dtype, fn), true)
+
+// For every slot of `type` that has no bf16 or f16 kernel yet, registers a wrapper that up-casts
+// the half operands to f32 (the copy kernel), runs the slot's f32 kernel and rounds each half
+// output once (the copy kernel again; an output is up-cast first too, so accumulating kernels
+// add into its f32 value and round once). The f32 kernel is looked up at each call, so the
+// order of registration does not matter. copy and fill are dtype-generic already, adamw and sgd
+// stay f32-only (master weights are f32), so those four are left alone. A backend calls this
+// for the slots it does not specialise; core's tests call it to run half ops on the reference
+// kernels.
+void RegisterHalfFallbacks(DeviceType type);
 
 // ---- Memory -------------------------------------------------------------------------------
 // dst = src, same numel; converts between f32/bf16/f16 (and copies any dtype to itself).
+// copy and fill are dtype-generic: registered and looked up under the f32 key.
 using CopyFn = void(const Tensor& src, Tensor& dst);
 extern KernelSlot<CopyFn> copy;
 using FillFn = void(Tensor& dst, float value);  // any dtype
@@ -57,12 +98,17 @@ extern KernelSlot<UnaryFn> unary;
 using UnaryBackwardFn = void(UnaryOp op, const Tensor& a, const Tensor& grad_out, Tensor& grad_in);
 extern KernelSlot<UnaryBackwardFn> unary_backward;
 
-// y = alpha * x + beta * y, same numel.
+// y = alpha * x + beta * y, same numel, computed in f32 and rounded once into y. x and y may
+// differ in dtype (a half gradient into an f32 accumulator, or the reverse): the kernel keyed by
+// whichever of them is not f32 runs (see AxpbyKey), so half kernels take an f32 x or y too.
 using AxpbyFn = void(float alpha, const Tensor& x, float beta, Tensor& y);
 extern KernelSlot<AxpbyFn> axpby;
+inline DType AxpbyKey(const Tensor& x, const Tensor& y) {
+  return y.dtype() != DType::kF32 ? y.dtype() : x.dtype();
+}
 
 // ---- Reductions ---------------------------------------------------------------------------
-// out[0] = sum of all elements of a (out is a 1-element f32 tensor).
+// out[0] = sum of all elements of a (out is a 1-element tensor of a's dtype).
 using SumAllFn = void(const Tensor& a, Tensor& out);
 extern KernelSlot<SumAllFn> sum_all;
 // a viewed as [rows, cols] with cols = out.numel(): out = beta * out + sum over rows.
@@ -77,7 +123,8 @@ using MatmulFn = void(const Tensor& a, const Tensor& b, Tensor& out, bool trans_
 extern KernelSlot<MatmulFn> matmul;
 
 // ---- Fused neural-network ops --------------------------------------------------------------
-// x: [N, C]; weight, bias: [C]; out: [N, C]; mean, rstd: [N] (saved for backward).
+// x: [N, C]; weight, bias: [C]; out: [N, C]; mean, rstd: [N] f32 whatever x's dtype (saved
+// for backward).
 using LayerNormFwdFn = void(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                             Tensor& out, Tensor& mean, Tensor& rstd);
 extern KernelSlot<LayerNormFwdFn> layernorm_forward;
@@ -94,12 +141,15 @@ extern KernelSlot<SoftmaxFwdFn> softmax_forward;
 using SoftmaxBwdFn = void(const Tensor& y, const Tensor& dy, Tensor& dx);
 extern KernelSlot<SoftmaxBwdFn> softmax_backward;
 
-// logits: [N, V] f32, targets: [N] i32 (a target < 0 is ignored). losses: [N] (0 where
-// ignored); probs: [N, V] softmax, kept for backward.
+// logits: [N, V] (the slot's dtype), targets: [N] i32 (a target < 0 is ignored). losses: [N]
+// f32 (0 where ignored); probs: [N, V] softmax, f32 whatever the logits' dtype, kept for
+// backward: dlogits = probs - 1 at the target cancels, and a half probability of 0.999 rounds to
+// 1 (bf16) and loses the whole gradient of a confident prediction.
 using CrossEntropyFwdFn = void(const Tensor& logits, const Tensor& targets, Tensor& losses,
                                Tensor& probs);
 extern KernelSlot<CrossEntropyFwdFn> cross_entropy_forward;
-// dlogits[n] = (probs[n] - onehot(targets[n])) * dloss[n]; dloss: [N].
+// dlogits[n] = (probs[n] - onehot(targets[n])) * dloss[n]; probs, dloss: f32; dlogits in the
+// slot's dtype.
 using CrossEntropyBwdFn = void(const Tensor& probs, const Tensor& targets, const Tensor& dloss,
                                Tensor& dlogits);
 extern KernelSlot<CrossEntropyBwdFn> cross_entropy_backward;
@@ -113,14 +163,16 @@ extern KernelSlot<EmbeddingBwdFn> embedding_backward;
 
 // Causal multi-head self-attention. qkv: [B, T, 3C] (q, then k, then v; head h owns features
 // h*D .. h*D+D-1 of each, D = C / n_head); out: [B, T, C]; att: [B, n_head, T, T] softmax
-// probabilities (upper triangle zero), kept for backward. Scale 1/sqrt(D).
+// probabilities (upper triangle zero), kept for backward, in qkv's dtype (half of the memory of
+// f32 for half inputs: att is the largest activation; its rounding is relative, no cancellation
+// follows in backward). Scale 1/sqrt(D).
 using AttentionFwdFn = void(const Tensor& qkv, int n_head, Tensor& out, Tensor& att);
 extern KernelSlot<AttentionFwdFn> attention_forward;
 using AttentionBwdFn = void(const Tensor& dout, const Tensor& qkv, const Tensor& att, int n_head,
                             Tensor& dqkv);
 extern KernelSlot<AttentionBwdFn> attention_backward;
 
-// ---- Optimizer updates (in place, f32) -----------------------------------------------------
+// ---- Optimizer updates (in place, f32 only: mixed precision keeps f32 master weights) ------
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;
   int64_t step;  // 1-based, for bias correction

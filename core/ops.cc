@@ -21,8 +21,19 @@ void CheckSameDevice(const char* op, const Tensor& a, const Tensor& b) {
                                         << a.DescribeForError() << " and " << b.DescribeForError();
 }
 
-void CheckF32(const char* op, const Tensor& a) {
-  BRAID_CHECK(a.dtype() == DType::kF32) << op << " needs f32, got " << a.DescribeForError();
+// Ops compute in f32, bf16 or f16: a half op's kernel computes in f32 and rounds once.
+void CheckFloat(const char* op, const Tensor& a) {
+  BRAID_CHECK(a.dtype() == DType::kF32 || a.dtype() == DType::kBF16 || a.dtype() == DType::kF16)
+      << op << " needs f32, bf16 or f16, got " << a.DescribeForError();
+}
+
+// All floating operands of one op share a dtype: silently promoting would hide where a model
+// meant to compute in half precision and did not (and double the memory). Callers convert
+// explicitly with Cast.
+void CheckSameDType(const char* op, const Tensor& a, const Tensor& b) {
+  BRAID_CHECK(a.dtype() == b.dtype())
+      << op << ": operands have different dtypes: " << a.DescribeForError() << " and "
+      << b.DescribeForError() << " (convert one with ops::Cast)";
 }
 
 bool IsRowBroadcast(const Tensor& a, const Tensor& b) {
@@ -35,14 +46,14 @@ bool IsRowBroadcast(const Tensor& a, const Tensor& b) {
 
 Tensor Binary(const char* name, BinaryOp op, const Tensor& a, const Tensor& b) {
   CheckSameDevice(name, a, b);
-  CheckF32(name, a);
-  CheckF32(name, b);
+  CheckFloat(name, a);
+  CheckSameDType(name, a, b);
   bool same = a.shape() == b.shape();
   BRAID_CHECK(same || (op != BinaryOp::kMul && op != BinaryOp::kDiv && IsRowBroadcast(a, b)))
       << name << ": shapes do not match: " << a.DescribeForError() << " and "
       << b.DescribeForError() << " (b must have a's shape, or be a's trailing dimensions)";
   Tensor out = EmptyLike(a);
-  kernels::binary.Get(a.device())(op, a, b, out);
+  kernels::binary.Get(a.device(), a.dtype())(op, a, b, out);
   SavedTensor sa, sb;
   if (op == BinaryOp::kMul) {
     sa = SavedTensor(a);
@@ -55,20 +66,21 @@ Tensor Binary(const char* name, BinaryOp op, const Tensor& a, const Tensor& b) {
     if (op == BinaryOp::kMul) {
       ga = EmptyLike(go);
       gb = EmptyLike(go);
-      kernels::binary.Get(go.device())(BinaryOp::kMul, go, sb.Get(), ga);
-      kernels::binary.Get(go.device())(BinaryOp::kMul, go, sa.Get(), gb);
+      auto mul = kernels::binary.Get(go.device(), go.dtype());
+      mul(BinaryOp::kMul, go, sb.Get(), ga);
+      mul(BinaryOp::kMul, go, sa.Get(), gb);
       return std::vector<Tensor>{ga, gb};
     }
     ga = go;
     if (same) {
       gb = go;
     } else {
-      gb = Tensor::Empty(bshape, DType::kF32, go.device());
-      kernels::sum_rows.Get(go.device())(go, gb, 0.0f);
+      gb = Tensor::Empty(bshape, go.dtype(), go.device());
+      kernels::sum_rows.Get(go.device(), go.dtype())(go, gb, 0.0f);
     }
     if (op == BinaryOp::kSub) {
       Tensor neg = EmptyLike(gb);
-      kernels::unary.Get(go.device())(UnaryOp::kScale, gb, -1.0f, neg);
+      kernels::unary.Get(go.device(), gb.dtype())(UnaryOp::kScale, gb, -1.0f, neg);
       gb = neg;
     }
     return std::vector<Tensor>{ga, gb};
@@ -78,14 +90,14 @@ Tensor Binary(const char* name, BinaryOp op, const Tensor& a, const Tensor& b) {
 
 // Unary ops whose derivative the unary_backward kernel knows from the input.
 Tensor Unary(const char* name, UnaryOp op, const Tensor& a) {
-  CheckF32(name, a);
+  CheckFloat(name, a);
   Tensor out = EmptyLike(a);
-  kernels::unary.Get(a.device())(op, a, 0.0f, out);
+  kernels::unary.Get(a.device(), a.dtype())(op, a, 0.0f, out);
   SavedTensor sa(a);
   RecordFunction(name, {a}, {&out}, [op, sa](const std::vector<Tensor>& g) {
     Tensor x = sa.Get();
     Tensor gi = EmptyLike(x);
-    kernels::unary_backward.Get(x.device())(op, x, g[0], gi);
+    kernels::unary_backward.Get(x.device(), x.dtype())(op, x, g[0], gi);
     return std::vector<Tensor>{gi};
   });
   return out;
@@ -98,12 +110,12 @@ Tensor Sub(const Tensor& a, const Tensor& b) { return Binary("Sub", BinaryOp::kS
 Tensor Mul(const Tensor& a, const Tensor& b) { return Binary("Mul", BinaryOp::kMul, a, b); }
 
 Tensor Scale(const Tensor& a, float s) {
-  CheckF32("Scale", a);
+  CheckFloat("Scale", a);
   Tensor out = EmptyLike(a);
-  kernels::unary.Get(a.device())(UnaryOp::kScale, a, s, out);
+  kernels::unary.Get(a.device(), a.dtype())(UnaryOp::kScale, a, s, out);
   RecordFunction("Scale", {a}, {&out}, [s](const std::vector<Tensor>& g) {
     Tensor gi = EmptyLike(g[0]);
-    kernels::unary.Get(gi.device())(UnaryOp::kScale, g[0], s, gi);
+    kernels::unary.Get(gi.device(), gi.dtype())(UnaryOp::kScale, g[0], s, gi);
     return std::vector<Tensor>{gi};
   });
   return out;
@@ -116,15 +128,17 @@ Tensor Exp(const Tensor& a) { return Unary("Exp", UnaryOp::kExp, a); }
 Tensor Log(const Tensor& a) { return Unary("Log", UnaryOp::kLog, a); }
 
 Tensor Sum(const Tensor& a) {
-  CheckF32("Sum", a);
-  Tensor out = Tensor::Empty({}, DType::kF32, a.device());
-  kernels::sum_all.Get(a.device())(a, out);
+  CheckFloat("Sum", a);
+  // The sum keeps a's dtype (accumulated in f32 by the kernel, rounded once).
+  Tensor out = Tensor::Empty({}, a.dtype(), a.device());
+  kernels::sum_all.Get(a.device(), a.dtype())(a, out);
   Shape shape = a.shape();
   RecordFunction("Sum", {a}, {&out}, [shape](const std::vector<Tensor>& g) {
-    Tensor gi = Tensor::Empty(shape, DType::kF32, g[0].device());
-    Tensor zero = Tensor::Zeros(shape, DType::kF32, g[0].device());
+    const DType dt = g[0].dtype();
+    Tensor gi = Tensor::Empty(shape, dt, g[0].device());
+    Tensor zero = Tensor::Zeros(shape, dt, g[0].device());
     // Broadcast the scalar gradient: zeros + g (as a 1-element row vector).
-    kernels::binary.Get(gi.device())(BinaryOp::kAdd, zero, g[0].Reshape({1}), gi);
+    kernels::binary.Get(gi.device(), dt)(BinaryOp::kAdd, zero, g[0].Reshape({1}), gi);
     return std::vector<Tensor>{gi};
   });
   return out;
@@ -137,8 +151,8 @@ Tensor Mean(const Tensor& a) {
 
 Tensor MatMul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   CheckSameDevice("MatMul", a, b);
-  CheckF32("MatMul", a);
-  CheckF32("MatMul", b);
+  CheckFloat("MatMul", a);
+  CheckSameDType("MatMul", a, b);
   BRAID_CHECK((a.ndim() == 2 && b.ndim() == 2) ||
               (a.ndim() == 3 && b.ndim() == 3 && a.size(0) == b.size(0)))
       << "MatMul wants 2-D @ 2-D or batched 3-D @ 3-D, got " << a.DescribeForError() << " and "
@@ -151,14 +165,14 @@ Tensor MatMul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
                         << a.DescribeForError() << (trans_a ? "ᵀ" : "") << " @ "
                         << b.DescribeForError() << (trans_b ? "ᵀ" : "");
   Shape os = a.ndim() == 3 ? Shape{a.size(0), m, n} : Shape{m, n};
-  Tensor out = Tensor::Empty(os, DType::kF32, a.device());
-  kernels::matmul.Get(a.device())(a, b, out, trans_a, trans_b, 1.0f, 0.0f);
+  Tensor out = Tensor::Empty(os, a.dtype(), a.device());
+  kernels::matmul.Get(a.device(), a.dtype())(a, b, out, trans_a, trans_b, 1.0f, 0.0f);
   SavedTensor sa(a), sb(b);
   RecordFunction("MatMul", {a, b}, {&out},
                  [sa, sb, trans_a, trans_b](const std::vector<Tensor>& g) {
                    Tensor A = sa.Get(), B = sb.Get();
                    const Tensor& G = g[0];
-                   auto mm = kernels::matmul.Get(G.device());
+                   auto mm = kernels::matmul.Get(G.device(), G.dtype());
                    Tensor ga = EmptyLike(A), gb = EmptyLike(B);
                    // C = op(A) op(B); dop(A) = G op(B)ᵀ; dop(B) = op(A)ᵀ G.
                    if (!trans_a) mm(G, B, ga, false, !trans_b, 1.0f, 0.0f);
@@ -172,7 +186,8 @@ Tensor MatMul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
 
 Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   CheckSameDevice("Linear", x, weight);
-  CheckF32("Linear", x);
+  CheckFloat("Linear", x);
+  CheckSameDType("Linear", x, weight);
   BRAID_CHECK(weight.ndim() == 2 && x.ndim() >= 1 && x.size(-1) == weight.size(1))
       << "Linear: input " << x.DescribeForError() << " does not fit weight "
       << weight.DescribeForError() << " (weight is [out, in]; input's last dimension must be in)";
@@ -181,15 +196,16 @@ Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     BRAID_CHECK(bias.ndim() == 1 && bias.size(0) == out_f)
         << "Linear: bias " << bias.DescribeForError() << " does not fit weight "
         << weight.DescribeForError();
+    CheckSameDType("Linear", x, bias);
   }
   int64_t rows = x.numel() / in_f;
   Shape os = x.shape();
   os.back() = out_f;
-  Tensor out = Tensor::Empty(os, DType::kF32, x.device());
+  Tensor out = Tensor::Empty(os, x.dtype(), x.device());
   Tensor x2 = x.Detach().Reshape({rows, in_f});
   Tensor o2 = out.Detach().Reshape({rows, out_f});
-  kernels::matmul.Get(x.device())(x2, weight, o2, false, true, 1.0f, 0.0f);
-  if (bias.defined()) kernels::binary.Get(x.device())(BinaryOp::kAdd, o2, bias, o2);
+  kernels::matmul.Get(x.device(), x.dtype())(x2, weight, o2, false, true, 1.0f, 0.0f);
+  if (bias.defined()) kernels::binary.Get(x.device(), x.dtype())(BinaryOp::kAdd, o2, bias, o2);
   SavedTensor sx(x), sw(weight);
   bool has_bias = bias.defined();
   std::vector<Tensor> inputs = {x, weight};
@@ -198,7 +214,7 @@ Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                  [sx, sw, has_bias, rows, in_f, out_f](const std::vector<Tensor>& g) {
                    Tensor X = sx.Get(), W = sw.Get();
                    Tensor G = g[0].Reshape({rows, out_f});
-                   auto mm = kernels::matmul.Get(G.device());
+                   auto mm = kernels::matmul.Get(G.device(), G.dtype());
                    Tensor gx = EmptyLike(X);
                    Tensor gx2 = gx.Reshape({rows, in_f});
                    mm(G, W, gx2, false, false, 1.0f, 0.0f);       // dX = dY W
@@ -206,8 +222,8 @@ Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                    mm(G, X.Reshape({rows, in_f}), gw, true, false, 1.0f, 0.0f);  // dW = dYᵀ X
                    std::vector<Tensor> r = {gx, gw};
                    if (has_bias) {
-                     Tensor gb = Tensor::Empty({out_f}, DType::kF32, G.device());
-                     kernels::sum_rows.Get(G.device())(G, gb, 0.0f);
+                     Tensor gb = Tensor::Empty({out_f}, G.dtype(), G.device());
+                     kernels::sum_rows.Get(G.device(), G.dtype())(G, gb, 0.0f);
                      r.push_back(gb);
                    }
                    return r;
@@ -216,26 +232,30 @@ Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }
 
 Tensor LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps) {
-  CheckF32("LayerNorm", x);
+  CheckFloat("LayerNorm", x);
   int64_t c = x.size(-1);
   BRAID_CHECK(weight.ndim() == 1 && weight.size(0) == c && bias.defined() && bias.shape() == weight.shape())
       << "LayerNorm: weight " << weight.DescribeForError() << " and bias "
       << bias.DescribeForError() << " must both be [" << c << "] for input " << x.DescribeForError();
+  CheckSameDType("LayerNorm", x, weight);
+  CheckSameDType("LayerNorm", x, bias);
   int64_t n = x.numel() / c;
   Tensor out = EmptyLike(x);
+  // mean and rstd stay f32 whatever x's dtype: they are per row (small) and rstd rounded to
+  // half would scale every element of the row's gradient by the same rounding error.
   Tensor mean = Tensor::Empty({n}, DType::kF32, x.device());
   Tensor rstd = Tensor::Empty({n}, DType::kF32, x.device());
   Tensor x2 = x.Detach().Reshape({n, c}), o2 = out.Detach().Reshape({n, c});
-  kernels::layernorm_forward.Get(x.device())(x2, weight, bias, eps, o2, mean, rstd);
+  kernels::layernorm_forward.Get(x.device(), x.dtype())(x2, weight, bias, eps, o2, mean, rstd);
   SavedTensor sx(x), sw(weight), sm(mean), sr(rstd);
   RecordFunction("LayerNorm", {x, weight, bias}, {&out},
                  [sx, sw, sm, sr, n, c](const std::vector<Tensor>& g) {
                    Tensor X = sx.Get(), W = sw.Get();
                    Tensor dx = EmptyLike(X);
-                   Tensor dw = Tensor::Zeros({c}, DType::kF32, X.device());
-                   Tensor db = Tensor::Zeros({c}, DType::kF32, X.device());
+                   Tensor dw = Tensor::Zeros({c}, W.dtype(), X.device());
+                   Tensor db = Tensor::Zeros({c}, W.dtype(), X.device());
                    Tensor dx2 = dx.Reshape({n, c});
-                   kernels::layernorm_backward.Get(X.device())(g[0].Reshape({n, c}),
+                   kernels::layernorm_backward.Get(X.device(), X.dtype())(g[0].Reshape({n, c}),
                                                                X.Reshape({n, c}), W, sm.Get(),
                                                                sr.Get(), dx2, dw, db);
                    return std::vector<Tensor>{dx, dw, db};
@@ -244,24 +264,24 @@ Tensor LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, floa
 }
 
 Tensor Softmax(const Tensor& x) {
-  CheckF32("Softmax", x);
+  CheckFloat("Softmax", x);
   int64_t c = x.size(-1), n = x.numel() / c;
   Tensor out = EmptyLike(x);
   Tensor o2 = out.Detach().Reshape({n, c});
-  kernels::softmax_forward.Get(x.device())(x.Detach().Reshape({n, c}), o2);
+  kernels::softmax_forward.Get(x.device(), x.dtype())(x.Detach().Reshape({n, c}), o2);
   SavedTensor sy(out);
   RecordFunction("Softmax", {x}, {&out}, [sy, n, c](const std::vector<Tensor>& g) {
     Tensor y = sy.Get();
     Tensor dx = EmptyLike(y);
     Tensor dx2 = dx.Reshape({n, c});
-    kernels::softmax_backward.Get(y.device())(y.Reshape({n, c}), g[0].Reshape({n, c}), dx2);
+    kernels::softmax_backward.Get(y.device(), y.dtype())(y.Reshape({n, c}), g[0].Reshape({n, c}), dx2);
     return std::vector<Tensor>{dx};
   });
   return out;
 }
 
 Tensor Embedding(const Tensor& weight, const Tensor& ids) {
-  CheckF32("Embedding", weight);
+  CheckFloat("Embedding", weight);
   BRAID_CHECK(weight.ndim() == 2 && ids.dtype() == DType::kI32)
       << "Embedding wants weight [V, C] and i32 ids, got " << weight.DescribeForError() << " and "
       << ids.DescribeForError();
@@ -269,31 +289,35 @@ Tensor Embedding(const Tensor& weight, const Tensor& ids) {
   int64_t c = weight.size(1), n = ids.numel();
   Shape os = ids.shape();
   os.push_back(c);
-  Tensor out = Tensor::Empty(os, DType::kF32, weight.device());
+  const DType dt = weight.dtype();
+  Tensor out = Tensor::Empty(os, dt, weight.device());
   Tensor o2 = out.Detach().Reshape({n, c});
   Tensor flat_ids = ids.Detach().Reshape({n});
-  kernels::embedding_forward.Get(weight.device())(weight, flat_ids, o2);
+  kernels::embedding_forward.Get(weight.device(), dt)(weight, flat_ids, o2);
   Shape wshape = weight.shape();
   RecordFunction("Embedding", {weight}, {&out},
-                 [flat_ids, wshape, n, c](const std::vector<Tensor>& g) {
-                   Tensor dw = Tensor::Zeros(wshape, DType::kF32, g[0].device());
-                   kernels::embedding_backward.Get(dw.device())(g[0].Reshape({n, c}), flat_ids, dw);
+                 [flat_ids, wshape, n, c, dt](const std::vector<Tensor>& g) {
+                   Tensor dw = Tensor::Zeros(wshape, dt, g[0].device());
+                   kernels::embedding_backward.Get(dw.device(), dt)(g[0].Reshape({n, c}), flat_ids, dw);
                    return std::vector<Tensor>{dw};
                  });
   return out;
 }
 
 Tensor CrossEntropy(const Tensor& logits, const Tensor& targets) {
-  CheckF32("CrossEntropy", logits);
+  CheckFloat("CrossEntropy", logits);
+  const DType dt = logits.dtype();
   int64_t v = logits.size(-1), n = logits.numel() / v;
   BRAID_CHECK(targets.dtype() == DType::kI32 && targets.numel() == n)
       << "CrossEntropy: targets " << targets.DescribeForError() << " must be i32 with one entry "
       << "per row of logits " << logits.DescribeForError();
   CheckSameDevice("CrossEntropy", logits, targets);
+  // The loss and the saved probabilities are f32 for any logits dtype: the loss is what training
+  // reports and loss scaling multiplies, and probs - onehot cancels (see kernels.h).
   Tensor losses = Tensor::Empty({n}, DType::kF32, logits.device());
   Tensor probs = Tensor::Empty({n, v}, DType::kF32, logits.device());
   Tensor t = targets.Detach().Reshape({n});
-  kernels::cross_entropy_forward.Get(logits.device())(logits.Detach().Reshape({n, v}), t, losses, probs);
+  kernels::cross_entropy_forward.Get(logits.device(), dt)(logits.Detach().Reshape({n, v}), t, losses, probs);
   // Mean over the positions that count (target >= 0).
   int64_t counted = 0;
   {
@@ -307,37 +331,69 @@ Tensor CrossEntropy(const Tensor& logits, const Tensor& targets) {
   Shape lshape = logits.shape();
   SavedTensor sp(probs);
   RecordFunction("CrossEntropy", {logits}, {&out},
-                 [sp, t, inv, n, v, lshape](const std::vector<Tensor>& g) {
+                 [sp, t, inv, n, v, lshape, dt](const std::vector<Tensor>& g) {
                    Tensor P = sp.Get();
                    // Every row's loss gets d(mean)/d(loss_n) = g / counted.
                    Tensor dloss = Tensor::Empty({n}, DType::kF32, P.device());
                    float gs = g[0].item() * inv;
                    dloss.Fill(gs);
-                   Tensor dl = Tensor::Empty(lshape, DType::kF32, P.device());
+                   Tensor dl = Tensor::Empty(lshape, dt, P.device());
                    Tensor dl2 = dl.Reshape({n, v});
-                   kernels::cross_entropy_backward.Get(P.device())(P, t, dloss, dl2);
+                   kernels::cross_entropy_backward.Get(P.device(), dt)(P, t, dloss, dl2);
                    return std::vector<Tensor>{dl};
                  });
   return out;
 }
 
 Tensor CausalSelfAttention(const Tensor& qkv, int n_head) {
-  CheckF32("CausalSelfAttention", qkv);
+  CheckFloat("CausalSelfAttention", qkv);
   BRAID_CHECK(qkv.ndim() == 3 && qkv.size(2) % 3 == 0 && (qkv.size(2) / 3) % n_head == 0)
       << "CausalSelfAttention wants qkv [B, T, 3C] with C divisible by n_head=" << n_head
       << ", got " << qkv.DescribeForError();
   int64_t b = qkv.size(0), t = qkv.size(1), c = qkv.size(2) / 3;
-  Tensor out = Tensor::Empty({b, t, c}, DType::kF32, qkv.device());
-  Tensor att = Tensor::Empty({b, n_head, t, t}, DType::kF32, qkv.device());
-  kernels::attention_forward.Get(qkv.device())(qkv.Detach(), n_head, out, att);
+  // The saved probabilities take qkv's dtype: half the memory of f32 for half inputs (see
+  // kernels.h for why their rounding is harmless).
+  Tensor out = Tensor::Empty({b, t, c}, qkv.dtype(), qkv.device());
+  Tensor att = Tensor::Empty({b, n_head, t, t}, qkv.dtype(), qkv.device());
+  kernels::attention_forward.Get(qkv.device(), qkv.dtype())(qkv.Detach(), n_head, out, att);
   SavedTensor sq(qkv), sa(att);
   RecordFunction("CausalSelfAttention", {qkv}, {&out},
                  [sq, sa, n_head](const std::vector<Tensor>& g) {
                    Tensor Q = sq.Get();
                    Tensor dq = EmptyLike(Q);
-                   kernels::attention_backward.Get(Q.device())(g[0], Q, sa.Get(), n_head, dq);
+                   kernels::attention_backward.Get(Q.device(), Q.dtype())(g[0], Q, sa.Get(), n_head, dq);
                    return std::vector<Tensor>{dq};
                  });
+  return out;
+}
+
+Tensor Cast(const Tensor& a, DType t) {
+  BRAID_CHECK(IsFloating(a.dtype()) && IsFloating(t))
+      << "Cast converts between f32, bf16 and f16, got " << a.DescribeForError() << " to "
+      << DTypeName(t);
+  if (a.dtype() == t) return a;
+  Tensor out = Tensor::Empty(a.shape(), t, a.device());
+  kernels::copy.Get(a.device())(a.Detach(), out);
+  const DType from = a.dtype();
+  RecordFunction("Cast", {a}, {&out}, [from](const std::vector<Tensor>& g) {
+    Tensor gi = Tensor::Empty(g[0].shape(), from, g[0].device());
+    kernels::copy.Get(gi.device())(g[0], gi);
+    return std::vector<Tensor>{gi};
+  });
+  return out;
+}
+
+Tensor ScaleGrad(const Tensor& a, float s) {
+  CheckFloat("ScaleGrad", a);
+  // A copy rather than a view: the output needs its own autograd node, and a view of a would
+  // share a's history.
+  Tensor out = EmptyLike(a);
+  kernels::copy.Get(a.device())(a.Detach(), out);
+  RecordFunction("ScaleGrad", {a}, {&out}, [s](const std::vector<Tensor>& g) {
+    Tensor gi = EmptyLike(g[0]);
+    kernels::unary.Get(gi.device(), gi.dtype())(UnaryOp::kScale, g[0], s, gi);
+    return std::vector<Tensor>{gi};
+  });
   return out;
 }
 

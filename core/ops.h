@@ -1,5 +1,12 @@
 // Differentiable operations: each runs its device's kernel and records its backward.
 // Shape errors are fatal and name the op and both shapes.
+//
+// Dtypes: every op takes f32, bf16 or f16 (a half op computes in f32 and rounds its result once).
+// All floating operands of one op must share a dtype (fatal otherwise, naming both: convert
+// with Cast), and the output has it, except CrossEntropy's loss, which is f32 for any logits
+// dtype. Sum and Mean keep the input's dtype. Each backward gets the gradient of its output in
+// the output's dtype and returns each input's gradient in that input's dtype. LayerNorm keeps
+// its per-row mean/rstd in f32; CausalSelfAttention saves its probabilities in qkv's dtype.
 #ifndef BRAID_CORE_OPS_H_
 #define BRAID_CORE_OPS_H_
 
@@ -32,6 +39,14 @@ Tensor Embedding(const Tensor& weight, const Tensor& ids);
 Tensor CrossEntropy(const Tensor& logits, const Tensor& targets);
 // qkv: [B, T, 3C] -> [B, T, C], causal, scale 1/sqrt(C / n_head).
 Tensor CausalSelfAttention(const Tensor& qkv, int n_head);
+
+// Converts to `t` (returns `a` itself when it already has that dtype); backward converts the
+// gradient back to a's dtype. f32, bf16 and f16 only.
+Tensor Cast(const Tensor& a, DType t);
+// Identity forward (a copy with its own autograd node); backward multiplies the incoming
+// gradient by `s`. For loss scaling: ScaleGrad(loss, S) reports the unscaled loss while backward
+// starts from S.
+Tensor ScaleGrad(const Tensor& a, float s);
 
 }  // namespace braid::ops
 

@@ -13,9 +13,14 @@ using kernels::AdamWParams;
 using kernels::SgdParams;
 
 void CheckF32Numel(const char* kernel, const Tensor& t, int64_t n) {
-  BRAID_CHECK(t.dtype() == DType::kF32 && t.numel() == n)
-      << "cpu " << kernel << ": " << t.DescribeForError() << " should be f32 with " << n
-      << " elements";
+  // Updates stay f32: with half parameters, mixed precision keeps f32 master weights (and f32
+  // gradients for them), and the optimizer updates those, not the half copies.
+  BRAID_CHECK(t.dtype() == DType::kF32)
+      << "cpu " << kernel << ": " << t.DescribeForError() << " is not f32: optimizer updates run "
+      << "on f32 only; for bf16/f16 parameters keep f32 master weights (mixed precision) and "
+      << "update those";
+  BRAID_CHECK(t.numel() == n) << "cpu " << kernel << ": " << t.DescribeForError()
+                              << " should have " << n << " elements";
 }
 
 // AdamW with bias correction folded into two scalars:

@@ -114,5 +114,17 @@ TEST_P(OptimizerTest, ThreadCountIndependent) {
 INSTANTIATE_TEST_SUITE_P(Configs, OptimizerTest, ::testing::ValuesIn(testing::AllConfigs()),
                          testing::ConfigName);
 
+// Optimizer updates stay f32 (master weights): a half parameter is refused with the reason, and
+// no half kernel is registered for them.
+TEST(OptimizerHalfTest, HalfParametersAreRefused) {
+  EXPECT_EQ(kernels::adamw.Find(DeviceType::kCPU, DType::kBF16), nullptr);
+  EXPECT_EQ(kernels::sgd.Find(DeviceType::kCPU, DType::kF16), nullptr);
+  Tensor p = Tensor::Zeros({4}, DType::kBF16), g = Tensor::Zeros({4});
+  Tensor m = Tensor::Zeros({4}), v = Tensor::Zeros({4});
+  AdamWParams ap{1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1};
+  EXPECT_DEATH(kernels::adamw.Get(Device::CPU())(p, g, m, v, ap),
+               "is not f32: optimizer updates run on f32 only.*master weights");
+}
+
 }  // namespace
 }  // namespace braid::cpu
