@@ -307,25 +307,55 @@ float ClipGradNorm(const std::vector<Tensor>& params, float max_norm) {
   return ClipGradNormSharded(params, max_norm, [](double local) { return local; });
 }
 
-float ClipGradNormSharded(const std::vector<Tensor>& params, float max_norm,
-                          const std::function<double(double)>& global_sum) {
+namespace {
+
+// This rank's share of the squared norm of `params`' gradients, each in f32 (half gradients are
+// up-cast first: their squares would overflow f16).
+double LocalSquaredGradNorm(const std::vector<Tensor>& params) {
   double total = 0;
   for (const Tensor& p : params) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
+    if (g.dtype() != DType::kF32) g = g.To(DType::kF32);
     Tensor sq = Tensor::Empty(g.shape(), DType::kF32, g.device());
     kernels::unary.Get(g.device())(kernels::UnaryOp::kSquare, g, 0.0f, sq);
     Tensor s = Tensor::Empty({}, DType::kF32, g.device());
     kernels::sum_all.Get(g.device())(sq, s);
     total += double(p.grad_norm_share()) * double(s.item());
   }
-  double norm = std::sqrt(global_sum(total));
+  return total;
+}
+
+}  // namespace
+
+void Optimizer::MultiplyGradients(float factor) {
+  for (ParamGroup& group : groups_) {
+    for (Tensor& p : group.params) {
+      Tensor g = p.grad();
+      if (g.defined()) kernels::unary.Get(g.device(), g.dtype())(kernels::UnaryOp::kScale, g, factor, g);
+    }
+  }
+}
+
+float ClipGradNormSharded(const std::vector<Tensor>& params, float max_norm,
+                          const std::function<double(double)>& global_sum) {
+  double norm = std::sqrt(global_sum(LocalSquaredGradNorm(params)));
   if (max_norm > 0 && norm > max_norm) {
     float scale = float(max_norm / (norm + 1e-6));
     for (const Tensor& p : params) {
       Tensor g = p.grad();
-      if (g.defined()) kernels::unary.Get(g.device())(kernels::UnaryOp::kScale, g, scale, g);
+      if (g.defined()) kernels::unary.Get(g.device(), g.dtype())(kernels::UnaryOp::kScale, g, scale, g);
     }
+  }
+  return float(norm);
+}
+
+float ClipGradNormSharded(Optimizer& optimizer, const std::vector<Tensor>& params, float max_norm,
+                          const std::function<double(double)>& global_sum) {
+  const double norm =
+      std::sqrt(global_sum(LocalSquaredGradNorm(params))) / double(optimizer.gradient_scale());
+  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
+    optimizer.MultiplyGradients(float(max_norm / (norm + 1e-6)));
   }
   return float(norm);
 }

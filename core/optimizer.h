@@ -48,6 +48,14 @@ class Optimizer {
   virtual int64_t steps_taken() const = 0;
   virtual void set_steps_taken(int64_t steps) = 0;
 
+  // The factor the gradients handed to this optimizer carry: mixed precision's loss scale, 1
+  // otherwise. A gradient norm divides it out (ClipGradNormSharded with an optimizer).
+  virtual float gradient_scale() const { return 1.0f; }
+  // Multiplies the gradients the next Step uses by `factor` (clipping). The default scales each
+  // .grad in place; mixed precision folds the factor into its own unscaling instead, so that
+  // half-precision gradients are not rounded a second time.
+  virtual void MultiplyGradients(float factor);
+
  protected:
   explicit Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {}
   // Each parameter's state-dict key, [group][index]: its name when that names it alone among
@@ -88,6 +96,12 @@ float ClipGradNorm(const std::vector<Tensor>& params, float max_norm);
 // scales its shard by the same factor. Each parameter's sum of squares counts with its
 // grad_norm_share() (1 unless tensor parallelism replicates it across its group).
 float ClipGradNormSharded(const std::vector<Tensor>& params, float max_norm,
+                          const std::function<double(double)>& global_sum);
+// What strategies call: the same for the gradients `optimizer` is about to step, which carry its
+// gradient_scale() (the loss scale). Returns the norm of the unscaled gradients; clipping goes
+// through optimizer.MultiplyGradients. Gradients of any floating dtype; sums are in f64 of f32
+// squares. A non-finite norm (an overflow the optimizer will skip) clips nothing.
+float ClipGradNormSharded(Optimizer& optimizer, const std::vector<Tensor>& params, float max_norm,
                           const std::function<double(double)>& global_sum);
 
 }  // namespace braid

@@ -73,6 +73,25 @@ void Tensor::RebindToPart(const Tensor& source) const {
   impl_->grad.reset();
 }
 
+void Tensor::ConvertTo(DType dtype) const {
+  BRAID_CHECK(defined()) << "ConvertTo of an undefined tensor";
+  if (this->dtype() == dtype) return;
+  BRAID_CHECK(IsFloating(this->dtype()) && IsFloating(dtype))
+      << "ConvertTo: " << DescribeForError() << " cannot become " << DTypeName(dtype)
+      << " (only floating dtypes convert)";
+  if (has_data()) {
+    Tensor converted = Detach().To(dtype);
+    impl_->storage = converted.storage();
+    impl_->offset = converted.storage_offset();
+  } else {
+    impl_->storage = std::make_shared<Storage>(size_t(numel()) * SizeOf(dtype), device(),
+                                               /*allocate=*/false);
+    impl_->offset = 0;
+  }
+  impl_->dtype = dtype;
+  impl_->grad.reset();
+}
+
 void Tensor::MoveTo(Device device) const {
   if (this->device() == device) return;
   RebindTo(Detach().To(device));

@@ -150,6 +150,11 @@ class Tensor {
   void RebindToPart(const Tensor& source) const;
   // Moves the values to `device` the same way (a no-op when already there).
   void MoveTo(Device device) const;
+  // Converts the values to the floating dtype `dtype` (rounding to nearest even) in new storage,
+  // keeping identity the same way, and drops the gradient: how mixed precision turns a model's
+  // parameters into bf16/f16 before a strategy lays them out. A tensor without memory yet
+  // (deferred initialisation) only changes dtype; it is initialised in the new one.
+  void ConvertTo(DType dtype) const;
 
   // Copies (new storage).
   Tensor Clone() const;

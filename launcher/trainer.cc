@@ -23,6 +23,7 @@
 #include "core/autograd.h"
 #include "core/in_process_communicator.h"
 #include "core/ops.h"
+#include "core/mixed_precision.h"
 #include "core/optimizer.h"
 #include "core/plugin.h"
 #include "core/registry.h"
@@ -87,7 +88,9 @@ class MnistBatches : public BatchSource {
   std::string Evaluate(Module& model) override {
     autograd::NoGradGuard no_grad;
     model.Eval();
-    std::vector<float> logits = model(test_.images.To(device_)).ToFloatVector();
+    // In the parameters' dtype (bf16/f16 under mixed precision), as training's inputs are.
+    std::vector<float> logits =
+        model(test_.images.To(device_).To(model.Parameters().front().dtype())).ToFloatVector();
     model.Train();
     std::vector<int32_t> labels = test_.labels.ToVector<int32_t>();
     int64_t right = 0, n = int64_t(labels.size());
@@ -399,7 +402,52 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
     BRAID_CHECK(s.ok()) << s.status().ToString();
     return (*s)->Next();
   };
-  BRAID_RETURN_IF_ERROR(strategy->Setup(*model, MakeOptimizerFactory(cfg), ctx));
+  // ---- Mixed precision (core/mixed_precision.h), for the strategies that declare fp16/bf16 ----
+  // Half parameters before Setup, so the strategy lays out (buckets, flattens, shards) half
+  // tensors; f32 masters in the optimizer it builds; the loss scaled for backward only.
+  std::unique_ptr<MixedPrecision> mp;
+  OptimizerFactory make_optimizer = MakeOptimizerFactory(cfg);
+  if (cfg.bf16().enabled() || cfg.fp16().enabled()) {
+    mp = std::make_unique<MixedPrecision>();
+    if (cfg.fp16().enabled()) {
+      const auto& f = cfg.fp16();
+      mp->dtype = DType::kF16;
+      LossScalerOptions so;
+      so.dynamic = f.loss_scale() == 0;
+      so.initial_scale = so.dynamic ? std::ldexp(1.0f, f.initial_scale_power()) : float(f.loss_scale());
+      so.window = f.loss_scale_window();
+      so.hysteresis = f.hysteresis();
+      so.min_scale = float(f.min_loss_scale());
+      mp->scaler = LossScaler(so);
+    } else {
+      mp->dtype = DType::kBF16;  // bf16 has f32's exponent range: no loss scaling
+    }
+    // Every rank skips a step any rank found inf/NaN in (ZeRO's shards differ), so the
+    // replicas never diverge.
+    Communicator* world = group[0].get();
+    mp->any_rank = [world](bool local) {
+      if (world->size() == 1) return local;
+      Tensor t = Tensor::Full({1}, local ? 1.0f : 0.0f);
+      absl::Status s = world->AllReduce(t, ReduceOp::kMax)->Wait();
+      BRAID_CHECK(s.ok()) << "agreeing on gradient overflow across ranks: " << s.ToString();
+      return t.item() > 0;
+    };
+    CastParameters(*model, mp->dtype);
+    make_optimizer = MixedPrecisionOptimizerFactory(std::move(make_optimizer), mp.get());
+    ctx.criterion = [mpp = mp.get()](const Tensor& logits, const Batch& b) {
+      return ScaledLoss(ops::CrossEntropy(logits, b.targets), *mpp);
+    };
+    rep.Line(absl::StrFormat("braid: mixed precision: %s parameters, activations and gradients, "
+                             "f32 master weights; gradients reduced in %s; %s",
+                             DTypeName(mp->dtype),
+                             cfg.communication_data_type() == "fp32" ? "f32" : DTypeName(mp->dtype),
+                             cfg.fp16().enabled()
+                                 ? (mp->scaler.options().dynamic
+                                        ? absl::StrFormat("dynamic loss scale from %g", mp->scaler.scale())
+                                        : absl::StrFormat("static loss scale %g", mp->scaler.scale()))
+                                 : std::string("no loss scaling")));
+  }
+  BRAID_RETURN_IF_ERROR(strategy->Setup(*model, make_optimizer, ctx));
   // ---- Activation checkpointing (core/activation_checkpointing.h), under every strategy ----
   // Here, after Setup: the model is in its final form (tensor parallelism has split it, the
   // pipeline has cut it), and the strategy's hooks are installed, so they fire again when a
@@ -415,12 +463,16 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   if (!cfg.init_from().empty()) {
     absl::Status st = strategy->LoadFullStateDict(init_weights);
     if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat(cfg.init_from(), ": ", st.message()));
+    if (mp != nullptr) ReloadMasterWeights(*strategy->optimizer());  // masters were made at Setup
   }
 
   BRAID_ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source, BuildData(cfg, *model, strategy->data_parallel_rank(),
                                    strategy->data_parallel_size(), device));
   std::unique_ptr<LrSchedule> schedule = MakeSchedule(cfg);
-  LossFn loss_fn = [](Module& m, const Batch& b) { return ops::CrossEntropy(m(b.inputs), b.targets); };
+  LossFn loss_fn = [mpp = mp.get()](Module& m, const Batch& b) {
+    Tensor loss = ops::CrossEntropy(m(b.inputs), b.targets);
+    return mpp != nullptr ? ScaledLoss(loss, *mpp) : loss;
+  };
 
   const int steps = cfg.steps();
   const int accum = cfg.gradient_accumulation_steps();
@@ -520,7 +572,9 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   for (int step = first_step; step < steps; ++step) {
     if (step == kill_at_step) std::raise(SIGKILL);
     std::vector<Batch> micro;
-    for (int i = 0; i < accum; ++i) micro.push_back(source->Next());
+    for (int i = 0; i < accum; ++i) {
+      micro.push_back(mp != nullptr ? CastInputs(source->Next(), mp->dtype) : source->Next());
+    }
     batches_drawn += accum;
     float lr = schedule->At(step);
     strategy->optimizer()->SetLearningRate(lr);
@@ -548,10 +602,13 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
         "{\"step\": %d, \"loss\": %.9g, \"lr\": %.6g, \"step_s\": %.6f, \"tokens_per_s\": %.1f, "
         "\"forward_s\": %.6f, \"backward_s\": %.6f, \"comm_exposed_s\": %.6f, "
         "\"optimizer_s\": %.6f, \"grad_norm\": %.6g, \"comm_bytes\": %d, "
-        "\"comm_bytes_overlapped\": %d, \"peak_bytes\": %d}",
+        "\"comm_bytes_overlapped\": %d, \"peak_bytes\": %d%s}",
         step, st.loss, lr, dt, tps, st.forward_s, st.backward_s, st.comm_exposed_s,
         st.optimizer_s, st.grad_norm, st.comm_bytes, st.comm_bytes_overlapped,
-        GetMemoryStats(device).peak_bytes));
+        GetMemoryStats(device).peak_bytes,
+        mp == nullptr ? std::string()
+                      : absl::StrFormat(", \"loss_scale\": %g, \"skipped\": %s", mp->last_step_scale,
+                                        mp->last_step_skipped ? "true" : "false")));
     bool keep = step % print_every == 0 || step == steps - 1;
     rep.Progress(absl::StrFormat("step %*d/%d | loss %.4f | %s %s/s | lr %.2e | ETA %s",
                                  int(std::to_string(steps).size()), step + 1, steps, st.loss,
@@ -589,6 +646,12 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
       double(peak_rss) / (1 << 20), pct(fwd),
       pct(bwd), pct(comm), pct(opt)));
   for (const std::string& line : strategy->SummaryLines()) rep.Line("braid: " + line);
+  if (mp != nullptr) {
+    rep.Line(absl::StrFormat("braid: mixed precision %s: loss scale %g at the end, %d of %d steps "
+                             "skipped on inf/NaN gradients",
+                             DTypeName(mp->dtype), mp->scaler.scale(), mp->scaler.skipped_steps(),
+                             steps - first_step));
+  }
   if (checkpoints_saved > 0) {
     const Checkpointer::SaveStats last = checkpointer->last_save();
     rep.Line(absl::StrFormat(
@@ -633,9 +696,12 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   rep.Metric(absl::StrFormat(
       "{\"summary\": true, \"eval\": \"%s\", \"steps\": %d, \"first_loss\": %.6f, \"final_loss\": %.6f, "
       "\"median_tokens_per_s\": %.1f, \"peak_bytes\": %d, \"peak_rss_bytes\": %d, "
-      "\"wall_s\": %.3f}",
+      "\"wall_s\": %.3f%s}",
       eval, steps, result.first_loss, result.final_loss, result.median_tokens_per_s,
-      result.peak_bytes, peak_rss, wall));
+      result.peak_bytes, peak_rss, wall,
+      mp == nullptr ? std::string()
+                    : absl::StrFormat(", \"precision\": \"%s\", \"loss_scale\": %g, \"skipped_steps\": %d",
+                                      DTypeName(mp->dtype), mp->scaler.scale(), mp->scaler.skipped_steps())));
 
   if (!cfg.save_to().empty()) {
     // Collective for sharded strategies: every rank gathers, rank 0 writes.

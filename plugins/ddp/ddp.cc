@@ -39,6 +39,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/config/train_config.pb.h"
 #include "core/autograd.h"
 #include "core/communicator.h"
 #include "core/micro_batches.h"
@@ -239,6 +240,12 @@ class DdpStrategy final : public Strategy, public DdpIntrospection {
     double ready_us = 0, launch_us = 0, done_us = 0;
   };
 
+  // The dtype a parameter's gradient is reduced in.
+  DType BucketDType(const Tensor& t) const {
+    return reduce_in_f32_ && IsFloating(t.dtype()) ? DType::kF32 : t.dtype();
+  }
+  bool reduce_in_f32_ = false;
+
   Tensor GradSlot(const Param& p) const {
     const Bucket& b = buckets_[size_t(p.bucket)];
     return b.flat.FlatRange(p.offset, p.tensor.numel(), p.tensor.shape());
@@ -319,6 +326,14 @@ absl::Status DdpStrategy::Setup(Module& model, const OptimizerFactory& make_opti
     return Error(absl::StatusCode::kInvalidArgument, "no optimizer factory given");
   }
   BRAID_ASSIGN_OR_RETURN(opts_, ParseOptions(ctx.options));
+  // Mixed precision (core/mixed_precision.h) hands DDP bf16/f16 parameters; their gradients are
+  // reduced in that dtype unless the config asks for f32 ("communication_data_type": "fp32"):
+  // then buckets are f32, gradients are copied in (up-cast) and out (rounded once), and cannot
+  // be views of a bucket of another dtype.
+  if (ctx.config != nullptr && ctx.config->communication_data_type() == "fp32") {
+    reduce_in_f32_ = true;
+    opts_.gradient_as_bucket_view = false;
+  }
   comm_ = ctx.comm;
   rank_ = comm_->rank();
   max_grad_norm_ = ctx.max_grad_norm;
@@ -446,7 +461,7 @@ void DdpStrategy::BuildBuckets(const std::vector<int>& order) {
   std::map<std::pair<int, std::string>, int> keys;
   std::vector<BucketableParam> sizes;
   for (const Param& p : params_) {
-    auto key = std::make_pair(int(p.tensor.dtype()), p.tensor.device().ToString());
+    auto key = std::make_pair(int(BucketDType(p.tensor)), p.tensor.device().ToString());
     int id = keys.emplace(key, int(keys.size())).first->second;
     sizes.push_back(BucketableParam{int64_t(p.tensor.nbytes()), id});
   }
@@ -458,7 +473,7 @@ void DdpStrategy::BuildBuckets(const std::vector<int>& order) {
     Bucket b;
     b.params = std::move(members);
     const Tensor& first = params_[size_t(b.params[0])].tensor;
-    b.dtype = first.dtype();
+    b.dtype = BucketDType(first);
     b.device = first.device();
     for (size_t s = 0; s < b.params.size(); ++s) {
       Param& p = params_[size_t(b.params[s])];
@@ -679,7 +694,7 @@ void DdpStrategy::Unpack() {
         if (g.defined()) {
           g.CopyFrom(GradSlot(p));
         } else {
-          p.tensor.set_grad(GradSlot(p).Clone());
+          p.tensor.set_grad(GradSlot(p).To(p.tensor.dtype()));  // a copy, rounded when f32 reduced
         }
       }
     }
@@ -792,7 +807,7 @@ absl::StatusOr<StepStats> DdpStrategy::TrainStep(const std::vector<Batch>& micro
     std::vector<Tensor> trainable;
     for (const Param& p : params_) trainable.push_back(p.tensor);
     // Under tensor parallelism the norm also sums over the ranks holding the other slices.
-    stats.grad_norm = ClipGradNormSharded(trainable, max_grad_norm_, [this](double local) {
+    stats.grad_norm = ClipGradNormSharded(*optimizer_, trainable, max_grad_norm_, [this](double local) {
       return model_parallel_sum_ ? model_parallel_sum_(local) : local;
     });
     optimizer_->Step();
@@ -831,6 +846,7 @@ void DdpStrategy::WriteTrace() {
 
 BRAID_PLUGIN(registry) {
   absl::Status s = registry->AddStrategy(
-      braid::ddp::kName, [] { return std::make_unique<braid::ddp::DdpStrategy>(); });
+      braid::ddp::kName, [] { return std::make_unique<braid::ddp::DdpStrategy>(); },
+      braid::StrategyTraits{{"fp16", "bf16"}});  // half parameters: core/mixed_precision.h
   return s.ok() ? 0 : 1;
 }

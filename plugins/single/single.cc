@@ -69,7 +69,7 @@ class SingleStrategy final : public Strategy {
     BRAID_RETURN_IF_ERROR(RunMicroBatches(name(), *model_, micro_batches, loss_fn, &stats));
     absl::Time start = absl::Now();
     // Always measured (max_grad_norm_ <= 0 only measures); clipped when clipping is on.
-    stats.grad_norm = ClipGradNormSharded(model_->Parameters(), max_grad_norm_, [this](double local) {
+    stats.grad_norm = ClipGradNormSharded(*optimizer_, model_->Parameters(), max_grad_norm_, [this](double local) {
       return model_parallel_sum_ ? model_parallel_sum_(local) : local;
     });
     optimizer_->Step();
@@ -124,6 +124,7 @@ class SingleStrategy final : public Strategy {
 
 BRAID_PLUGIN(registry) {
   absl::Status s =
-      registry->AddStrategy("single", [] { return std::make_unique<braid::SingleStrategy>(); });
+      registry->AddStrategy("single", [] { return std::make_unique<braid::SingleStrategy>(); },
+                            braid::StrategyTraits{{"fp16", "bf16"}});  // core/mixed_precision.h
   return s.ok() ? 0 : 1;
 }

@@ -64,7 +64,7 @@ void ZeroStrategy::BuildUnits(Module& model) {
 absl::Status ZeroStrategy::Materialize(Unit& u) {
   const Device dev = u.slots.front().param.device();
   if (opts_.stage < 3) {
-    u.flat = Tensor::Zeros({u.padded}, DType::kF32, dev);
+    u.flat = Tensor::Zeros({u.padded}, dtype_, dev);
     params_.Add(Bytes(u.padded));
     for (Slot& s : u.slots) {
       Tensor dst = u.flat.FlatRange(s.offset, s.param.numel(), s.param.shape());
@@ -75,7 +75,7 @@ absl::Status ZeroStrategy::Materialize(Unit& u) {
     return absl::OkStatus();
   }
   // Stage 3: only this rank's shard is ever materialised.
-  u.param_shard = Tensor::Zeros({u.shard}, DType::kF32, dev);
+  u.param_shard = Tensor::Zeros({u.shard}, dtype_, dev);
   params_.Add(Bytes(u.shard));
   auto [own_b, own_e] = OwnRange(u);
   std::vector<float> buf;
@@ -91,7 +91,7 @@ absl::Status ZeroStrategy::Materialize(Unit& u) {
       dst.CopyFrom(s.param.Detach().Reshape({-1}).FlatRange(b - s.offset, e - b));
     }
   }
-  u.flat = Tensor::Unallocated({u.padded}, DType::kF32, dev);
+  u.flat = Tensor::Unallocated({u.padded}, dtype_, dev);
   for (Slot& s : u.slots) {
     s.param.RebindTo(u.flat.FlatRange(s.offset, s.param.numel(), s.param.shape()));
   }
@@ -131,6 +131,21 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
                                   ctx.device.ToString()));
     }
   }
+  // One dtype for every flat buffer: f32, or bf16/f16 under mixed precision (core/
+  // mixed_precision.h), whose optimizer keeps f32 masters of this rank's shards.
+  bool first = true;
+  for (const auto& [n, p] : model.NamedParameters()) {
+    if (!p.requires_grad()) continue;
+    if (first) dtype_ = p.dtype();
+    first = false;
+    if (p.dtype() != dtype_) {
+      return Invalid(absl::StrCat("parameter ", p.DescribeForError(), " is not ", DTypeName(dtype_),
+                                  " like the others: ZeRO flattens parameters of one dtype"));
+    }
+  }
+  if (dtype_ != DType::kF32 && opts_.offload_optimizer) {
+    return Invalid("offload_optimizer with fp16/bf16 is not supported yet: turn one of them off");
+  }
   BuildUnits(model);
   if (units_.empty()) return Invalid("the model has no trainable parameter");
   for (Unit& u : units_) BRAID_RETURN_IF_ERROR(Materialize(u));
@@ -151,7 +166,7 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
       PrepareGrads(u);
       u.grad_shard = u.flat_grad.FlatRange(int64_t(rank_) * u.shard, u.shard);
     } else {
-      u.grad_shard = Tensor::Zeros({u.shard}, DType::kF32, ctx.device);
+      u.grad_shard = Tensor::Zeros({u.shard}, dtype_, ctx.device);
       grads_.Add(Bytes(u.shard));
     }
     for (Slot& s : u.slots) {
@@ -294,7 +309,7 @@ void ZeroStrategy::InstallStage3Hooks() {
 void ZeroStrategy::PrepareGrads(Unit& u) {
   if (u.flat_grad.defined() && u.flat_grad.has_data()) return;
   if (!u.flat_grad.defined()) {
-    u.flat_grad = Tensor::Unallocated({u.padded}, DType::kF32, u.flat.device());
+    u.flat_grad = Tensor::Unallocated({u.padded}, dtype_, u.flat.device());
   }
   u.flat_grad.storage()->Reallocate();
   u.flat_grad.Zero();
@@ -308,7 +323,7 @@ void ZeroStrategy::PrepareGrads(Unit& u) {
 // when overlap_comm: backward goes on meanwhile).
 void ZeroStrategy::LaunchReduceScatter(Unit& u) {
   PrepareGrads(u);  // a unit no gradient reached reduces zeros: every rank calls the same ops
-  u.pending_out = Tensor::Empty({u.shard}, DType::kF32, u.grad_shard.device());
+  u.pending_out = Tensor::Empty({u.shard}, dtype_, u.grad_shard.device());
   transient_.Add(Bytes(u.shard));
   u.pending = comm_->ReduceScatter(u.flat_grad, u.pending_out, ReduceOp::kAvg);
   if (!opts_.overlap_comm) (void)Wait(u.pending, "reduce-scattering gradients");
@@ -324,7 +339,7 @@ void ZeroStrategy::FinishReduceScatter(Unit& u, StepStats* stats) {
     if (opts_.stage == 1) {
       u.grad_shard.CopyFrom(u.pending_out);  // once per step, over the local gradients
     } else {
-      kernels::axpby.Get(u.grad_shard.device())(1.0f, u.pending_out, 1.0f, u.grad_shard);
+      kernels::axpby.Get(u.grad_shard.device(), dtype_)(1.0f, u.pending_out, 1.0f, u.grad_shard);
     }
   }
   if (!in_backward_ && stats != nullptr) stats->comm_exposed_s += Seconds(start);
@@ -384,7 +399,7 @@ absl::StatusOr<StepStats> ZeroStrategy::TrainStep(const std::vector<Batch>& micr
   }
   // The global norm over every rank's shard; every rank scales by the same factor.
   const std::vector<Tensor>& stepped = opts_.offload_optimizer ? host_pieces_ : pieces_;
-  stats.grad_norm = ClipGradNormSharded(stepped, max_grad_norm_, [this](double local) {
+  stats.grad_norm = ClipGradNormSharded(*optimizer_, stepped, max_grad_norm_, [this](double local) {
     double sum = local;  // exactly what one process computes, on one rank
     if (world_ > 1) {
       Tensor t = Tensor::Full({1}, float(local));
@@ -425,6 +440,6 @@ BRAID_PLUGIN(registry) {
   // Declares the config sections it implements: zero_optimization.stage 1, 2 and 3.
   absl::Status s = registry->AddStrategy(
       braid::zero::kName, [] { return std::make_unique<braid::zero::ZeroStrategy>(); },
-      braid::StrategyTraits{{"zero1", "zero2", "zero3"}});
+      braid::StrategyTraits{{"zero1", "zero2", "zero3", "fp16", "bf16"}});
   return s.ok() ? 0 : 1;
 }

@@ -110,7 +110,8 @@ class ZeroStrategy final : public Strategy {
   }
 
  private:
-  int64_t Bytes(int64_t numel) const { return numel * int64_t(sizeof(float)); }
+  int64_t Bytes(int64_t numel) const { return numel * int64_t(SizeOf(dtype_)); }
+  DType dtype_ = DType::kF32;  // of every flat buffer (the parameters')
   // This rank's range [begin, end) of a unit's real elements.
   std::pair<int64_t, int64_t> OwnRange(const Unit& u) const {
     int64_t b = std::min(u.numel, int64_t(rank_) * u.shard);

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Compares two safetensors files of f32 tensors: the same names and shapes, and every value
-within TOL (absolute). Prints the worst difference and the tensor it is in.
+"""Compares two safetensors files of floating tensors (F32, BF16 or F16, compared as f32): the
+same names and shapes, and every value within TOL (absolute). Prints the worst difference and
+the tensor it is in.
 
 Usage: compare_weights.py A B TOL   (exit 1 when they differ by more)
 """
@@ -11,13 +12,16 @@ import sys
 import torch
 
 
+DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
 def load(path):
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))
         blob = f.read()
     return {k: torch.frombuffer(bytearray(blob[v["data_offsets"][0]:v["data_offsets"][1]]),
-                                dtype=torch.float32).reshape(v["shape"])
+                                dtype=DTYPES[v["dtype"]]).reshape(v["shape"]).float()
             for k, v in header.items() if k != "__metadata__"}
 
 

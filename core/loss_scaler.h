@@ -1,0 +1,63 @@
+// Loss scaling for half-precision training: the state machine that decides, after each step,
+// the factor the next step's loss is multiplied by.
+//
+// f16 has 5 exponent bits: gradients below 2^-24 flush to zero. Multiplying the loss by S moves
+// the whole backward pass up by log2(S) binades; the optimizer divides S out again in f32. Too
+// large an S overflows to inf, which the step detects (on any rank: the ranks agree) and skips.
+// The dynamic rule is DeepSpeed's (its fp16 section's names) and PyTorch's GradScaler's:
+//  - an overflow costs one unit of hysteresis; when none is left the scale halves (not below
+//    min_scale) and hysteresis is restored;
+//  - `window` consecutive clean steps double the scale (and restore hysteresis).
+// A static scale (loss_scale > 0 in the config) never changes; its overflows still skip.
+#ifndef BRAID_CORE_LOSS_SCALER_H_
+#define BRAID_CORE_LOSS_SCALER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace braid {
+
+struct LossScalerOptions {
+  bool dynamic = true;
+  float initial_scale = 65536.0f;  // 2^initial_scale_power
+  int window = 1000;               // clean steps before the scale doubles
+  int hysteresis = 2;              // overflows tolerated before the scale halves
+  float min_scale = 1.0f;
+  float growth_factor = 2.0f;
+  float backoff_factor = 0.5f;
+};
+
+// Everything a checkpoint needs to resume the scaler exactly.
+struct LossScalerState {
+  float scale = 1.0f;
+  int64_t clean_steps = 0;   // since the last overflow or growth
+  int hysteresis_left = 0;
+  int64_t skipped_steps = 0;  // over the run
+};
+
+class LossScaler {
+ public:
+  explicit LossScaler(LossScalerOptions opts);
+  // The factor this step's loss is multiplied by (1 when loss scaling is off).
+  float scale() const { return state_.scale; }
+  // After a step: found_inf (agreed across ranks) means the step was skipped. Returns true when
+  // the step's update is to be applied.
+  bool Update(bool found_inf);
+  int64_t skipped_steps() const { return state_.skipped_steps; }
+  const LossScalerOptions& options() const { return opts_; }
+
+  const LossScalerState& state() const { return state_; }
+  // Refuses a state this scaler could never reach (a scale below the floor, negative counts).
+  absl::Status SetState(const LossScalerState& s);
+  std::string ToString() const;  // "scale 32768, 2 skipped"
+
+ private:
+  LossScalerOptions opts_;
+  LossScalerState state_;
+};
+
+}  // namespace braid
+
+#endif  // BRAID_CORE_LOSS_SCALER_H_
