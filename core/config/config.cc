@@ -595,6 +595,20 @@ void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog)
   if (cfg->fp16().enabled() && cfg->bf16().enabled()) {
     c.Error("fp16.enabled and bf16.enabled are both true; enable at most one");
   }
+  // DeepSpeed's values: "fp32", or the training precision's own name (the default).
+  const std::string& comm_dtype = cfg->communication_data_type();
+  const std::string half = cfg->fp16().enabled() ? "fp16" : cfg->bf16().enabled() ? "bf16" : "";
+  if (!comm_dtype.empty() && comm_dtype != "fp32" && comm_dtype != half) {
+    c.Error(absl::StrCat("communication_data_type ", Quoted(comm_dtype), " is unknown; known: \"fp32\"",
+                         half.empty() ? "" : absl::StrCat(", \"", half, "\""),
+                         " (default: the parameters' own dtype)"));
+  } else if (comm_dtype == "fp32" && half.empty()) {
+    c.Error("communication_data_type \"fp32\" applies under fp16 or bf16 only (gradients are "
+            "already f32 without them); remove it or enable one");
+  } else if (comm_dtype == "fp32" && cfg->strategy().name() != "ddp") {
+    c.Error(absl::StrCat("communication_data_type \"fp32\" is implemented by strategy \"ddp\" only, not ",
+                         Quoted(cfg->strategy().name()), "; remove it to reduce in ", half));
+  }
 
   const ZeroOptimizationConfig& z = cfg->zero_optimization();
   if (z.stage() < 0 || z.stage() > 3) {
@@ -791,6 +805,11 @@ int CheckParallel(Checker& c, TrainConfig* cfg, int world) {
     if (cfg->zero_optimization().stage() == 3) {
       c.Error("zero_optimization.stage 3 with parallel.tensor > 1 is not supported: tensor "
               "parallelism slices each parameter from its full initial value; use stage 1 or 2");
+    }
+    if (cfg->fp16().enabled() || cfg->bf16().enabled()) {
+      c.Error(absl::StrCat(cfg->fp16().enabled() ? "fp16" : "bf16",
+                           ".enabled with parallel.tensor > 1 is not supported yet: the "
+                           "tensor-parallel layers compute in f32; turn one of them off"));
     }
   }
   return p->data();
