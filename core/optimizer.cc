@@ -54,7 +54,9 @@ class SlottedOptimizer : public Optimizer {
     }
   }
 
-  bool HasState(size_t g, size_t i) const { return state_[g][i][0].defined(); }
+  bool HasState(size_t g, size_t i) const {
+    return !slot_names_.empty() && state_[g][i][0].defined();
+  }
 
   Tensor& Slot(size_t g, size_t i, size_t slot) {
     Tensor& s = state_[g][i][slot];
@@ -221,7 +223,12 @@ class AdamW final : public SlottedOptimizer {
 class Sgd final : public SlottedOptimizer {
  public:
   Sgd(std::vector<ParamGroup> groups, SgdOptions opts)
-      : SlottedOptimizer(std::move(groups), {"momentum_buffer"}), opts_(opts) {}
+      // Without momentum SGD keeps no state at all: no buffer is saved, so none may be expected
+      // (or created) when a checkpoint is loaded.
+      : SlottedOptimizer(std::move(groups), opts.momentum != 0.0f
+                                                ? std::vector<std::string>{"momentum_buffer"}
+                                                : std::vector<std::string>{}),
+        opts_(opts) {}
 
   std::string name() const override { return "SGD"; }
 
