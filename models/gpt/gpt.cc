@@ -106,6 +106,17 @@ Gpt::Gpt(const GptConfig& cfg, Device device) : Module("GPT"), cfg_(cfg), device
   BRAID_CHECK(cfg.n_embd % cfg.n_head == 0) << "n_embd " << cfg.n_embd << " not divisible by n_head " << cfg.n_head;
   std::mt19937_64 rng(cfg.seed);
   wte_ = RegisterModule("wte", std::make_unique<nn::Embedding>(cfg.padded_vocab_size, cfg.n_embd, 0.02f, rng, device));
+  if (cfg.stable_embedding) {
+    // A module of its own, not part of wte: tensor parallelism splits wte over the vocabulary
+    // and sums its partial lookups in wte's forward, so the norm must come after that sum. It
+    // draws nothing from `rng` (ones and zeros), so every other parameter's init is unchanged,
+    // and like every norm it takes no weight decay (nn::LayerNorm).
+    wte_norm_ = RegisterModule("wte_norm", std::make_unique<nn::LayerNorm>(cfg.n_embd, cfg.ln_eps, device));
+    // The token embedding carries its state-dict name: an 8-bit optimizer (plugins/adam8bit)
+    // keeps 32-bit states for the parameter named "wte.weight", the other half of
+    // bitsandbytes' StableEmbedding. Without stable_embedding it stays "weight", as before.
+    wte_->weight().set_name("wte.weight");
+  }
   wpe_ = RegisterModule("wpe", std::make_unique<nn::Embedding>(cfg.block_size, cfg.n_embd, 0.02f, rng, device));
   auto* h = RegisterModule("h", std::make_unique<BlockList>());
   for (int64_t i = 0; i < cfg.n_layer; ++i) blocks_.push_back(h->Add(std::make_unique<Block>(cfg, rng, device)));
@@ -128,9 +139,14 @@ std::vector<PipelineLayer> Gpt::PipelineLayers() {
                           << "GPT input must be i32 token ids [B, T] with T <= block_size "
                           << cfg_.block_size << ", got " << ids.DescribeForError();
                       int64_t t = ids.size(1);
-                      return ops::Add((*wte_)(ids), (*wpe_)(positions_.Slice(0, t)));
+                      Tensor tok = (*wte_)(ids);
+                      if (wte_norm_ != nullptr) tok = (*wte_norm_)(tok);
+                      return ops::Add(tok, (*wpe_)(positions_.Slice(0, t)));
                     },
-                    {"wte.weight", "wpe.weight"}});
+                    wte_norm_ != nullptr
+                        ? std::vector<std::string>{"wte.weight", "wte_norm.weight",
+                                                   "wte_norm.bias", "wpe.weight"}
+                        : std::vector<std::string>{"wte.weight", "wpe.weight"}});
   for (size_t i = 0; i < blocks_.size(); ++i) {
     Module* b = blocks_[i];
     std::string name = absl::StrCat("h.", i);
@@ -157,7 +173,7 @@ double Gpt::FlopsPerToken() const {
   double c = double(cfg_.n_embd), l = double(cfg_.n_layer), t = double(cfg_.block_size);
   double v = double(cfg_.padded_vocab_size);
   // Per token: 2 FLOPs per weight of every matmul, plus attention's QK^T and AV (causal: ~T/2).
-  double weights = l * (3 * c * c + c * c + 8 * c * c) + v * c;
+  double weights = l * (3 * c * c + c * c + 8 * c * c) + v * c;  // wte_norm: no matmul
   double attn = l * 2.0 * 2.0 * c * (t / 2.0);
   return 2.0 * weights + attn;
 }

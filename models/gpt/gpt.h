@@ -2,7 +2,7 @@
 // self-attention and a GELU MLP, a final LayerNorm, and the token embedding tied to the head.
 // Parameter names are PyTorch's: wte.weight, wpe.weight, h.{i}.ln_1.weight, h.{i}.attn.c_attn.*,
 // h.{i}.attn.c_proj.*, h.{i}.ln_2.*, h.{i}.mlp.c_fc.*, h.{i}.mlp.c_proj.*, ln_f.* (no lm_head:
-// it is wte). See docs/MODELS.md.
+// it is wte). With stable_embedding, also wte_norm.weight and wte_norm.bias. See docs/MODELS.md.
 //
 // Written so that tensor parallelism can split it by a plan (plugins/tensor_parallel): the
 // embeddings and the tied head are modules (wte, wpe, lm_head) a plan can name, and attention
@@ -27,6 +27,10 @@ struct GptConfig {
   int64_t n_layer = 4, n_head = 4, n_embd = 256;
   float ln_eps = 1e-5f;
   uint64_t seed = 1234;  // init stream
+  // bitsandbytes' StableEmbedding: a LayerNorm (wte_norm) on the token embedding's output,
+  // before the position embedding is added. It keeps the embedding's scale in check when its
+  // rare rows get noisy 8-bit or half-precision updates. Off: the model is exactly nanoGPT's.
+  bool stable_embedding = false;
 
   static GptConfig Mini();      // the reference run's gpt-mini: 3,257,856 parameters
   static GptConfig Gpt2_124M();  // 12 x 12 x 768, context 1024, vocab 50257 padded to 50304
@@ -38,7 +42,7 @@ class Gpt : public Module {
   Gpt(const GptConfig& cfg, Device device = Device::CPU());
   // ids: [B, T] i32 with T <= block_size -> logits [B, T, padded_vocab_size].
   Tensor Forward(const Tensor& ids) override;
-  // embedding (ids -> x), h.0 .. h.{n-1}, head (ln_f and the tied LM head: x -> logits).
+  // embedding (ids -> x, with wte_norm when there is one), h.0 .. h.{n-1}, head (ln_f and the tied LM head: x -> logits).
   std::vector<PipelineLayer> PipelineLayers() override;
   const GptConfig& config() const { return cfg_; }
   // Forward FLOPs per token for the matrix products (x3 for a training step), as llm.c counts.
@@ -48,6 +52,7 @@ class Gpt : public Module {
   GptConfig cfg_;
   Device device_;
   nn::Embedding *wte_, *wpe_;
+  nn::LayerNorm* wte_norm_ = nullptr;  // only with stable_embedding
   std::vector<Module*> blocks_;
   nn::LayerNorm* ln_f_;
   nn::TiedLinear* lm_head_;  // x · wteᵀ: no parameter of its own

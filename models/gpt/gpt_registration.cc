@@ -47,6 +47,7 @@ absl::StatusOr<std::unique_ptr<Module>> BuildGpt(const config::ModelConfig& m, u
     gc.vocab_size = m.vocab_size();
     gc.padded_vocab_size = std::max<int64_t>(gc.vocab_size, (gc.vocab_size + 63) / 64 * 64);
   }
+  gc.stable_embedding = m.stable_embedding();
   gc.seed = seed;
   return std::unique_ptr<Module>(std::make_unique<Gpt>(gc, device));
 }
@@ -55,7 +56,7 @@ const bool kRegistered = [] {
   for (const char* name : {"gpt-mini", "gpt2-124m"}) {
     ModelSpec spec;
     spec.build = BuildGpt;
-    spec.fields = {"n_layer", "n_head", "n_embd", "block_size", "vocab_size"};
+    spec.fields = {"n_layer", "n_head", "n_embd", "block_size", "vocab_size", "stable_embedding"};
     spec.takes = "tokens";
     spec.validate = [preset = std::string(name)](config::ModelConfig* m,
                                                  const std::string& dataset_name,

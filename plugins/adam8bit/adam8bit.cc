@@ -91,10 +91,11 @@ class Adam8bit final : public Optimizer, public Adam8bitInfo {
       const StateBytes b = state_bytes();
       std::fprintf(stderr,
                    "braid: Adam8bit: optimizer state %lld bytes (%.2f MiB) for %lld parameters "
-                   "(%.3f B/param; 8-bit states for %lld tensors, 32-bit for %lld)\n",
+                   "(%.3f B/param; 8-bit states for %lld tensors, 32-bit for %lld%s)\n",
                    static_cast<long long>(b.bytes), double(b.bytes) / (1 << 20),
                    static_cast<long long>(b.parameters), b.per_parameter(),
-                   static_cast<long long>(b.tensors_8bit), static_cast<long long>(b.tensors_32bit));
+                   static_cast<long long>(b.tensors_8bit), static_cast<long long>(b.tensors_32bit),
+                   KeptByNameNote().c_str());
     }
   }
 
@@ -248,9 +249,27 @@ class Adam8bit final : public Optimizer, public Adam8bitInfo {
     for (size_t g = 0; g < groups_.size(); ++g) state_[g].resize(groups_[g].params.size());
   }
 
-  // 8-bit states for large tensors only (blockwise.h, kMin8bitSize), unless kept 32-bit.
+  bool KeptByName(const Tensor& p) const {
+    return std::find(opts_.keep_32bit_names.begin(), opts_.keep_32bit_names.end(), p.name()) !=
+           opts_.keep_32bit_names.end();
+  }
+
+  // "; kept 32-bit by name: wte.weight" for the large tensors the names kept, or "".
+  std::string KeptByNameNote() const {
+    std::vector<std::string> kept;
+    for (const ParamGroup& g : groups_) {
+      for (const Tensor& p : g.params) {
+        if (p.numel() >= kMin8bitSize && KeptByName(p)) kept.push_back(p.name());
+      }
+    }
+    return kept.empty() ? "" : absl::StrCat("; kept 32-bit by name: ", absl::StrJoin(kept, ", "));
+  }
+
+  // 8-bit states for large tensors only (blockwise.h, kMin8bitSize), unless kept 32-bit (by
+  // identity through KeepStates32bit, or by name through Adam8bitOptions::keep_32bit_names).
   bool Wants8bit(const Tensor& p) const {
     if (p.numel() < kMin8bitSize) return false;
+    if (KeptByName(p)) return false;
     for (const Tensor& t : keep_32bit_) {
       if (t.SameAs(p)) return false;
     }

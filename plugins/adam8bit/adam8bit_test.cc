@@ -473,5 +473,52 @@ TEST_F(Adam8bitTest, StateBytesPerParameterOnGptMini) {
   std::printf("gpt-mini with 32-bit embedding states: %.4f B/param\n", s.per_parameter());
 }
 
+// model.stable_embedding: gpt-mini gets wte_norm (512 parameters, 32-bit states as every tensor
+// under 4096 elements) and names its token embedding "wte.weight", which the default
+// Adam8bitOptions::keep_32bit_names keeps in 32 bits with no call to KeepStates32bit: what the
+// training program gets from the config alone. wpe stays 8-bit (bitsandbytes overrides the
+// StableEmbedding's weight only). Bytes counted exactly, as above.
+TEST_F(Adam8bitTest, StableEmbeddingKeepsTheTokenEmbeddingIn32Bits) {
+  models::GptConfig c = models::GptConfig::Mini();
+  c.stable_embedding = true;
+  models::Gpt model(c);
+  auto opt = Make("Adam8bit", model.NamedParameters());
+  int64_t want = 0, params = 0, index = 0, wte_index = -1;
+  for (auto& [n, param] : model.NamedParameters()) {
+    Tensor t = param;
+    t.set_grad(Tensor::Zeros(t.shape()));
+    const int64_t k = t.numel();
+    params += k;
+    const bool eight = k >= adam8bit::kMin8bitSize && n != "wte.weight";
+    want += eight ? 2 * k + 2 * 4 * adam8bit::NumBlocks(k) : 8 * k;
+  }
+  // is_8bit counts in param_groups() order (decay group first), as the trainer groups them.
+  for (const ParamGroup& g : opt->param_groups()) {
+    for (const Tensor& t : g.params) {
+      if (t.name() == "wte.weight") wte_index = index;
+      ++index;
+    }
+  }
+  ASSERT_GE(wte_index, 0) << "no optimizer tensor is named wte.weight";
+  EXPECT_FALSE(Info(*opt).is_8bit(wte_index));
+  EXPECT_EQ(params, 3257856 + 512);
+  opt->Step();
+  const adam8bit::StateBytes b = Info(*opt).state_bytes();
+  EXPECT_EQ(b.parameters, params);
+  EXPECT_EQ(b.bytes, want);
+  EXPECT_LE(b.per_parameter(), 2.3);
+  std::printf("gpt-mini with stable_embedding: Adam8bit %.4f B/param (%lld bytes)\n",
+              b.per_parameter(), static_cast<long long>(b.bytes));
+
+  // Matched exactly: a sharding strategy's piece of it (ZeRO names them "wte.weight[b:e]",
+  // with or without stable_embedding) keeps 8-bit states, so sharded runs are as before.
+  Tensor piece = Tensor::Zeros({256 * 256});
+  piece.set_name("wte.weight[0:65536]").set_requires_grad(true);
+  piece.set_grad(Tensor::Zeros({256 * 256}));
+  auto sharded = Make("Adam8bit", {{"wte.weight", piece}});
+  sharded->Step();
+  EXPECT_EQ(Info(*sharded).state_bytes().tensors_8bit, 1);
+}
+
 }  // namespace
 }  // namespace braid

@@ -3,7 +3,8 @@
     sh_test(name = "twonode_test", ..., target_compatible_with = requires("netns"))
 
 Features (found by host_configure.bzl): "data" (tools/setup.sh's data sets), "netns" (root
-with network-admin rights), "ipv6" (an IPv6 loopback), "torch" (Debian's PyTorch), "gpu".
+with network-admin rights), "ipv6" (an IPv6 loopback), "torch" (Debian's PyTorch), "matplotlib"
+(Debian's, for tools/plot_metrics.py), "gpu".
 """
 
 load("@braid_host//:defs.bzl", "HOST")

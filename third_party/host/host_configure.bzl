@@ -24,6 +24,7 @@ def _host_configure_impl(ctx):
         "netns": _ok(ctx, ["sh", "-c", "[ \"$(id -u)\" = 0 ] && command -v ip >/dev/null && unshare --net true"]),
         "ipv6": _ok(ctx, ["sh", "-c", "grep -q '^00000000000000000000000000000001 .* lo$' /proc/net/if_inet6"]),
         "torch": _ok(ctx, ["/usr/bin/python3", "-c", "import torch, numpy"]),
+        "matplotlib": _ok(ctx, ["/usr/bin/python3", "-c", "import matplotlib"]),
         "gpu": _ok(ctx, ["sh", "-c", "ls /dev/nvidia[0-9]* >/dev/null 2>&1"]),
     }
     ctx.file("defs.bzl", "\n".join([
