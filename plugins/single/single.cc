@@ -1,6 +1,7 @@
 // The "single" strategy: the whole model on one device in one process, no communication.
 // Gradient accumulation scales each micro-batch's loss by 1/k, so with equal micro-batches the
 // step equals one step on their concatenation.
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -74,7 +75,15 @@ class SingleStrategy final : public Strategy {
     });
     optimizer_->Step();
     stats.optimizer_s = Seconds(start);
+    RecordPeaks();  // gradients are still held; the optimizer's state exists after its first step
     return stats;
+  }
+
+  // What this process held of the model's state, for the summary (mixed precision's f32 masters
+  // count as optimizer state: they are the optimizer's).
+  std::vector<std::pair<std::string, int64_t>> ModelStatePeaks() const override {
+    if (model_ == nullptr) return {};
+    return {{"parameters", peak_params_}, {"gradients", peak_grads_}, {"optimizer state", peak_state_}};
   }
 
   Optimizer* optimizer() override { return optimizer_.get(); }
@@ -113,6 +122,21 @@ class SingleStrategy final : public Strategy {
   }
 
  private:
+  void RecordPeaks() {
+    int64_t params = 0, grads = 0, state = 0;
+    for (const Tensor& p : model_->Parameters()) {
+      params += int64_t(p.nbytes());
+      if (p.grad().defined()) grads += int64_t(p.grad().nbytes());
+    }
+    for (const auto& [k, t] : optimizer_->StateDict()) {
+      if (k != "step" && t.defined()) state += int64_t(t.nbytes());
+    }
+    peak_params_ = std::max(peak_params_, params);
+    peak_grads_ = std::max(peak_grads_, grads);
+    peak_state_ = std::max(peak_state_, state);
+  }
+
+  int64_t peak_params_ = 0, peak_grads_ = 0, peak_state_ = 0;
   Module* model_ = nullptr;
   std::unique_ptr<Optimizer> optimizer_;
   float max_grad_norm_ = 0;
