@@ -4,34 +4,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/axpby.h"
+#include "backends/cuda/cuda_status.h"
 #include "core/check.h"
 
 namespace braid::cuda {
 namespace {
-
-// `what` names the CUDA call and what it was for; CUDA's message says what went wrong.
-absl::Status CudaStatus(cudaError_t err, const std::string& what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  std::string msg = absl::StrCat(what, " failed: ", cudaGetErrorString(err), " (",
-                                 cudaGetErrorName(err), ")");
-  switch (err) {
-    // Nothing Braid can fix: no GPU, no driver, or a driver older than this runtime.
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorInitializationError:
-    case cudaErrorDevicesUnavailable:
-    case cudaErrorStubLibrary:
-      return absl::UnavailableError(absl::StrCat(
-          msg, ". The program was built with --config=cuda and needs an NVIDIA GPU with a "
-               "driver for CUDA 13 at run time."));
-    case cudaErrorNoKernelImageForDevice:
-      return absl::FailedPreconditionError(absl::StrCat(
-          msg, ". Braid's CUDA code is built for sm_80 and sm_90 (plus compute_90 PTX); see "
-               "docs/GPU.md."));
-    default:
-      return absl::InternalError(msg);
-  }
-}
 
 absl::Status CheckDeviceIndex(int index) {
   if (index < 0) {

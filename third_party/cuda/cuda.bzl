@@ -144,20 +144,24 @@ def cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], **kwargs):
     private_hdrs = [s for s in other_srcs if _has_extension(s, _HEADER_EXTENSIONS)]
     all_deps = deps + ["@local_cuda//:cudart"]
 
-    objects = name + "_cuda_objects"
-    _cuda_objects(
-        name = objects,
-        srcs = cu_srcs,
-        hdrs = hdrs + private_hdrs,
-        deps = all_deps,
-        copts = copts,
-        target_compatible_with = REQUIRES_CUDA,
-        testonly = kwargs.get("testonly", False),
-        visibility = ["//visibility:private"],
-    )
+    # A library of host code only (.cc calling the CUDA runtime) has no nvcc step: an empty
+    # object list is not a valid cc_library source.
+    objects = []
+    if cu_srcs:
+        objects = [":" + name + "_cuda_objects"]
+        _cuda_objects(
+            name = name + "_cuda_objects",
+            srcs = cu_srcs,
+            hdrs = hdrs + private_hdrs,
+            deps = all_deps,
+            copts = copts,
+            target_compatible_with = REQUIRES_CUDA,
+            testonly = kwargs.get("testonly", False),
+            visibility = ["//visibility:private"],
+        )
     native.cc_library(
         name = name,
-        srcs = other_srcs + [":" + objects],
+        srcs = other_srcs + objects,
         hdrs = hdrs,
         deps = all_deps,
         target_compatible_with = REQUIRES_CUDA,

@@ -1,0 +1,70 @@
+#include "backends/cuda/install.h"
+
+#include <memory>
+#include <utility>
+
+#include "core/allocator.h"
+#include "core/check.h"
+#include "core/kernels.h"
+
+namespace braid::cuda {
+namespace {
+
+void CopyBytes(DeviceRuntime& rt, void* dst, const void* src, size_t bytes, CopyKind kind,
+               bool sync) {
+  if (bytes == 0) return;
+  Stream s = rt.current_stream();
+  BRAID_CHECK_OK(rt.api().MemcpyAsync(dst, src, bytes, kind, s));
+  if (sync) BRAID_CHECK_OK(rt.api().SynchronizeStream(s));
+}
+
+}  // namespace
+
+void CopyTensorCuda(const Tensor& src, Tensor& dst) {
+  const bool src_dev = src.device().type == DeviceType::kCUDA;
+  const bool dst_dev = dst.device().type == DeviceType::kCUDA;
+  BRAID_CHECK(src.numel() == dst.numel()) << "copy from " << src.DescribeForError() << " into "
+                                          << dst.DescribeForError() << ": element counts differ";
+  if (!src_dev) {  // host -> device
+    Tensor h = src.dtype() == dst.dtype() ? src : src.To(dst.dtype());
+    CopyBytes(RuntimeOf(dst.device()), dst.raw_data(), h.raw_data(), dst.nbytes(),
+              CopyKind::kHostToDevice, /*sync=*/true);
+    return;
+  }
+  if (!dst_dev) {  // device -> host
+    if (src.dtype() == dst.dtype()) {
+      CopyBytes(RuntimeOf(src.device()), dst.raw_data(), src.raw_data(), dst.nbytes(),
+                CopyKind::kDeviceToHost, true);
+      return;
+    }
+    Tensor h = Tensor::Empty(src.shape(), src.dtype(), dst.device());
+    CopyBytes(RuntimeOf(src.device()), h.raw_data(), src.raw_data(), h.nbytes(),
+              CopyKind::kDeviceToHost, true);
+    dst.CopyFrom(h);  // converts on the host
+    return;
+  }
+  if (src.dtype() != dst.dtype()) {  // device -> device, two dtypes: through the host
+    Tensor h = src.To(Device::CPU()).To(dst.dtype());
+    dst.CopyFrom(h);
+    return;
+  }
+  if (src.raw_data() == dst.raw_data()) return;
+  if (src.device() != dst.device()) {
+    DeviceRuntime& from = RuntimeOf(src.device());
+    BRAID_CHECK_OK(from.api().SynchronizeStream(from.current_stream()));
+  }
+  CopyBytes(RuntimeOf(dst.device()), dst.raw_data(), src.raw_data(), dst.nbytes(),
+            CopyKind::kDeviceToDevice, false);
+}
+
+void InstallCudaBackend(DeviceApiFactory factory) {
+  SetDeviceApiFactory(std::move(factory));
+  RegisterAllocatorFactory(DeviceType::kCUDA, [](Device d) -> std::unique_ptr<Allocator> {
+    DeviceRuntime* rt = &RuntimeOf(d);  // fails fast, with CUDA's reason, without a device
+    return std::make_unique<CachingAllocator>(d, &rt->api(),
+                                              [rt] { return rt->current_stream(); });
+  });
+  kernels::copy.Register(DeviceType::kCUDA, &CopyTensorCuda);
+}
+
+}  // namespace braid::cuda

@@ -1,0 +1,70 @@
+// Launchers of the CUDA kernels on raw device pointers, for register.cc (which adapts the
+// kernel table's Tensor signatures) and for tests. Each enqueues on `stream` and returns the
+// launch's error (cudaSuccess once enqueued). Nothing here includes core, so nvcc never parses
+// absl.
+#ifndef BRAID_BACKENDS_CUDA_KERNELS_LAUNCHERS_H_
+#define BRAID_BACKENDS_CUDA_KERNELS_LAUNCHERS_H_
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "backends/cuda/math/optimizer.h"
+#include "backends/cuda/math/unary.h"
+
+namespace braid::cuda {
+
+// Fills n elements of `elem_size` bytes (1, 2, 4 or 8) with the bit pattern `bits`.
+cudaError_t LaunchFill(void* dst, int64_t n, int elem_size, uint64_t bits, cudaStream_t s);
+// out[i] = a[i] op b[i % nb].
+cudaError_t LaunchBinary(math::Binary op, const float* a, const float* b, int64_t nb, float* out,
+                         int64_t n, cudaStream_t s);
+cudaError_t LaunchUnary(math::Unary op, const float* a, float scalar, float* out, int64_t n,
+                        cudaStream_t s);
+cudaError_t LaunchUnaryGrad(math::Unary op, const float* a, const float* g, float* out, int64_t n,
+                            cudaStream_t s);
+cudaError_t LaunchAxpby(float alpha, const float* x, float beta, float* y, int64_t n,
+                        cudaStream_t s);
+cudaError_t LaunchAdamW(const math::AdamWConsts& k, float* w, const float* g, float* m, float* v,
+                        int64_t n, cudaStream_t s);
+cudaError_t LaunchSgd(const math::SgdConsts& k, float* w, const float* g, float* buf, int64_t n,
+                      cudaStream_t s);
+
+// out[0] = sum of a (deterministic: fixed grid, per-block partials in double, summed in order).
+cudaError_t LaunchSumAll(const float* a, int64_t n, float* out, cudaStream_t s);
+// out[c] = beta out[c] + sum over rows of a[r, c], rows in order (one thread per column).
+cudaError_t LaunchSumRows(const float* a, int64_t rows, int64_t cols, float* out, float beta,
+                          cudaStream_t s);
+
+cudaError_t LaunchLayerNormForward(const float* x, const float* w, const float* b, float eps,
+                                   int64_t rows, int64_t cols, float* out, float* mean,
+                                   float* rstd, cudaStream_t s);
+// dx written; dw, db added into.
+cudaError_t LaunchLayerNormBackward(const float* dout, const float* x, const float* w,
+                                    const float* mean, const float* rstd, int64_t rows,
+                                    int64_t cols, float* dx, float* dw, float* db, cudaStream_t s);
+cudaError_t LaunchSoftmaxForward(const float* x, int64_t rows, int64_t cols, float* out,
+                                 cudaStream_t s);
+cudaError_t LaunchSoftmaxBackward(const float* y, const float* dy, int64_t rows, int64_t cols,
+                                  float* dx, cudaStream_t s);
+cudaError_t LaunchCrossEntropyForward(const float* logits, const int32_t* targets, int64_t rows,
+                                      int64_t vocab, float* losses, float* probs, cudaStream_t s);
+cudaError_t LaunchCrossEntropyBackward(const float* probs, const int32_t* targets,
+                                       const float* dloss, int64_t rows, int64_t vocab,
+                                       float* dlogits, cudaStream_t s);
+cudaError_t LaunchEmbeddingForward(const float* weight, const int32_t* ids, int64_t n,
+                                   int64_t cols, float* out, cudaStream_t s);
+cudaError_t LaunchEmbeddingBackward(const float* dout, const int32_t* ids, int64_t n,
+                                    int64_t cols, float* dweight, cudaStream_t s);
+
+// Causal attention, the reference kernel (attention.cu). `ds_scratch` (backward) holds
+// B * H * T * T floats.
+cudaError_t LaunchAttentionForward(const float* qkv, int64_t B, int64_t T, int64_t C, int64_t H,
+                                   float* out, float* att, cudaStream_t s);
+cudaError_t LaunchAttentionBackward(const float* dout, const float* qkv, const float* att,
+                                    int64_t B, int64_t T, int64_t C, int64_t H, float* ds_scratch,
+                                    float* dqkv, cudaStream_t s);
+
+}  // namespace braid::cuda
+
+#endif  // BRAID_BACKENDS_CUDA_KERNELS_LAUNCHERS_H_

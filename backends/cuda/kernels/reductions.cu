@@ -1,0 +1,70 @@
+// sum_all and sum_rows. Both deterministic: sum_all uses a grid fixed by n alone
+// (ReductionGeometry) with per-block partials in double summed in block order by one block;
+// sum_rows gives each column one thread that adds the rows in order, exactly the CPU backend's
+// per-column order.
+#include "backends/cuda/kernels/geometry.h"
+#include "backends/cuda/kernels/launchers.h"
+
+namespace braid::cuda {
+namespace {
+
+__device__ double BlockSumDouble(double v) {
+  __shared__ double shared[32];
+  for (int off = 16; off >= 1; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < int(blockDim.x / 32) ? shared[lane] : 0.0;
+  for (int off = 16; off >= 1; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+__global__ void PartialSumsKernel(const float* a, int64_t n, double* partial) {
+  double s = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    s += a[i];
+  }
+  s = BlockSumDouble(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+// One block: thread 0 adds the partials in block order (at most kMaxReduceGrid of them).
+__global__ void FinishSumKernel(const double* partial, int64_t blocks, float* out) {
+  if (threadIdx.x != 0) return;
+  double s = 0;
+  for (int64_t b = 0; b < blocks; ++b) s += partial[b];
+  out[0] = float(s);
+}
+
+__global__ void SumRowsKernel(const float* a, int64_t rows, int64_t cols, float* out, float beta) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float acc = 0;
+  for (int64_t r = 0; r < rows; ++r) acc += a[r * cols + c];
+  out[c] = beta != 0.0f ? beta * out[c] + acc : acc;
+}
+
+}  // namespace
+
+cudaError_t LaunchSumAll(const float* a, int64_t n, float* out, cudaStream_t s) {
+  const Launch1D g = ReductionGeometry(n);
+  double* partial = nullptr;
+  cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&partial), g.grid * sizeof(double), s);
+  if (e != cudaSuccess) return e;
+  PartialSumsKernel<<<g.grid, g.block, 0, s>>>(a, n, partial);
+  FinishSumKernel<<<1, 32, 0, s>>>(partial, g.grid, out);
+  e = cudaGetLastError();
+  const cudaError_t f = cudaFreeAsync(partial, s);
+  return e != cudaSuccess ? e : f;
+}
+
+cudaError_t LaunchSumRows(const float* a, int64_t rows, int64_t cols, float* out, float beta,
+                          cudaStream_t s) {
+  const Launch1D g = ColumnGeometry(cols);
+  if (g.grid == 0) return cudaSuccess;
+  SumRowsKernel<<<g.grid, g.block, 0, s>>>(a, rows, cols, out, beta);
+  return cudaGetLastError();
+}
+
+}  // namespace braid::cuda

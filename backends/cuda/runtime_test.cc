@@ -1,0 +1,115 @@
+// The CUDA backend's wiring into core, on the fake device: tensors on cuda:N allocate from the
+// caching allocator (GetMemoryStats works), Tensor::To / CopyFrom move data host<->device and
+// device<->device with dtype conversion, and the current stream is per thread.
+#include "backends/cuda/runtime.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "backends/cuda/fake_device_api.h"
+#include "backends/cuda/install.h"
+#include "core/allocator.h"
+
+namespace braid::cuda {
+namespace {
+
+class CudaRuntimeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    InstallCudaBackend([](int index) -> absl::StatusOr<std::unique_ptr<DeviceApi>> {
+      if (index >= 2) {
+        return absl::InvalidArgumentError("fake: this machine has 2 CUDA devices");
+      }
+      FakeDeviceApi::Options o;
+      o.device_index = index;
+      return std::make_unique<FakeDeviceApi>(o);
+    });
+  }
+  static FakeDeviceApi& Fake(int index) {
+    return static_cast<FakeDeviceApi&>(RuntimeOf(Device::CUDA(index)).api());
+  }
+};
+
+TEST_F(CudaRuntimeTest, RoundTripsThroughTheDeviceInEveryDtypePair) {
+  std::vector<float> values = {1.5f, -2.0f, 3.25f, 0.0f, 1024.0f};
+  Tensor host = Tensor::FromVector(values, {5});
+  Tensor dev = host.To(Device::CUDA(0));
+  EXPECT_EQ(dev.device(), Device::CUDA(0));
+  EXPECT_EQ(dev.ToFloatVector(), values);  // D2H, same dtype
+  // These values are exact in bf16 and f16, so every conversion path must return them exactly.
+  for (DType to : {DType::kBF16, DType::kF16, DType::kF32}) {
+    Tensor d2 = Tensor::Empty({5}, to, Device::CUDA(0));
+    d2.CopyFrom(host);  // H2D, converting on the host first
+    EXPECT_EQ(d2.ToFloatVector(), values) << DTypeName(to);
+    Tensor d3 = Tensor::Empty({5}, DType::kF32, Device::CUDA(0));
+    d3.CopyFrom(d2);  // D2D, converting through the host
+    EXPECT_EQ(d3.ToFloatVector(), values) << DTypeName(to);
+    Tensor h2 = Tensor::Empty({5}, DType::kF32);
+    h2.CopyFrom(d2);  // D2H, converting on the host after
+    EXPECT_EQ(h2.ToFloatVector(), values) << DTypeName(to);
+  }
+  std::vector<int32_t> ids = {3, 1, 4, 1, 5, 9};
+  EXPECT_EQ(Tensor::FromVector(ids, {6}, Device::CUDA(0)).ToVector<int32_t>(), ids);
+}
+
+TEST_F(CudaRuntimeTest, CopiesBetweenTwoDevices) {
+  std::vector<float> values = {7, 8, 9};
+  Tensor on0 = Tensor::FromVector(values, {3}, Device::CUDA(0));
+  Tensor on1 = on0.To(Device::CUDA(1));
+  EXPECT_EQ(on1.device(), Device::CUDA(1));
+  EXPECT_EQ(on1.ToFloatVector(), values);
+  Tensor clone = on1.Clone();  // D2D on one device
+  EXPECT_EQ(clone.ToFloatVector(), values);
+  EXPECT_NE(clone.raw_data(), on1.raw_data());
+}
+
+TEST_F(CudaRuntimeTest, TensorsCountInTheDevicesMemoryStats) {
+  const Device d = Device::CUDA(0);
+  const int64_t before = GetMemoryStats(d).current_bytes;
+  {
+    Tensor t = Tensor::Empty({256}, DType::kF32, d);
+    EXPECT_EQ(GetMemoryStats(d).current_bytes, before + 1024);
+    EXPECT_GE(GetMemoryStats(d).peak_bytes, before + 1024);
+    EXPECT_EQ(RuntimeOf(d).allocator().StreamOf(t.raw_data()), RuntimeOf(d).compute_stream());
+  }
+  EXPECT_EQ(GetMemoryStats(d).current_bytes, before);
+  bool listed = false;
+  for (auto& [dev, stats] : AllMemoryStats()) listed |= dev == d;
+  EXPECT_TRUE(listed);
+}
+
+TEST_F(CudaRuntimeTest, TheCurrentStreamIsPerThreadAndRestored) {
+  DeviceRuntime& rt = RuntimeOf(Device::CUDA(0));
+  EXPECT_EQ(rt.current_stream(), rt.compute_stream());
+  EXPECT_NE(rt.copy_stream(), rt.compute_stream());
+  {
+    CurrentStreamGuard g(rt, rt.copy_stream());
+    EXPECT_EQ(rt.current_stream(), rt.copy_stream());
+    Tensor t = Tensor::Empty({4}, DType::kF32, Device::CUDA(0));
+    EXPECT_EQ(rt.allocator().StreamOf(t.raw_data()), rt.copy_stream());
+    Stream other_thread;
+    std::thread th([&] { other_thread = rt.current_stream(); });
+    th.join();
+    EXPECT_EQ(other_thread, rt.compute_stream());
+  }
+  EXPECT_EQ(rt.current_stream(), rt.compute_stream());
+}
+
+TEST_F(CudaRuntimeTest, HostCopiesSynchroniseTheCurrentStream) {
+  // A host tensor may be freed the moment CopyFrom returns: nothing may still be queued.
+  Tensor dev = Tensor::FromVector(std::vector<float>{1, 2}, {2}, Device::CUDA(0));
+  EXPECT_EQ(Fake(0).Pending(RuntimeOf(Device::CUDA(0)).compute_stream()), 0u);
+  (void)dev;
+}
+
+TEST_F(CudaRuntimeTest, AnUnusableDeviceReportsTheFactorysReasonEveryTime) {
+  absl::StatusOr<DeviceRuntime*> rt = GetRuntime(5);
+  ASSERT_FALSE(rt.ok());
+  EXPECT_EQ(rt.status().message(), "fake: this machine has 2 CUDA devices");
+  EXPECT_EQ(GetRuntime(5).status(), rt.status());
+  EXPECT_DEATH(Tensor::Empty({1}, DType::kF32, Device::CUDA(5)), "this machine has 2 CUDA devices");
+}
+
+}  // namespace
+}  // namespace braid::cuda
