@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <numeric>
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "backends/cuda/device_check.h"
 #include "backends/store/tcp_store.h"
 #include "core/activation_checkpointing.h"
 #include "core/allocator.h"
@@ -132,6 +134,32 @@ class MnistBatches : public BatchSource {
 
 // The model's library registered it (models/gpt, models/mlp); validation has checked the model
 // section against it and filled in its defaults.
+// The loss scaler's state rides in a checkpoint's metadata: resuming an fp16 run continues its
+// scale, hysteresis and window exactly (an exact resume needs all three).
+void SaveLossScaler(const LossScaler& scaler, std::map<std::string, std::string>* extra) {
+  const LossScalerState& s = scaler.state();
+  (*extra)["loss_scale"] = absl::StrFormat("%.9g", s.scale);
+  (*extra)["loss_scale_clean_steps"] = absl::StrCat(s.clean_steps);
+  (*extra)["loss_scale_hysteresis_left"] = absl::StrCat(s.hysteresis_left);
+  (*extra)["skipped_steps"] = absl::StrCat(s.skipped_steps);
+}
+
+absl::Status RestoreLossScaler(const std::map<std::string, std::string>& extra, LossScaler* scaler) {
+  auto it = extra.find("loss_scale");
+  if (it == extra.end()) return absl::OkStatus();  // written without fp16/bf16: start afresh
+  LossScalerState s;
+  bool ok = absl::SimpleAtof(it->second, &s.scale);
+  auto get = [&](const char* key, auto* out) {
+    auto f = extra.find(key);
+    ok = ok && f != extra.end() && absl::SimpleAtoi(f->second, out);
+  };
+  get("loss_scale_clean_steps", &s.clean_steps);
+  get("loss_scale_hysteresis_left", &s.hysteresis_left);
+  get("skipped_steps", &s.skipped_steps);
+  if (!ok) return absl::DataLossError("checkpoint: the loss scaler's state in its index is malformed");
+  return scaler->SetState(s);
+}
+
 absl::StatusOr<std::unique_ptr<Module>> BuildModel(const TrainConfig& cfg, Device device) {
   return Registry::Get().MakeModel(cfg.model().name(), cfg.model(), cfg.seed(), device);
 }
@@ -283,9 +311,14 @@ class Reporter {
 
 absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env) {
   BRAID_ASSIGN_OR_RETURN(Device device, Device::Parse(cfg.device()));
-  if (device.type != DeviceType::kCPU) {
-    return absl::UnimplementedError(absl::StrCat(
-        "device '", cfg.device(), "': this build has no CUDA backend yet; use device: \"cpu\""));
+  if (device.type == DeviceType::kCUDA) {
+    // One GPU per worker: worker LOCAL_RANK r of a node trains on cuda:N+r (NCCL refuses two
+    // ranks on one GPU). The backend says whether the device is usable: "no CUDA backend" in
+    // the default build, CUDA's own reason (no driver, no GPU) under --config=cuda.
+    int local_rank = 0;
+    if (const char* lr = std::getenv("LOCAL_RANK")) (void)absl::SimpleAtoi(lr, &local_rank);
+    device.index += local_rank;
+    BRAID_RETURN_IF_ERROR(cuda::PrepareCudaDevice(device));
   }
   // A file-size limit (ulimit -f) makes a too-large write fail with EFBIG, reported like a full
   // disk, instead of killing the process with SIGXFSZ.
@@ -524,6 +557,7 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
         }
         BRAID_ASSIGN_OR_RETURN(auto extra, checkpointer->Load(*latest, *chunks, *group[0]));
         BRAID_RETURN_IF_ERROR(strategy->AfterStateLoaded(*chunks));
+        if (mp != nullptr) BRAID_RETURN_IF_ERROR(RestoreLossScaler(extra, &mp->scaler));
         first_step = int(*latest);
         // The data where it was: every rank draws `accum` batches a step, so after k steps each
         // rank's stream is k * accum batches in, whatever the layout that wrote the checkpoint
@@ -541,10 +575,10 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   }
   auto save_checkpoint = [&](int done_steps) -> absl::Status {
     BRAID_ASSIGN_OR_RETURN(std::vector<StateChunk> chunks, strategy->StateChunks(/*create=*/false));
-    return checkpointer->Save(done_steps, chunks,
-                              {{"batches_drawn", absl::StrCat(batches_drawn)},
-                               {"step", absl::StrCat(done_steps)}},
-                              *group[0]);
+    std::map<std::string, std::string> extra = {{"batches_drawn", absl::StrCat(batches_drawn)},
+                                                {"step", absl::StrCat(done_steps)}};
+    if (mp != nullptr) SaveLossScaler(mp->scaler, &extra);
+    return checkpointer->Save(done_steps, chunks, extra, *group[0]);
   };
   int checkpoints_saved = 0;
   const std::string checkpoint_dir = checkpointer != nullptr ? checkpoint_options.dir : "";
@@ -601,10 +635,13 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
     rep.Metric(absl::StrFormat(
         "{\"step\": %d, \"loss\": %.9g, \"lr\": %.6g, \"step_s\": %.6f, \"tokens_per_s\": %.1f, "
         "\"forward_s\": %.6f, \"backward_s\": %.6f, \"comm_exposed_s\": %.6f, "
-        "\"optimizer_s\": %.6f, \"grad_norm\": %.6g, \"comm_bytes\": %d, "
+        "\"optimizer_s\": %.6f, \"grad_norm\": %s, \"comm_bytes\": %d, "
         "\"comm_bytes_overlapped\": %d, \"peak_bytes\": %d%s}",
         step, st.loss, lr, dt, tps, st.forward_s, st.backward_s, st.comm_exposed_s,
-        st.optimizer_s, st.grad_norm, st.comm_bytes, st.comm_bytes_overlapped,
+        st.optimizer_s,
+        // JSON has no inf/NaN: an overflowed step's norm (fp16, skipped) is null.
+        std::isfinite(st.grad_norm) ? absl::StrFormat("%.6g", st.grad_norm) : std::string("null"),
+        st.comm_bytes, st.comm_bytes_overlapped,
         GetMemoryStats(device).peak_bytes,
         mp == nullptr ? std::string()
                       : absl::StrFormat(", \"loss_scale\": %g, \"skipped\": %s", mp->last_step_scale,

@@ -752,6 +752,28 @@ TEST(ConfigValidate, ParallelLayout) {
   EXPECT_THAT(ValidationError("parallel { tensor: 2 } strategy { name: \"zero\" } "
                               "zero_optimization { stage: 3 }", 2, {"zero3"}),
               HasSubstr("zero_optimization.stage 3 with parallel.tensor > 1 is not supported"));
+  EXPECT_THAT(ValidationError("parallel { tensor: 2 } bf16 { enabled: true }", 2, {kFeatureBf16}),
+              HasSubstr("bf16.enabled with parallel.tensor > 1 is not supported yet"));
+}
+
+// DeepSpeed's communication_data_type: "fp32" or the precision's own name, under fp16/bf16, and
+// f32 reduction by DDP only.
+TEST(ConfigValidate, CommunicationDataType) {
+  EXPECT_EQ(ValidationError("bf16 { enabled: true } communication_data_type: \"fp32\" "
+                            "strategy { name: \"ddp\" }", 2, {kFeatureBf16}),
+            "");
+  EXPECT_EQ(ValidationError("fp16 { enabled: true } communication_data_type: \"fp16\"", 1,
+                            {kFeatureFp16}),
+            "");
+  EXPECT_THAT(ValidationError("bf16 { enabled: true } communication_data_type: \"fp8\"", 1,
+                              {kFeatureBf16}),
+              HasSubstr("communication_data_type \"fp8\" is unknown; known: \"fp32\", \"bf16\""));
+  EXPECT_THAT(ValidationError("communication_data_type: \"fp32\""),
+              HasSubstr("applies under fp16 or bf16 only"));
+  EXPECT_THAT(ValidationError("bf16 { enabled: true } communication_data_type: \"fp32\" "
+                              "strategy { name: \"zero\" } zero_optimization { stage: 1 }",
+                              2, {kFeatureBf16, "zero1"}),
+              HasSubstr("implemented by strategy \"ddp\" only, not \"zero\""));
 }
 
 TEST(ConfigValidate, CheckpointSection) {
