@@ -90,9 +90,11 @@ class MnistBatches : public BatchSource {
   std::string Evaluate(Module& model) override {
     autograd::NoGradGuard no_grad;
     model.Eval();
-    // In the parameters' dtype (bf16/f16 under mixed precision), as training's inputs are.
+    // On the parameters' device and in their dtype (bf16/f16 under mixed precision), as
+    // training's inputs are (on CUDA the batches are made on the host and prefetched).
+    const Tensor& first = model.Parameters().front();
     std::vector<float> logits =
-        model(test_.images.To(device_).To(model.Parameters().front().dtype())).ToFloatVector();
+        model(test_.images.To(first.device()).To(first.dtype())).ToFloatVector();
     model.Train();
     std::vector<int32_t> labels = test_.labels.ToVector<int32_t>();
     int64_t right = 0, n = int64_t(labels.size());
@@ -499,8 +501,11 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
     if (mp != nullptr) ReloadMasterWeights(*strategy->optimizer());  // masters were made at Setup
   }
 
+  // On CUDA the batches are made on the host and copied ahead (pinned, on the copy stream) while
+  // the previous step runs; elsewhere they are made on the device.
+  const Device data_device = device.type == DeviceType::kCUDA ? Device::CPU() : device;
   BRAID_ASSIGN_OR_RETURN(std::unique_ptr<BatchSource> source, BuildData(cfg, *model, strategy->data_parallel_rank(),
-                                   strategy->data_parallel_size(), device));
+                                   strategy->data_parallel_size(), data_device));
   std::unique_ptr<LrSchedule> schedule = MakeSchedule(cfg);
   LossFn loss_fn = [mpp = mp.get()](Module& m, const Batch& b) {
     Tensor loss = ops::CrossEntropy(m(b.inputs), b.targets);
@@ -603,11 +608,17 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
       (void)absl::SimpleAtoi(f, &kill_at_step);
     }
   }
+  // Made after a resume's fast-forward, which draws from the source directly.
+  std::function<Batch()> next_batch = [&source]() { return source->Next(); };
+  if (device.type == DeviceType::kCUDA) {
+    BRAID_ASSIGN_OR_RETURN(next_batch, cuda::PrefetchBatches(device, next_batch));
+  }
   for (int step = first_step; step < steps; ++step) {
     if (step == kill_at_step) std::raise(SIGKILL);
     std::vector<Batch> micro;
     for (int i = 0; i < accum; ++i) {
-      micro.push_back(mp != nullptr ? CastInputs(source->Next(), mp->dtype) : source->Next());
+      Batch b = next_batch();
+      micro.push_back(mp != nullptr ? CastInputs(b, mp->dtype) : b);
     }
     batches_drawn += accum;
     float lr = schedule->At(step);

@@ -7,6 +7,7 @@
 #include "backends/cuda/install.h"
 #include "backends/cuda/launch.h"
 #include "core/check.h"
+#include "core/kernels.h"
 
 namespace braid::cuda {
 namespace {
@@ -18,6 +19,11 @@ bool Install() {
         << "cuda:" << rt.index() << ": beyond the " << kMaxCudaDevices << " devices launch.h keeps";
   });
   InstallCudaBackend(&MakeCudaDeviceApi);
+  // bf16/f16 (mixed precision) on the GPU: until native half kernels exist, every f32 kernel
+  // also serves half tensors by computing in f32 and rounding once (core/kernels.h). The
+  // wrappers look the f32 kernel up at each call, so static-initialisation order does not
+  // matter. Correct, not fast: the dtype conversions are copies (docs/GPU.md).
+  kernels::RegisterHalfFallbacks(DeviceType::kCUDA);
   return true;
 }
 

@@ -5,14 +5,24 @@
 #ifndef BRAID_BACKENDS_CUDA_DEVICE_CHECK_H_
 #define BRAID_BACKENDS_CUDA_DEVICE_CHECK_H_
 
+#include <functional>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/device.h"
+#include "core/strategy.h"
 
 namespace braid::cuda {
 
 // OK when `device` (cuda:N) is usable; it then is the calling thread's current CUDA device and
 // its runtime (streams, allocator) exists. The error's message starts with the device's name.
 absl::Status PrepareCudaDevice(Device device);
+
+// The training batches on `device` (after PrepareCudaDevice): `next_on_host` makes each batch on
+// the CPU, and batch k+1 is staged in pinned memory and copied on the device's copy stream while
+// step k runs (prefetch.h). Without the CUDA backend: the same error as PrepareCudaDevice.
+absl::StatusOr<std::function<Batch()>> PrefetchBatches(Device device,
+                                                       std::function<Batch()> next_on_host);
 
 }  // namespace braid::cuda
 

@@ -4,7 +4,9 @@
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/device_check.h"
+#include "backends/cuda/prefetch.h"
 #include "backends/cuda/runtime.h"
+#include "core/check.h"
 
 namespace braid::cuda {
 
@@ -15,6 +17,25 @@ absl::Status PrepareCudaDevice(Device device) {
   if (st.ok()) return st;
   return absl::Status(st.code(), absl::StrCat("device \"", device.ToString(), "\": ",
                                               st.message()));
+}
+
+absl::StatusOr<std::function<Batch()>> PrefetchBatches(Device device,
+                                                       std::function<Batch()> next_on_host) {
+  BRAID_RETURN_IF_ERROR(PrepareCudaDevice(device));
+  BatchProducer produce = [next_on_host = std::move(next_on_host)]() -> std::optional<std::vector<Tensor>> {
+    Batch b = next_on_host();
+    return std::vector<Tensor>{b.inputs, b.targets};
+  };
+  absl::StatusOr<std::unique_ptr<BatchPrefetcher>> p = BatchPrefetcher::Create(&RuntimeOf(device), produce);
+  if (!p.ok()) return p.status();
+  std::shared_ptr<BatchPrefetcher> prefetcher = std::move(*p);
+  return std::function<Batch()>([prefetcher, device]() {
+    absl::StatusOr<std::optional<std::vector<Tensor>>> next = prefetcher->Next();
+    BRAID_CHECK(next.ok() && next->has_value())
+        << "prefetching a batch to " << device.ToString() << ": "
+        << (next.ok() ? std::string("the data ended") : next.status().ToString());
+    return Batch{(**next)[0], (**next)[1]};
+  });
 }
 
 }  // namespace braid::cuda

@@ -4,6 +4,10 @@
 
 namespace braid::cuda {
 
+absl::StatusOr<std::function<Batch()>> PrefetchBatches(Device device, std::function<Batch()>) {
+  return PrepareCudaDevice(device);
+}
+
 absl::Status PrepareCudaDevice(Device device) {
   return absl::FailedPreconditionError(absl::StrCat(
       "device \"", device.ToString(),
