@@ -32,6 +32,11 @@ CheckpointRngState CurrentRngState() {
 
 // Modules checkpointed together, and what each computed before it was checkpointed.
 struct Segment {
+  // Keep what the ops save instead of recomputing it (the policy's last segment, where backward
+  // starts): the run still hands each saved tensor over when backward unpacks it, so it is freed
+  // as soon as its node ran, not when the whole graph is released at the end of backward (where
+  // the parameters' gradients already exist, so a plain last segment would raise the peak).
+  bool keep = false;
   std::vector<std::string> names;
   std::vector<Module*> modules;
   std::vector<Module::ForwardFn> previous;  // the replaced forward before; null: Forward
@@ -63,6 +68,7 @@ class Run {
 
   size_t AddPlaceholder(const Tensor& t) {
     metas_.push_back({t.shape(), t.dtype()});
+    if (seg_->keep) recomputed_.push_back(t);  // handed over as it is, not recomputed
     ++g_stats.placeholders;
     return metas_.size() - 1;
   }
@@ -86,7 +92,7 @@ class Run {
 
   // The i-th saved tensor, handed over: the run keeps no reference, so the activation is freed
   // once backward is done with it. A slot asked for again (a second backward through a graph
-  // kept with retain_graph) recomputes again.
+  // kept with retain_graph) recomputes again, a kept segment too.
   Tensor Take(size_t i) {
     if (recomputed_.empty() || !recomputed_[i].defined()) Recompute();
     Tensor t = recomputed_[i];
@@ -193,7 +199,7 @@ struct CheckpointedForward {
       CheckpointRngState rng = CurrentRngState();
       run = std::make_shared<Run>(seg, index, x.defined() ? x.Detach() : x,
                                   rng.save ? rng.save() : nullptr);
-      ++g_stats.forwards;
+      ++(seg->keep ? g_stats.kept_forwards : g_stats.forwards);
     }
     Tensor out;
     {
@@ -229,6 +235,10 @@ bool Contains(Module& outer, const Module* inner) {
 std::string KindName(CheckpointPolicy::Kind kind) {
   return CheckpointPolicyNames()[size_t(kind)];
 }
+
+// CheckpointSegment, or with `keep` a segment that keeps its saved tensors (Segment::keep).
+absl::Status CheckpointSegmentAs(const std::vector<std::pair<std::string, Module*>>& modules,
+                                 bool keep);
 
 }  // namespace
 
@@ -310,23 +320,47 @@ std::vector<std::vector<int>> PlanCheckpointSegments(int num_blocks,
       for (int i = 0; i < num_blocks; ++i) plan.push_back({i});
       break;
   }
+  // Backward begins in the last block, right after the forward: a segment ending there would be
+  // recomputed at once, rebuilding what its forward had just dropped, so recomputing it lowers no
+  // peak and costs a forward of its blocks (EnableActivationCheckpointing keeps it instead). (every_k's last segment may end earlier: blocks after
+  // it keep their activations until backward passes them, and its recompute comes later, when
+  // those are freed, so it still lowers the peak and stays.)
+  if (!policy.checkpoint_last_segment && !plan.empty() && plan.back().back() == num_blocks - 1) {
+    plan.pop_back();
+  }
   return plan;
 }
 
 std::string CheckpointingSummary::ToString() const {
+  std::string kept;
+  if (last_kept > 0) {
+    kept = policy.kind == CheckpointPolicy::Kind::kAttention
+               ? "; the last block's kept, not recomputed: backward starts there"
+               : last_kept == 1 ? "; the last block kept, not recomputed: backward starts there"
+                                : absl::StrCat("; the last ", last_kept,
+                                               " blocks kept, not recomputed: backward starts there");
+  }
   if (policy.kind == CheckpointPolicy::Kind::kAttention) {
     return absl::StrCat("the attention of ", covered, " of ", blocks, " blocks (policy ",
-                        policy.ToString(), ")");
+                        policy.ToString(), kept, ")");
   }
   return absl::StrCat(covered, " of ", blocks, " blocks in ", segments,
-                      segments == 1 ? " segment" : " segments", " (policy ", policy.ToString(), ")");
+                      segments == 1 ? " segment" : " segments", " (policy ", policy.ToString(),
+                      kept, ")");
 }
 
 bool IsActivationCheckpointed(const Module& m) { return Checkpointed(m) != nullptr; }
 
 absl::Status CheckpointSegment(const std::vector<std::pair<std::string, Module*>>& modules) {
+  return CheckpointSegmentAs(modules, /*keep=*/false);
+}
+
+namespace {
+absl::Status CheckpointSegmentAs(const std::vector<std::pair<std::string, Module*>>& modules,
+                                 bool keep) {
   if (modules.empty()) return absl::InvalidArgumentError("CheckpointSegment: no modules given");
   auto seg = std::make_shared<Segment>();
+  seg->keep = keep;
   for (const auto& [name, m] : modules) {
     if (m == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("CheckpointSegment: module '", name, "' is null"));
@@ -352,6 +386,7 @@ absl::Status CheckpointSegment(const std::vector<std::pair<std::string, Module*>
   }
   return absl::OkStatus();
 }
+}  // namespace
 
 absl::StatusOr<CheckpointingSummary> EnableActivationCheckpointing(Module& model,
                                                                    const CheckpointPolicy& policy) {
@@ -366,7 +401,13 @@ absl::StatusOr<CheckpointingSummary> EnableActivationCheckpointing(Module& model
     return absl::InvalidArgumentError(absl::StrCat("activation_checkpointing.every_k (",
                                                    policy.every_k, ") must be >= 1"));
   }
-  const std::vector<std::vector<int>> plan = PlanCheckpointSegments(int(blocks.size()), policy);
+  // Every segment of the policy; the last one is kept rather than recomputed when
+  // PlanCheckpointSegments leaves it out.
+  CheckpointPolicy all = policy;
+  all.checkpoint_last_segment = true;
+  const std::vector<std::vector<int>> plan = PlanCheckpointSegments(int(blocks.size()), all);
+  const bool keep_last =
+      PlanCheckpointSegments(int(blocks.size()), policy).size() < plan.size();
   std::vector<std::vector<std::pair<std::string, Module*>>> segments;
   for (const std::vector<int>& indices : plan) {
     std::vector<std::pair<std::string, Module*>> seg;
@@ -425,12 +466,17 @@ absl::StatusOr<CheckpointingSummary> EnableActivationCheckpointing(Module& model
   CheckpointingSummary summary;
   summary.policy = policy;
   summary.blocks = int(blocks.size());
-  summary.segments = int(segments.size());
-  for (const auto& seg : segments) {
-    BRAID_RETURN_IF_ERROR(CheckpointSegment(seg));
-    summary.modules += int(seg.size());
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const bool keep = keep_last && i + 1 == segments.size();
+    BRAID_RETURN_IF_ERROR(CheckpointSegmentAs(segments[i], keep));
+    summary.modules += int(segments[i].size());
+    if (keep) {
+      summary.last_kept = int(segments[i].size());
+    } else {
+      summary.covered += int(segments[i].size());  // one module per block, blocks or their attn
+      ++summary.segments;
+    }
   }
-  summary.covered = summary.modules;  // one module per block, blocks or their attn
   return summary;
 }
 

@@ -13,7 +13,9 @@
 // same values), so gradients are bitwise those of the plain model.
 //
 // A segment is several consecutive modules (blocks) checkpointed together: one input kept for
-// all of them, all recomputed at once. The `sqrt` policy uses ~√n segments of ~√n blocks.
+// all of them, all recomputed at once. The `sqrt` policy uses ~√n segments of ~√n blocks. The
+// policy's last segment is kept, not recomputed, by default: backward needs it first
+// (CheckpointPolicy::checkpoint_last_segment).
 //
 // Rules the implementation relies on, checked where they can be:
 // - Ops save the same tensors, in the same order, when the forward is run again. Braid's ops do;
@@ -60,6 +62,14 @@ struct CheckpointPolicy {
   };
   Kind kind = Kind::kSqrt;
   int every_k = 0;  // kEveryK only, >= 1
+  // Whether the last segment is recomputed when it ends at the model's last block. By default it
+  // is not (Megatron and DeepSpeed skip it too): backward starts there right after the forward,
+  // so recomputing it would rebuild at once what the forward had just dropped, for one more
+  // forward of those blocks and no lower peak. It is kept instead: its saved tensors are held and
+  // handed to backward one by one, each freed once its node ran, as recomputed ones are. True
+  // where backward does not follow the forward at once (a GPipe schedule's last stage runs every
+  // micro-batch's forward first), and in tests of the recompute on one-block models.
+  bool checkpoint_last_segment = false;
 
   // "sqrt", "every_block", "every_k, k=2", "attention".
   std::string ToString() const;
@@ -75,18 +85,22 @@ absl::StatusOr<CheckpointPolicy> ParseCheckpointPolicy(const std::string& name,
 absl::StatusOr<CheckpointPolicy> CheckpointPolicyFromConfig(
     const config::ActivationCheckpointingConfig& section);
 
-// The segments `policy` makes of `num_blocks` blocks: each a list of consecutive block indices
-// (for kAttention, the blocks whose `attn` is checkpointed).
+// The segments `policy` recomputes of `num_blocks` blocks: each a list of consecutive block
+// indices (for kAttention, the blocks whose `attn` is checkpointed). Without
+// checkpoint_last_segment, a last segment that ends at block num_blocks - 1 is left out (it is
+// kept, not recomputed).
 std::vector<std::vector<int>> PlanCheckpointSegments(int num_blocks, const CheckpointPolicy& policy);
 
 // What EnableActivationCheckpointing did, for the training program's line.
 struct CheckpointingSummary {
   CheckpointPolicy policy;
-  int modules = 0;   // modules whose forward is now checkpointed (blocks, or their attn)
+  int modules = 0;   // modules whose forward is now replaced (blocks, or their attn)
   int covered = 0;   // blocks with (some of) their activations recomputed
   int blocks = 0;    // blocks of the model
-  int segments = 0;  // inputs kept per forward (when no segment is split at run time)
-  // "8 of 8 blocks in 3 segments (policy sqrt)".
+  int segments = 0;  // recomputed segments: inputs kept per forward (none split at run time)
+  int last_kept = 0;  // blocks of the last segment, kept and not recomputed (checkpoint_last_segment)
+  // "6 of 8 blocks in 2 segments (policy sqrt; the last 2 blocks kept, not recomputed: backward
+  // starts there)".
   std::string ToString() const;
 };
 
@@ -113,6 +127,7 @@ struct ActivationCheckpointStats {
   int64_t forwards = 0;      // segment forwards that kept only their input (grad mode on)
   int64_t recomputes = 0;    // segment forwards run again during backward
   int64_t placeholders = 0;  // saved tensors replaced by placeholders
+  int64_t kept_forwards = 0;  // forwards of a kept last segment (saved tensors held, handed over)
 };
 ActivationCheckpointStats GetActivationCheckpointStats();
 void ResetActivationCheckpointStats();

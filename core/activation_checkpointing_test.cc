@@ -184,7 +184,15 @@ void ExpectIdentical(const StepResult& plain, const StepResult& ckpt, const std:
   }
 }
 
+// The policy as configured: the last segment, where backward starts, is left plain.
 CheckpointPolicy Policy(Kind kind, int k = 0) { return CheckpointPolicy{kind, k}; }
+// The policy with its last segment checkpointed too: the whole partition, and the mechanism on
+// one-block models.
+CheckpointPolicy All(Kind kind, int k = 0) {
+  CheckpointPolicy p{kind, k};
+  p.checkpoint_last_segment = true;
+  return p;
+}
 
 std::vector<size_t> Lengths(const std::vector<std::vector<int>>& plan) {
   std::vector<size_t> out;
@@ -196,23 +204,36 @@ std::vector<size_t> Lengths(const std::vector<std::vector<int>>& plan) {
 
 TEST(CheckpointPolicy, SegmentsOfEachPolicy) {
   // sqrt: ⌈√n⌉ consecutive segments, longer first, covering every block once.
-  EXPECT_THAT(Lengths(PlanCheckpointSegments(1, Policy(Kind::kSqrt))), ElementsAre(1));
-  EXPECT_THAT(Lengths(PlanCheckpointSegments(3, Policy(Kind::kSqrt))), ElementsAre(2, 1));
-  EXPECT_THAT(Lengths(PlanCheckpointSegments(4, Policy(Kind::kSqrt))), ElementsAre(2, 2));
-  EXPECT_THAT(Lengths(PlanCheckpointSegments(8, Policy(Kind::kSqrt))), ElementsAre(3, 3, 2));
-  EXPECT_THAT(Lengths(PlanCheckpointSegments(16, Policy(Kind::kSqrt))), ElementsAre(4, 4, 4, 4));
-  EXPECT_THAT(Lengths(PlanCheckpointSegments(32, Policy(Kind::kSqrt))), ElementsAre(6, 6, 5, 5, 5, 5));
+  EXPECT_THAT(Lengths(PlanCheckpointSegments(1, All(Kind::kSqrt))), ElementsAre(1));
+  EXPECT_THAT(Lengths(PlanCheckpointSegments(3, All(Kind::kSqrt))), ElementsAre(2, 1));
+  EXPECT_THAT(Lengths(PlanCheckpointSegments(4, All(Kind::kSqrt))), ElementsAre(2, 2));
+  EXPECT_THAT(Lengths(PlanCheckpointSegments(8, All(Kind::kSqrt))), ElementsAre(3, 3, 2));
+  EXPECT_THAT(Lengths(PlanCheckpointSegments(16, All(Kind::kSqrt))), ElementsAre(4, 4, 4, 4));
+  EXPECT_THAT(Lengths(PlanCheckpointSegments(32, All(Kind::kSqrt))), ElementsAre(6, 6, 5, 5, 5, 5));
   std::vector<int> all;
-  for (const auto& s : PlanCheckpointSegments(32, Policy(Kind::kSqrt))) all.insert(all.end(), s.begin(), s.end());
+  for (const auto& s : PlanCheckpointSegments(32, All(Kind::kSqrt))) all.insert(all.end(), s.begin(), s.end());
   for (int i = 0; i < 32; ++i) EXPECT_EQ(all[size_t(i)], i);
 
-  EXPECT_EQ(PlanCheckpointSegments(3, Policy(Kind::kEveryBlock)),
+  EXPECT_EQ(PlanCheckpointSegments(3, All(Kind::kEveryBlock)),
             (std::vector<std::vector<int>>{{0}, {1}, {2}}));
+  EXPECT_EQ(PlanCheckpointSegments(8, All(Kind::kEveryK, 3)),
+            (std::vector<std::vector<int>>{{0}, {3}, {6}}));
+  EXPECT_EQ(PlanCheckpointSegments(2, All(Kind::kAttention)),
+            (std::vector<std::vector<int>>{{0}, {1}}));
+  EXPECT_TRUE(PlanCheckpointSegments(0, All(Kind::kSqrt)).empty());
+
+  // By default the last segment, where backward starts, is left out when it ends at the last
+  // block; every_k's last segment may end earlier, and then stays.
+  EXPECT_THAT(Lengths(PlanCheckpointSegments(8, Policy(Kind::kSqrt))), ElementsAre(3, 3));
+  EXPECT_THAT(Lengths(PlanCheckpointSegments(32, Policy(Kind::kSqrt))), ElementsAre(6, 6, 5, 5, 5));
+  EXPECT_TRUE(PlanCheckpointSegments(1, Policy(Kind::kSqrt)).empty());
+  EXPECT_EQ(PlanCheckpointSegments(3, Policy(Kind::kEveryBlock)),
+            (std::vector<std::vector<int>>{{0}, {1}}));
   EXPECT_EQ(PlanCheckpointSegments(8, Policy(Kind::kEveryK, 3)),
             (std::vector<std::vector<int>>{{0}, {3}, {6}}));
-  EXPECT_EQ(PlanCheckpointSegments(2, Policy(Kind::kAttention)),
-            (std::vector<std::vector<int>>{{0}, {1}}));
-  EXPECT_TRUE(PlanCheckpointSegments(0, Policy(Kind::kSqrt)).empty());
+  EXPECT_EQ(PlanCheckpointSegments(7, Policy(Kind::kEveryK, 3)),
+            (std::vector<std::vector<int>>{{0}, {3}}));
+  EXPECT_EQ(PlanCheckpointSegments(2, Policy(Kind::kAttention)), (std::vector<std::vector<int>>{{0}}));
 }
 
 TEST(CheckpointPolicy, ParsedFromTheConfigSection) {
@@ -239,7 +260,7 @@ TEST(CheckpointPolicy, ParsedFromTheConfigSection) {
 
 // Recomputing runs the same ops on the same values in the same order, and backward runs the
 // original graph, so every gradient is bitwise the plain model's. 5 blocks: sqrt makes uneven
-// segments (2, 2, 1).
+// segments (2, 2, 1), the last left plain by default.
 TEST(ActivationCheckpointing, GradientsAreBitwiseThoseOfThePlainModelForEveryPolicy) {
   Shape4 s;
   s.n_layer = 5;
@@ -250,8 +271,10 @@ TEST(ActivationCheckpointing, GradientsAreBitwiseThoseOfThePlainModelForEveryPol
     CheckpointPolicy policy;
     int segments;
   };
-  for (const Case& c : {Case{Policy(Kind::kSqrt), 3}, Case{Policy(Kind::kEveryBlock), 5},
-                        Case{Policy(Kind::kEveryK, 2), 3}, Case{Policy(Kind::kAttention), 5}}) {
+  for (const Case& c : {Case{Policy(Kind::kSqrt), 2}, Case{Policy(Kind::kEveryBlock), 4},
+                        Case{Policy(Kind::kEveryK, 2), 2}, Case{Policy(Kind::kAttention), 4},
+                        Case{All(Kind::kSqrt), 3}, Case{All(Kind::kEveryBlock), 5},
+                        Case{All(Kind::kEveryK, 2), 3}, Case{All(Kind::kAttention), 5}}) {
     TinyGpt model(s);
     auto summary = EnableActivationCheckpointing(model, c.policy);
     ASSERT_TRUE(summary.ok()) << summary.status();
@@ -263,6 +286,8 @@ TEST(ActivationCheckpointing, GradientsAreBitwiseThoseOfThePlainModelForEveryPol
     ActivationCheckpointStats st = GetActivationCheckpointStats();
     EXPECT_EQ(st.forwards, c.segments) << c.policy.ToString() << ": one kept input per segment";
     EXPECT_EQ(st.recomputes, c.segments) << c.policy.ToString() << ": each recomputed once";
+    EXPECT_EQ(st.kept_forwards, c.policy.checkpoint_last_segment ? 0 : 1)
+        << c.policy.ToString() << ": the last segment kept, not recomputed";
     EXPECT_GT(st.placeholders, 0);
     // A second step (gradients cleared, new graph) is the same again.
     ExpectIdentical(want, Step(model, batch), c.policy.ToString() + ", second step");
@@ -270,10 +295,22 @@ TEST(ActivationCheckpointing, GradientsAreBitwiseThoseOfThePlainModelForEveryPol
   TinyGpt model(s);
   auto summary = EnableActivationCheckpointing(model, Policy(Kind::kSqrt));
   ASSERT_TRUE(summary.ok()) << summary.status();
-  EXPECT_EQ(summary->ToString(), "5 of 5 blocks in 3 segments (policy sqrt)");
+  EXPECT_EQ(summary->ToString(),
+            "4 of 5 blocks in 2 segments (policy sqrt; the last block kept, not recomputed: "
+            "backward starts there)");
   TinyGpt selective(s);
   EXPECT_EQ(EnableActivationCheckpointing(selective, Policy(Kind::kAttention))->ToString(),
-            "the attention of 5 of 5 blocks (policy attention)");
+            "the attention of 4 of 5 blocks (policy attention; the last block's kept, not "
+            "recomputed: backward starts there)");
+  TinyGpt whole(s);
+  EXPECT_EQ(EnableActivationCheckpointing(whole, All(Kind::kSqrt))->ToString(),
+            "5 of 5 blocks in 3 segments (policy sqrt)");
+  Shape4 s8 = s;
+  s8.n_layer = 8;
+  TinyGpt eight(s8);
+  EXPECT_EQ(EnableActivationCheckpointing(eight, Policy(Kind::kSqrt))->ToString(),
+            "6 of 8 blocks in 2 segments (policy sqrt; the last 2 blocks kept, not recomputed: "
+            "backward starts there)");
 }
 
 struct Memory {
@@ -305,10 +342,13 @@ TEST(ActivationCheckpointing, HoldsLessForBackward) {
   TinyGpt plain(s);
   const Memory p = Measure(plain, batch);
   std::map<std::string, Memory> got;
-  for (CheckpointPolicy policy : {Policy(Kind::kSqrt), Policy(Kind::kEveryBlock), Policy(Kind::kAttention)}) {
-    TinyGpt model(s);
-    ASSERT_TRUE(EnableActivationCheckpointing(model, policy).ok());
-    got[policy.ToString()] = Measure(model, batch);
+  std::map<std::string, Memory> last_kept;  // the default: the last segment kept, not recomputed
+  for (Kind kind : {Kind::kSqrt, Kind::kEveryBlock, Kind::kAttention}) {
+    TinyGpt model(s), model2(s);
+    ASSERT_TRUE(EnableActivationCheckpointing(model, All(kind)).ok());
+    got[All(kind).ToString()] = Measure(model, batch);
+    ASSERT_TRUE(EnableActivationCheckpointing(model2, Policy(kind)).ok());
+    last_kept[Policy(kind).ToString()] = Measure(model2, batch);
   }
   // One block's input, [B, T, C] floats: every_block keeps 8 of them instead of every block's
   // saved activations (about 18 C per token), so it holds a fraction of the plain model.
@@ -328,6 +368,16 @@ TEST(ActivationCheckpointing, HoldsLessForBackward) {
   // The recompute holds one segment's activations at a time: one block (every_block) is less than
   // three (sqrt's longest segment).
   EXPECT_LT(every.peak, got["sqrt"].peak);
+  // Keeping the last segment's saved tensors from the forward into backward, which would have
+  // rebuilt them first thing, and handing them over one by one: the peak is no higher (exactly:
+  // the allocator's counts are deterministic), for one recompute less.
+  for (auto& [name, m] : last_kept) {
+    EXPECT_LE(m.peak, got[name].peak) << name << ": last segment kept " << m.peak << " vs all "
+                                      << got[name].peak;
+    EXPECT_LT(m.held_after_forward, name == "attention" ? p.held_after_forward * 3 / 4 + input
+                                                        : p.held_after_forward / 2)
+        << name;
+  }
 }
 
 // ---- Hooks and recomputation ---------------------------------------------------------------
@@ -337,7 +387,7 @@ TEST(ActivationCheckpointing, SubmoduleHooksFireAgainInRecomputeOncePerBackward)
   s.n_layer = 3;
   const Batch batch = MakeBatch(s, 2);
   TinyGpt model(s);
-  ASSERT_TRUE(EnableActivationCheckpointing(model, Policy(Kind::kSqrt)).ok());  // segments {0,1}, {2}
+  ASSERT_TRUE(EnableActivationCheckpointing(model, All(Kind::kSqrt)).ok());  // segments {0,1}, {2}
   std::map<std::string, int> calls;
   for (auto& [name, m] : model.NamedModules()) {
     if (name.empty()) continue;
@@ -380,7 +430,7 @@ TEST(ActivationCheckpointing, RetainedGraphRecomputesForEachBackward) {
   Shape4 s;
   const Batch batch = MakeBatch(s, 2);
   TinyGpt plain(s), model(s);
-  ASSERT_TRUE(EnableActivationCheckpointing(model, Policy(Kind::kEveryBlock)).ok());
+  ASSERT_TRUE(EnableActivationCheckpointing(model, All(Kind::kEveryBlock)).ok());
   const StepResult want = Step(plain, batch, 2);
   ResetActivationCheckpointStats();
   ExpectIdentical(want, Step(model, batch, 2), "two backwards");
@@ -493,8 +543,9 @@ TEST(ActivationCheckpointing, WorksWhenBlocksReleaseTheirParametersBetweenUses) 
     FakeStage3 shards(model);  // installed first, as a strategy's Setup does before checkpointing
     ASSERT_TRUE(EnableActivationCheckpointing(model, policy).ok());
     ExpectIdentical(want, Step(model, batch), policy.ToString());
-    // sqrt (segments {0,1}, {2,3}): recomputing a segment gathers its first block once more.
-    EXPECT_EQ(shards.gathers(), 2 * 4 + (policy.kind == Kind::kSqrt ? 2 : 0)) << policy.ToString();
+    // sqrt (segments {0,1}, {2,3}, the last left plain): recomputing a segment gathers its first
+    // block once more.
+    EXPECT_EQ(shards.gathers(), 2 * 4 + (policy.kind == Kind::kSqrt ? 1 : 0)) << policy.ToString();
   }
 }
 
@@ -532,7 +583,7 @@ TEST(ActivationCheckpointing, RandomOpsReplayTheirDrawsThroughTheRngHook) {
   };
   Noisy plain, model;
   const std::vector<float> want = grad_of(plain);
-  ASSERT_TRUE(EnableActivationCheckpointing(model, Policy(Kind::kEveryBlock)).ok());
+  ASSERT_TRUE(EnableActivationCheckpointing(model, All(Kind::kEveryBlock)).ok());
   // Without the hook the recompute draws new noise: the gradient is wrong.
   EXPECT_FALSE(Bitwise(want, grad_of(model)));
   SetCheckpointRngState({[] { return std::shared_ptr<void>(std::make_shared<std::mt19937>(g_noise)); },
@@ -570,22 +621,22 @@ TEST(ActivationCheckpointing, ErrorsSayWhatIsWrongAndWhatToDo) {
   EXPECT_THAT(EnableActivationCheckpointing(holder, Policy(Kind::kAttention)).status().message(),
               HasSubstr("block 'blk' (DenseBlock) has none (its children: fc); use policy "
                         "\"every_block\""));
-  auto done = EnableActivationCheckpointing(holder, Policy(Kind::kEveryBlock));
+  auto done = EnableActivationCheckpointing(holder, All(Kind::kEveryBlock));
   ASSERT_TRUE(done.ok()) << done.status();
   EXPECT_EQ(done->ToString(), "1 of 1 blocks in 1 segment (policy every_block)");
   EXPECT_TRUE(IsActivationCheckpointed(*holder.child));
-  EXPECT_THAT(EnableActivationCheckpointing(holder, Policy(Kind::kEveryBlock)).status().message(),
+  EXPECT_THAT(EnableActivationCheckpointing(holder, All(Kind::kEveryBlock)).status().message(),
               HasSubstr("'blk' is already (activation checkpointing was enabled twice?)"));
   EXPECT_THAT(CheckpointSegment({{"blk", holder.child}}).message(), HasSubstr("already checkpointed"));
 
   // Restored: the block computes plainly again and can be checkpointed anew.
   EXPECT_EQ(DisableActivationCheckpointing(holder), 1);
   EXPECT_FALSE(holder.child->forward_replaced());
-  EXPECT_TRUE(EnableActivationCheckpointing(holder, Policy(Kind::kEveryBlock)).ok());
+  EXPECT_TRUE(EnableActivationCheckpointing(holder, All(Kind::kEveryBlock)).ok());
 
   // A block inside a block: checkpointing both would nest.
   Shell two("TwoLevels", false, "outer", std::make_unique<Shell>("Nested", true, "inner", DenseBlock()));
-  EXPECT_THAT(EnableActivationCheckpointing(two, Policy(Kind::kEveryBlock)).status().message(),
+  EXPECT_THAT(EnableActivationCheckpointing(two, All(Kind::kEveryBlock)).status().message(),
               HasSubstr("block 'outer.inner' lies inside block 'outer', and checkpoints cannot nest"));
   EXPECT_FALSE(IsActivationCheckpointed(*two.child));  // refused before changing anything
 
@@ -615,7 +666,7 @@ class Fickle : public Module {
 
 TEST(ActivationCheckpointing, ARecomputeThatSavesOtherTensorsIsFatal) {
   Fickle f;
-  ASSERT_TRUE(EnableActivationCheckpointing(f, Policy(Kind::kEveryBlock)).ok());
+  ASSERT_TRUE(EnableActivationCheckpointing(f, All(Kind::kEveryBlock)).ok());
   Tensor x = Tensor::Full({2, 4}, 0.5f);
   x.set_requires_grad(true);
   EXPECT_DEATH(ops::Sum(f(x)).Backward(),

@@ -2,7 +2,8 @@
 //
 // <dir>/step_<N>/ holds rank<r>.safetensors (each rank's chunks, core/state_chunks.h) and
 // index.json, which maps every global tensor to its shape and chunks (file, key, runs of the
-// global flat index) and every file to its size and CRC-32, with each rank's `extra` strings.
+// global flat index) and every file to its size and the CRC-32 of all its bytes (computed while
+// the file is written, checked while it is read: shard_io.h), with each rank's `extra` strings.
 // Commit protocol: every rank writes and flushes its file into step_<N>.tmp/; the ranks exchange
 // their chunk lists and checksums; rank 0 writes index.json last and renames the folder to
 // step_<N>, then flushes the parent folder. A folder without its final name or index does not
@@ -11,7 +12,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <csignal>
@@ -33,15 +33,16 @@
 #include "core/checkpointer.h"
 #include "core/plugin_api.h"
 #include "core/registry.h"
-#include "core/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "plugins/checkpoint/shard_io.h"
 
 namespace braid::checkpoint {
 namespace {
 
 using json = nlohmann::json;
 constexpr char kName[] = "safetensors";
-constexpr char kFormat[] = "braid-checkpoint-1";
+// 2: each file's CRC-32 covers the whole file (1: its tensors' data in key order).
+constexpr char kFormat[] = "braid-checkpoint-2";
 
 absl::Status Error(absl::StatusCode code, const std::string& msg) {
   return absl::Status(code, absl::StrCat("checkpoint: ", msg));
@@ -49,21 +50,6 @@ absl::Status Error(absl::StatusCode code, const std::string& msg) {
 double Now() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
 
 std::string StepDir(const std::string& dir, int64_t step) { return absl::StrCat(dir, "/step_", step); }
-
-// CRC-32 (zlib's) of the tensors' bytes, in key order.
-uint32_t DataCrc(const std::map<std::string, Tensor>& tensors) {
-  uLong crc = crc32(0L, Z_NULL, 0);
-  for (auto& [key, t] : tensors) {
-    const Bytef* p = static_cast<const Bytef*>(t.raw_data());
-    for (size_t left = t.nbytes(); left > 0;) {
-      const uInt n = uInt(std::min<size_t>(left, size_t(1) << 30));
-      crc = crc32(crc, p, n);
-      p += n;
-      left -= n;
-    }
-  }
-  return uint32_t(crc);
-}
 
 absl::Status SyncPath(const std::string& path, bool directory) {
   int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
@@ -180,17 +166,17 @@ class SafetensorsCheckpointer : public Checkpointer {
     auto write = [this] {
       const double t0 = Now();
       const std::string path = absl::StrCat(pending_.tmp, "/", pending_.file);
-      absl::Status st = SaveSafetensors(path, pending_.tensors, {{"format", kFormat}});
-      if (st.ok()) {
-        // The checksum of what was written, from memory (no second pass over the file): every
-        // tensor's bytes in key order. Verify reads the file back and compares.
-        pending_.crc = DataCrc(pending_.tensors);
-        struct stat info;
-        pending_.size = ::stat(path.c_str(), &info) == 0 ? int64_t(info.st_size) : -1;
-      }
-      if (!st.ok()) {
-        st = Error(st.code(), absl::StrCat("writing '", path, "' failed: ", st.message(),
-                                           " (is the disk full? the previous checkpoint is kept)"));
+      // One pass: the file's CRC-32 is computed as each piece is written.
+      absl::StatusOr<ShardWritten> w = WriteShard(path, pending_.tensors, {{"format", kFormat}});
+      absl::Status st = w.status();
+      if (w.ok()) {
+        pending_.crc = w->crc32;
+        pending_.size = w->bytes;
+      } else if (st.code() == absl::StatusCode::kResourceExhausted) {  // ENOSPC, EDQUOT
+        st = Error(st.code(), absl::StrCat(st.message(), "; the previous checkpoint is kept"));
+      } else {
+        st = Error(st.code(), absl::StrCat(st.message(), " (is the disk full? the previous "
+                                                         "checkpoint is kept)"));
       }
       pending_.write_status = st;
       pending_.write_s = Now() - t0;
@@ -225,35 +211,50 @@ class SafetensorsCheckpointer : public Checkpointer {
   }
 
   absl::StatusOr<std::optional<int64_t>> Latest(Communicator& world) override {
-    // Rank 0 checks the newest checkpoints' files against their checksums; everyone gets its answer.
-    int64_t found = -1;
-    std::string warnings;
-    if (world.rank() == 0) {
-      for (int64_t step : Steps(opts_.dir)) {
-        absl::Status st = Verify(StepDir(opts_.dir, step));
-        if (st.ok()) {
-          found = step;
-          break;
-        }
+    // Every rank reads and checks a share of the newest checkpoint's files (rank r the file rank r
+    // wrote, when the world has not grown or shrunk) and keeps what it read for Load, which then
+    // reads each file once in all: a resume without resharding reads every byte once.
+    cache_.clear();
+    cached_step_ = -1;
+    std::vector<int64_t> steps = world.rank() == 0 ? Steps(opts_.dir) : std::vector<int64_t>();
+    Tensor count = Tensor::FromVector(std::vector<int64_t>{int64_t(steps.size())}, {1});
+    BRAID_RETURN_IF_ERROR(world.Broadcast(count, 0)->Wait());  // rank 0's listing for everyone
+    steps.resize(size_t(count.ToVector<int64_t>()[0]));
+    if (!steps.empty()) {
+      Tensor all = Tensor::FromVector(steps, {int64_t(steps.size())});
+      BRAID_RETURN_IF_ERROR(world.Broadcast(all, 0)->Wait());
+      steps = all.ToVector<int64_t>();
+    }
+    for (int64_t step : steps) {
+      bool file_level = false;  // a damaged file (named by the rank that read it), not the index
+      absl::Status st = VerifyShare(StepDir(opts_.dir, step), world, &file_level);
+      Tensor ok = Tensor::FromVector(std::vector<int32_t>{st.ok() ? 1 : 0}, {1});
+      BRAID_RETURN_IF_ERROR(world.AllReduce(ok, ReduceOp::kMin)->Wait());
+      if (ok.ToVector<int32_t>()[0] == 1) {
+        cached_step_ = step;
+        return std::optional<int64_t>(step);
+      }
+      cache_.clear();
+      if (!st.ok() && (file_level || world.rank() == 0)) {
         std::fprintf(stderr, "braid: %s; trying an older checkpoint\n", std::string(st.message()).c_str());
       }
     }
-    Tensor t = Tensor::FromVector(std::vector<int64_t>{found}, {1});
-    BRAID_RETURN_IF_ERROR(world.Broadcast(t, 0)->Wait());
-    found = t.ToVector<int64_t>()[0];
-    if (found < 0) return std::optional<int64_t>();
-    return std::optional<int64_t>(found);
+    return std::optional<int64_t>();
   }
 
   absl::StatusOr<std::map<std::string, std::string>> Load(int64_t step, std::vector<StateChunk>& chunks,
                                                           Communicator& world) override {
     const std::string dir = StepDir(opts_.dir, step);
     BRAID_ASSIGN_OR_RETURN(json index, ReadIndex(dir));
-    std::map<std::string, SafetensorsContents> files;  // read once each
-    auto file = [&](const std::string& name) -> absl::StatusOr<const SafetensorsContents*> {
+    // Files Latest read and checked for this step; any other is read (and checked) here, once.
+    std::map<std::string, std::map<std::string, Tensor>> files;
+    if (cached_step_ == step) files = std::move(cache_);
+    cache_.clear();
+    cached_step_ = -1;
+    auto file = [&](const std::string& name) -> absl::StatusOr<const std::map<std::string, Tensor>*> {
       auto it = files.find(name);
       if (it == files.end()) {
-        BRAID_ASSIGN_OR_RETURN(SafetensorsContents c, ReadSafetensors(absl::StrCat(dir, "/", name)));
+        BRAID_ASSIGN_OR_RETURN(auto c, ReadIndexedFile(dir, index, name));
         it = files.emplace(name, std::move(c)).first;
       }
       return &it->second;
@@ -280,9 +281,9 @@ class SafetensorsCheckpointer : public Checkpointer {
         for (const json& r : saved["runs"]) runs.push_back({r[0].get<int64_t>(), r[1].get<int64_t>()});
         std::vector<Overlap> overlap = Intersect(c.runs, runs);
         if (overlap.empty()) continue;
-        BRAID_ASSIGN_OR_RETURN(const SafetensorsContents* f, file(saved["file"].get<std::string>()));
-        auto it = f->tensors.find(saved["key"].get<std::string>());
-        if (it == f->tensors.end()) {
+        BRAID_ASSIGN_OR_RETURN(const auto* f, file(saved["file"].get<std::string>()));
+        auto it = f->find(saved["key"].get<std::string>());
+        if (it == f->end()) {
           return Error(absl::StatusCode::kDataLoss, absl::StrCat(dir, "/", saved["file"].get<std::string>(),
                                                                  " lacks ", saved["key"].get<std::string>()));
         }
@@ -338,26 +339,56 @@ class SafetensorsCheckpointer : public Checkpointer {
     std::stringstream text;
     text << in.rdbuf();
     json index = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+    if (index.is_object() && index.value("format", "") == "braid-checkpoint-1") {
+      return Error(absl::StatusCode::kDataLoss,
+                   absl::StrCat(dir, " was written by an older Braid (format braid-checkpoint-1, whose "
+                                "checksums cannot be checked in one pass); delete it or resume with the "
+                                "Braid that wrote it"));
+    }
     if (index.is_discarded() || !index.is_object() || index.value("format", "") != kFormat) {
       return Error(absl::StatusCode::kDataLoss, absl::StrCat(dir, "/index.json is not a Braid checkpoint index"));
     }
     return index;
   }
 
-  absl::Status Verify(const std::string& dir) {
+  // One file of checkpoint `dir` as its index describes it, read and checked in one pass.
+  absl::StatusOr<std::map<std::string, Tensor>> ReadIndexedFile(const std::string& dir, const json& index,
+                                                                const std::string& name) {
+    const std::string path = absl::StrCat(dir, "/", name);
+    static const json kNone;
+    const json& files = index.contains("files") ? index.at("files") : kNone;
+    if (!files.is_object() || !files.contains(name) || !files.at(name).is_object() ||
+        !files.at(name).value("bytes", json()).is_number_integer() ||
+        !files.at(name).value("crc32", json()).is_number_unsigned()) {
+      return Error(absl::StatusCode::kDataLoss, absl::StrCat(dir, "/index.json does not describe ", name));
+    }
+    absl::StatusOr<std::map<std::string, Tensor>> got =
+        ReadShard(path, files.at(name).at("bytes").get<int64_t>(), files.at(name).at("crc32").get<uint32_t>());
+    if (!got.ok()) return Error(got.status().code(), std::string(got.status().message()));
+    return got;
+  }
+
+  // This rank's share of checking checkpoint `dir`: its index, then the files assigned to it (the
+  // one named rank<r> goes to rank r mod world size), kept in cache_ for Load.
+  absl::Status VerifyShare(const std::string& dir, Communicator& world, bool* file_level) {
     BRAID_ASSIGN_OR_RETURN(json index, ReadIndex(dir));
+    if (!index["files"].is_object()) {
+      return Error(absl::StatusCode::kDataLoss, absl::StrCat(dir, "/index.json lists no files"));
+    }
+    int position = 0;
     for (auto& [name, f] : index["files"].items()) {
-      const std::string path = absl::StrCat(dir, "/", name);
-      struct stat info;
-      if (::stat(path.c_str(), &info) != 0) {
-        return Error(absl::StatusCode::kDataLoss, absl::StrCat(path, " is missing"));
+      int owner = position++;
+      int r;
+      if (name.rfind("rank", 0) == 0 && absl::SimpleAtoi(name.substr(4, name.find('.') - 4), &r) && r >= 0) {
+        owner = r;
       }
-      absl::StatusOr<SafetensorsContents> contents = ReadSafetensors(path);  // checks the header
-      if (int64_t(info.st_size) != f["bytes"].get<int64_t>() || !contents.ok() ||
-          DataCrc(contents->tensors) != f["crc32"].get<uint32_t>()) {
-        return Error(absl::StatusCode::kDataLoss,
-                     absl::StrCat(path, " is damaged: its size, header or CRC-32 differs from the index's"));
+      if (owner % world.size() != world.rank()) continue;
+      absl::StatusOr<std::map<std::string, Tensor>> got = ReadIndexedFile(dir, index, name);
+      if (!got.ok()) {
+        *file_level = true;
+        return got.status();
       }
+      cache_.emplace(name, *std::move(got));
     }
     return absl::OkStatus();
   }
@@ -437,6 +468,9 @@ class SafetensorsCheckpointer : public Checkpointer {
 
   CheckpointOptions opts_;
   Pending pending_;
+  // What Latest read and checked of checkpoint cached_step_ (file name -> its tensors), for Load.
+  std::map<std::string, std::map<std::string, Tensor>> cache_;
+  int64_t cached_step_ = -1;
   std::thread writer_;
   std::atomic<bool> written_{false};
   Communicator* world_ = nullptr;

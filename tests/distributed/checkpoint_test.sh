@@ -14,8 +14,9 @@
 #   D. kill -9 of one worker at step 5 under --max_restarts=1: the group restarts from step 4 and
 #      ends bitwise equal to an uninterrupted run.
 #   E. a worker killed in the middle of saving step 4: step 2 stays usable; same end.
-#   F. a save that cannot be written (a 20 MB file-size limit standing in for a full disk) ends
-#      with a clear error and the previous checkpoint intact.
+#   F. a save that cannot be written (a 20 MB file-size limit: EFBIG, not a full disk) ends with a
+#      clear error and the previous checkpoint intact. A really full disk (a tmpfs in a private
+#      mount namespace) is checkpoint_test_disk_full.sh.
 set -uo pipefail
 L="$TEST_SRCDIR/braid/launcher/launcher"
 TR="$TEST_SRCDIR/braid/launcher/train"

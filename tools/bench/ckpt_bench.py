@@ -7,7 +7,7 @@ Runs, in one process (1 thread), in a scratch folder under --dir (default: a tem
 the disk the checkpoints would go to):
   1. dd of 1 GiB of random bytes (from the page cache), conv=fdatasync -> raw write GB/s
   2. gpt2-124m, 1 step, checkpoint at the end (synchronous)       -> save GB/s, blocked time
-  3. the same config again: resumes (checks CRCs, loads)          -> load GB/s
+  3. the same config again: resumes (reads each file once, checking its CRC as it reads) -> load GB/s
   4. gpt2-124m, 3 steps, a checkpoint every step, async           -> blocked time per save
 Prints one JSON line per measurement and a summary line. Usage (from the repository root, after
 `bazel build //launcher:all //plugins/...`):  python3 tools/bench/ckpt_bench.py [--rounds N]

@@ -1,0 +1,277 @@
+#include "plugins/checkpoint/shard_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace braid::checkpoint {
+namespace {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors is little-endian");
+
+// Each piece is checksummed and then written (or read and then checksummed) while it is still in
+// the cache, so the CRC costs no second trip through memory.
+constexpr size_t kPiece = size_t(4) << 20;
+// Written data is handed to the disk every this many bytes (sync_file_range), so the device
+// writes while the next pieces are checksummed, and the final fsync has little left to wait for.
+constexpr int64_t kWriteBehind = int64_t(64) << 20;
+constexpr uint64_t kMaxHeaderBytes = uint64_t(100) << 20;  // as core/safetensors.h accepts
+
+const char* SafetensorsDType(DType t) {
+  switch (t) {
+    case DType::kF32: return "F32";
+    case DType::kBF16: return "BF16";
+    case DType::kF16: return "F16";
+    case DType::kI32: return "I32";
+    case DType::kI64: return "I64";
+    case DType::kU8: return "U8";
+    case DType::kI8: return "I8";
+  }
+  return nullptr;
+}
+
+std::optional<DType> FromSafetensorsDType(const std::string& s) {
+  for (int i = 0; i < kNumDTypes; ++i) {
+    if (s == SafetensorsDType(DType(i))) return DType(i);
+  }
+  return std::nullopt;
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { Close(); }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  int Close() {
+    int rc = fd_ >= 0 ? ::close(fd_) : 0;
+    fd_ = -1;
+    return rc;
+  }
+
+ private:
+  int fd_;
+};
+
+uint32_t Crc(uint32_t crc, const void* p, size_t n) {  // n <= kPiece fits zlib's uInt
+  return uint32_t(crc32(uLong(crc), static_cast<const Bytef*>(p), uInt(n)));
+}
+
+bool WriteAll(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      if (w == 0) errno = EIO;
+      return false;
+    }
+    p += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+
+// Reads exactly n bytes; false at the end of the file (errno 0) or on an error.
+bool ReadAll(int fd, char* p, size_t n) {
+  while (n > 0) {
+    ssize_t r = ::read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      if (r == 0) errno = 0;
+      return false;
+    }
+    p += r;
+    n -= size_t(r);
+  }
+  return true;
+}
+
+absl::Status Damaged(const std::string& path, const std::string& what) {
+  return absl::DataLossError(absl::StrCat(path, " is damaged: ", what));
+}
+
+}  // namespace
+
+absl::StatusOr<ShardWritten> WriteShard(const std::string& path,
+                                        const std::map<std::string, Tensor>& tensors,
+                                        const std::map<std::string, std::string>& metadata) {
+  struct Entry {
+    const std::string* key;
+    Tensor host;
+    uint64_t begin = 0, end = 0;
+  };
+  std::vector<Entry> entries;  // in key order (the map's), as the header lists them
+  for (const auto& [key, t] : tensors) {
+    entries.push_back({&key, t.device().type == DeviceType::kCPU ? t : t.To(Device::CPU())});
+  }
+  std::vector<Entry*> layout;
+  for (Entry& e : entries) layout.push_back(&e);
+  std::stable_sort(layout.begin(), layout.end(), [](const Entry* a, const Entry* b) {
+    return SizeOf(a->host.dtype()) > SizeOf(b->host.dtype());
+  });
+  uint64_t offset = 0;
+  for (Entry* e : layout) {
+    e->begin = offset;
+    offset += e->host.nbytes();
+    e->end = offset;
+  }
+  std::string header = "{";
+  if (!metadata.empty()) absl::StrAppend(&header, "\"__metadata__\":", nlohmann::json(metadata).dump());
+  for (const Entry& e : entries) {
+    const nlohmann::ordered_json fields = {{"dtype", SafetensorsDType(e.host.dtype())},
+                                           {"shape", e.host.shape()},
+                                           {"data_offsets", {e.begin, e.end}}};
+    absl::StrAppend(&header, header.size() > 1 ? "," : "", nlohmann::json(*e.key).dump(), ":",
+                    fields.dump());
+  }
+  header += "}";
+  header.append((8 - header.size() % 8) % 8, ' ');
+
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  auto fail = [&](const char* what) -> absl::Status {
+    const int e = errno;
+    fd.Close();
+    ::unlink(path.c_str());  // a partial file only takes space (a full disk needs it back)
+    const std::string msg = absl::StrCat(what, " '", path, "' failed: ", std::strerror(e));
+    if (e == ENOSPC || e == EDQUOT) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          msg, ": the disk holding the checkpoint is full (free space there, or lower "
+               "checkpoint.keep_last); the partial file was removed"));
+    }
+    return absl::DataLossError(msg);
+  };
+  if (fd.get() < 0) return fail("creating");
+  char len[8];
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) len[i] = char(uint8_t(n >> (8 * i)));
+  uint32_t crc = Crc(Crc(uint32_t(crc32(0L, Z_NULL, 0)), len, 8), header.data(), header.size());
+  if (!WriteAll(fd.get(), len, 8) || !WriteAll(fd.get(), header.data(), header.size())) {
+    return fail("writing");
+  }
+  int64_t written = 8 + int64_t(header.size()), handed = 0;
+  for (const Entry* e : layout) {
+    const char* p = static_cast<const char*>(e->host.nbytes() > 0 ? e->host.raw_data() : nullptr);
+    for (size_t left = e->host.nbytes(); left > 0;) {
+      const size_t k = std::min(left, kPiece);
+      crc = Crc(crc, p, k);
+      if (!WriteAll(fd.get(), p, k)) return fail("writing");
+      p += k;
+      left -= k;
+      written += int64_t(k);
+      if (written - handed >= kWriteBehind) {
+        // Start writing back what is done, without waiting (errors surface at fsync).
+        ::sync_file_range(fd.get(), handed, written - handed, SYNC_FILE_RANGE_WRITE);
+        handed = written;
+      }
+    }
+  }
+  if (::fsync(fd.get()) != 0) return fail("flushing");
+  if (fd.Close() != 0) return fail("closing");
+  return ShardWritten{crc, written};
+}
+
+absl::StatusOr<std::map<std::string, Tensor>> ReadShard(const std::string& path, int64_t bytes,
+                                                        uint32_t want_crc) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    return absl::DataLossError(absl::StrCat(path, " cannot be read: ", std::strerror(errno)));
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0 || int64_t(st.st_size) != bytes) {
+    return Damaged(path, absl::StrCat("it has ", int64_t(st.st_size), " bytes where the index says ",
+                                      bytes));
+  }
+  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  auto short_read = [&](const char* what) {
+    return errno == 0 ? Damaged(path, absl::StrCat("it ends inside its ", what))
+                      : absl::DataLossError(absl::StrCat("reading ", path, " failed: ",
+                                                         std::strerror(errno)));
+  };
+  char len[8];
+  if (!ReadAll(fd.get(), len, 8)) return short_read("header length");
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | uint8_t(len[i]);
+  if (bytes < 8 || header_len > uint64_t(bytes - 8) || header_len > kMaxHeaderBytes) {
+    return Damaged(path, absl::StrCat("its header length (", header_len, ") does not fit the file"));
+  }
+  std::string header(header_len, '\0');
+  if (!ReadAll(fd.get(), header.data(), header.size())) return short_read("header");
+  uint32_t crc = Crc(Crc(uint32_t(crc32(0L, Z_NULL, 0)), len, 8), header.data(), header.size());
+
+  // The header is read before the checksum can be known: it is only trusted as far as it
+  // describes tensors that tile the data exactly (so a damaged one cannot make us read or
+  // allocate beyond the file); the CRC at the end decides.
+  const nlohmann::json h = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+  if (h.is_discarded() || !h.is_object()) return Damaged(path, "its header is not a JSON object");
+  struct Entry {
+    std::string key;
+    DType dtype;
+    Shape shape;
+    uint64_t begin, end;
+  };
+  const uint64_t data_bytes = uint64_t(bytes) - 8 - header_len;
+  std::vector<Entry> entries;
+  for (auto& [key, v] : h.items()) {
+    if (key == "__metadata__") continue;
+    auto bad = [&] { return Damaged(path, absl::StrCat("its header's entry '", key, "' is invalid")); };
+    if (!v.is_object() || !v.contains("dtype") || !v["dtype"].is_string() || !v.contains("shape") ||
+        !v["shape"].is_array() || !v.contains("data_offsets") || !v["data_offsets"].is_array() ||
+        v["data_offsets"].size() != 2 || !v["data_offsets"][0].is_number_unsigned() ||
+        !v["data_offsets"][1].is_number_unsigned()) {
+      return bad();
+    }
+    std::optional<DType> dt = FromSafetensorsDType(v["dtype"].get<std::string>());
+    if (!dt) return bad();
+    Entry e{key, *dt, {}, v["data_offsets"][0].get<uint64_t>(), v["data_offsets"][1].get<uint64_t>()};
+    uint64_t numel = 1;
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > data_bytes) return bad();
+      numel *= d.get<uint64_t>();
+      if (numel > data_bytes) return bad();
+      e.shape.push_back(int64_t(d.get<uint64_t>()));
+    }
+    if (e.begin > e.end || e.end > data_bytes || e.end - e.begin != numel * SizeOf(*dt)) return bad();
+    entries.push_back(std::move(e));
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t at = 0;
+  for (const Entry& e : entries) {
+    if (e.begin != at) return Damaged(path, "its header's tensors do not tile its data");
+    at = e.end;
+  }
+  if (at != data_bytes) return Damaged(path, "its header's tensors do not tile its data");
+
+  // The data, in file order: one sequential pass, each piece checksummed as it arrives.
+  std::map<std::string, Tensor> out;
+  for (const Entry& e : entries) {
+    Tensor t = Tensor::Empty(e.shape, e.dtype);
+    char* p = static_cast<char*>(t.nbytes() > 0 ? t.raw_data() : nullptr);
+    for (size_t left = t.nbytes(); left > 0;) {
+      const size_t k = std::min(left, kPiece);
+      if (!ReadAll(fd.get(), p, k)) return short_read("data");
+      crc = Crc(crc, p, k);
+      p += k;
+      left -= k;
+    }
+    out.emplace(e.key, std::move(t));
+  }
+  if (crc != want_crc) {
+    return Damaged(path, absl::StrCat("its CRC-32 is ", crc, " where the index recorded ", want_crc));
+  }
+  return out;
+}
+
+}  // namespace braid::checkpoint
