@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/check.h"
@@ -52,6 +53,29 @@ absl::Status LossScaler::SetState(const LossScalerState& s) {
   }
   state_ = s;
   return absl::OkStatus();
+}
+
+void LossScaler::SaveTo(std::map<std::string, std::string>* metadata) const {
+  (*metadata)["loss_scale"] = absl::StrFormat("%.9g", state_.scale);
+  (*metadata)["loss_scale_clean_steps"] = absl::StrCat(state_.clean_steps);
+  (*metadata)["loss_scale_hysteresis_left"] = absl::StrCat(state_.hysteresis_left);
+  (*metadata)["skipped_steps"] = absl::StrCat(state_.skipped_steps);
+}
+
+absl::Status LossScaler::RestoreFrom(const std::map<std::string, std::string>& metadata) {
+  auto it = metadata.find("loss_scale");
+  if (it == metadata.end()) return absl::OkStatus();
+  LossScalerState s;
+  bool ok = absl::SimpleAtof(it->second, &s.scale);
+  auto get = [&](const char* key, auto* out) {
+    auto f = metadata.find(key);
+    ok = ok && f != metadata.end() && absl::SimpleAtoi(f->second, out);
+  };
+  get("loss_scale_clean_steps", &s.clean_steps);
+  get("loss_scale_hysteresis_left", &s.hysteresis_left);
+  get("skipped_steps", &s.skipped_steps);
+  if (!ok) return absl::DataLossError("the loss scaler's state in the checkpoint's metadata is malformed");
+  return SetState(s);
 }
 
 std::string LossScaler::ToString() const {

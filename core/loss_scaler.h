@@ -13,6 +13,7 @@
 #define BRAID_CORE_LOSS_SCALER_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/status/status.h"
@@ -52,6 +53,13 @@ class LossScaler {
   // Refuses a state this scaler could never reach (a scale below the floor, negative counts).
   absl::Status SetState(const LossScalerState& s);
   std::string ToString() const;  // "scale 32768, 2 skipped"
+
+  // The state as a checkpoint's metadata strings ("loss_scale", ...), and back: an fp16 resume
+  // must continue the scale, hysteresis and window count, or it skips other steps than the
+  // uninterrupted run. RestoreFrom leaves the scaler as it is when the metadata has none (a
+  // checkpoint written without fp16), and refuses malformed or unreachable values.
+  void SaveTo(std::map<std::string, std::string>* metadata) const;
+  absl::Status RestoreFrom(const std::map<std::string, std::string>& metadata);
 
  private:
   LossScalerOptions opts_;

@@ -2,6 +2,8 @@
 #include "core/loss_scaler.h"
 
 #include <cmath>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -107,6 +109,26 @@ TEST(LossScalerTest, StateRoundTripResumesExactly) {
   EXPECT_EQ(resumed.skipped_steps(), whole.skipped_steps());
   EXPECT_EQ(resumed.state().clean_steps, whole.state().clean_steps);
   EXPECT_EQ(resumed.state().hysteresis_left, whole.state().hysteresis_left);
+}
+
+TEST(LossScalerTest, MetadataRoundTrip) {
+  LossScaler a(Dynamic(256, 3, 2, 1));
+  a.Update(true);
+  a.Update(false);
+  std::map<std::string, std::string> md;
+  a.SaveTo(&md);
+  LossScaler b(Dynamic(256, 3, 2, 1));
+  ASSERT_TRUE(b.RestoreFrom(md).ok());
+  EXPECT_EQ(b.scale(), a.scale());
+  EXPECT_EQ(b.state().clean_steps, 1);
+  EXPECT_EQ(b.state().hysteresis_left, 1);
+  EXPECT_EQ(b.skipped_steps(), 1);
+  // No scaler in the metadata (written without fp16): left as it is.
+  LossScaler c(Dynamic(64, 3, 2, 1));
+  ASSERT_TRUE(c.RestoreFrom({{"step", "3"}}).ok());
+  EXPECT_EQ(c.scale(), 64);
+  md["loss_scale_clean_steps"] = "x";
+  EXPECT_EQ(c.RestoreFrom(md).code(), absl::StatusCode::kDataLoss);
 }
 
 TEST(LossScalerTest, RefusesStatesItCannotReach) {

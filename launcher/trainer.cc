@@ -31,6 +31,7 @@
 #include "core/registry.h"
 #include "core/safetensors.h"
 #include "core/store.h"
+#include "launcher/batch_sources.h"
 #include "launcher/net.h"
 #include "core/checkpointer.h"
 #include "core/deferred_init.h"
@@ -49,158 +50,10 @@ namespace {
 
 using config::TrainConfig;
 
-// Where batches come from: one of the token samplers or MNIST.
-class BatchSource {
- public:
-  virtual ~BatchSource() = default;
-  virtual Batch Next() = 0;
-  virtual int64_t TokensPerBatch() const = 0;  // tokens (or samples) one batch carries
-  // A held-out evaluation after training, as a summary fragment ("" when the data has none).
-  virtual bool has_evaluation() const { return false; }
-  virtual std::string Evaluate(Module& model) { return ""; }
-};
-
-class RandomWindows : public BatchSource {
- public:
-  explicit RandomWindows(data::RandomWindowSampler s) : s_(std::move(s)) {}
-  Batch Next() override { return s_.Next(); }
-  int64_t TokensPerBatch() const override { return s_.batch() * s_.context(); }
-
- private:
-  data::RandomWindowSampler s_;
-};
-
-class Sequential : public BatchSource {
- public:
-  Sequential(data::SequentialLoader s, int64_t tokens) : s_(std::move(s)), tokens_(tokens) {}
-  Batch Next() override { return s_.Next(); }
-  int64_t TokensPerBatch() const override { return tokens_; }
-
- private:
-  data::SequentialLoader s_;
-  int64_t tokens_;
-};
-
-class MnistBatches : public BatchSource {
- public:
-  MnistBatches(data::MnistSplit split, data::DistributedSampler sampler, int64_t batch, Device d)
-      : train_(std::move(split.train)), test_(std::move(split.test)), sampler_(std::move(sampler)),
-        batch_(batch), device_(d) {}
-  bool has_evaluation() const override { return true; }
-  std::string Evaluate(Module& model) override {
-    autograd::NoGradGuard no_grad;
-    model.Eval();
-    // On the parameters' device and in their dtype (bf16/f16 under mixed precision), as
-    // training's inputs are (on CUDA the batches are made on the host and prefetched).
-    const Tensor& first = model.Parameters().front();
-    std::vector<float> logits =
-        model(test_.images.To(first.device()).To(first.dtype())).ToFloatVector();
-    model.Train();
-    std::vector<int32_t> labels = test_.labels.ToVector<int32_t>();
-    int64_t right = 0, n = int64_t(labels.size());
-    for (int64_t i = 0; i < n; ++i) {
-      const float* row = logits.data() + i * 10;
-      right += int64_t(std::max_element(row, row + 10) - row) == labels[size_t(i)];
-    }
-    return absl::StrFormat("test accuracy %.2f%% (%d/%d held-out digits)", 100.0 * right / n,
-                           right, n);
-  }
-  Batch Next() override {
-    std::vector<float> x(size_t(batch_ * data::kMnistPixels));
-    std::vector<int32_t> y(static_cast<size_t>(batch_));
-    const float* img = train_.images.data<float>();
-    const int32_t* lab = train_.labels.data<int32_t>();
-    for (int64_t b = 0; b < batch_; ++b) {
-      if (pos_ >= int64_t(order_.size())) {
-        order_ = sampler_.Indices(epoch_++);
-        pos_ = 0;
-      }
-      int64_t i = order_[size_t(pos_++)];
-      std::copy(img + i * data::kMnistPixels, img + (i + 1) * data::kMnistPixels,
-                x.begin() + b * data::kMnistPixels);
-      y[size_t(b)] = lab[i];
-    }
-    return Batch{Tensor::FromVector(x, {batch_, data::kMnistPixels}, device_),
-                 Tensor::FromVector(y, {batch_}, device_)};
-  }
-  int64_t TokensPerBatch() const override { return batch_; }
-
- private:
-  data::MnistData train_, test_;
-  data::DistributedSampler sampler_;
-  int64_t batch_;
-  Device device_;
-  std::vector<int64_t> order_;
-  int64_t pos_ = 0, epoch_ = 0;
-};
-
 // The model's library registered it (models/gpt, models/mlp); validation has checked the model
 // section against it and filled in its defaults.
-// The loss scaler's state rides in a checkpoint's metadata: resuming an fp16 run continues its
-// scale, hysteresis and window exactly (an exact resume needs all three).
-void SaveLossScaler(const LossScaler& scaler, std::map<std::string, std::string>* extra) {
-  const LossScalerState& s = scaler.state();
-  (*extra)["loss_scale"] = absl::StrFormat("%.9g", s.scale);
-  (*extra)["loss_scale_clean_steps"] = absl::StrCat(s.clean_steps);
-  (*extra)["loss_scale_hysteresis_left"] = absl::StrCat(s.hysteresis_left);
-  (*extra)["skipped_steps"] = absl::StrCat(s.skipped_steps);
-}
-
-absl::Status RestoreLossScaler(const std::map<std::string, std::string>& extra, LossScaler* scaler) {
-  auto it = extra.find("loss_scale");
-  if (it == extra.end()) return absl::OkStatus();  // written without fp16/bf16: start afresh
-  LossScalerState s;
-  bool ok = absl::SimpleAtof(it->second, &s.scale);
-  auto get = [&](const char* key, auto* out) {
-    auto f = extra.find(key);
-    ok = ok && f != extra.end() && absl::SimpleAtoi(f->second, out);
-  };
-  get("loss_scale_clean_steps", &s.clean_steps);
-  get("loss_scale_hysteresis_left", &s.hysteresis_left);
-  get("skipped_steps", &s.skipped_steps);
-  if (!ok) return absl::DataLossError("checkpoint: the loss scaler's state in its index is malformed");
-  return scaler->SetState(s);
-}
-
 absl::StatusOr<std::unique_ptr<Module>> BuildModel(const TrainConfig& cfg, Device device) {
   return Registry::Get().MakeModel(cfg.model().name(), cfg.model(), cfg.seed(), device);
-}
-
-int64_t ContextOf(const TrainConfig& cfg, Module& model) {
-  if (auto* g = dynamic_cast<models::Gpt*>(&model)) return g->config().block_size;
-  return 1;
-}
-
-// `dp_rank` of `dp_size`: this rank's place in the data-parallel group (the strategy says).
-absl::StatusOr<std::unique_ptr<BatchSource>> BuildData(const TrainConfig& cfg, Module& model,
-                                                       int dp_rank, int dp_size, Device device) {
-  const auto& d = cfg.data();
-  int64_t batch = cfg.train_micro_batch_size_per_gpu();
-  if (d.dataset() == "mnist") {
-    BRAID_ASSIGN_OR_RETURN(data::MnistSplit split, data::LoadMnist());
-    data::DistributedSamplerOptions o;
-    o.seed = d.seed();
-    BRAID_ASSIGN_OR_RETURN(auto sampler, data::DistributedSampler::Create(
-                                             split.train.size(), dp_rank, dp_size, o));
-    return std::unique_ptr<BatchSource>(
-        std::make_unique<MnistBatches>(std::move(split), std::move(sampler), batch, device));
-  }
-  std::string path = d.path();
-  if (path.empty()) {
-    BRAID_ASSIGN_OR_RETURN(path, data::FindDataFile(data::kMobyDickText));
-  }
-  data::TokenType tt = d.token_dtype() == "u16" ? data::TokenType::kU16 : data::TokenType::kU8;
-  BRAID_ASSIGN_OR_RETURN(data::TokenFile file, data::TokenFile::Open(path, tt));
-  auto shared = std::make_shared<const data::TokenFile>(std::move(file));
-  int64_t t = ContextOf(cfg, model);
-  if (d.sampler() == "sequential") {
-    BRAID_ASSIGN_OR_RETURN(auto s, data::SequentialLoader::Create(shared, batch, t, dp_rank,
-                                                                  dp_size, device));
-    return std::unique_ptr<BatchSource>(std::make_unique<Sequential>(std::move(s), batch * t));
-  }
-  BRAID_ASSIGN_OR_RETURN(auto s, data::RandomWindowSampler::Create(shared, batch, t, d.seed(),
-                                                                   dp_rank, device));
-  return std::unique_ptr<BatchSource>(std::make_unique<RandomWindows>(std::move(s)));
 }
 
 OptimizerFactory MakeOptimizerFactory(const TrainConfig& cfg) {
@@ -562,7 +415,7 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
         }
         BRAID_ASSIGN_OR_RETURN(auto extra, checkpointer->Load(*latest, *chunks, *group[0]));
         BRAID_RETURN_IF_ERROR(strategy->AfterStateLoaded(*chunks));
-        if (mp != nullptr) BRAID_RETURN_IF_ERROR(RestoreLossScaler(extra, &mp->scaler));
+        if (mp != nullptr) BRAID_RETURN_IF_ERROR(mp->scaler.RestoreFrom(extra));
         first_step = int(*latest);
         // The data where it was: every rank draws `accum` batches a step, so after k steps each
         // rank's stream is k * accum batches in, whatever the layout that wrote the checkpoint
@@ -582,7 +435,7 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
     BRAID_ASSIGN_OR_RETURN(std::vector<StateChunk> chunks, strategy->StateChunks(/*create=*/false));
     std::map<std::string, std::string> extra = {{"batches_drawn", absl::StrCat(batches_drawn)},
                                                 {"step", absl::StrCat(done_steps)}};
-    if (mp != nullptr) SaveLossScaler(mp->scaler, &extra);
+    if (mp != nullptr) mp->scaler.SaveTo(&extra);
     return checkpointer->Save(done_steps, chunks, extra, *group[0]);
   };
   int checkpoints_saved = 0;
