@@ -49,7 +49,7 @@ class MnistBatches : public BatchSource {
     model.Eval();
     // On the parameters' device and in their dtype (bf16/f16 under mixed precision), as
     // training's inputs are (on CUDA the batches are made on the host and prefetched).
-    const Tensor& first = model.Parameters().front();
+    const Tensor first = model.Parameters().front();  // a handle: Parameters() is a copy
     std::vector<float> logits =
         model(test_.images.To(first.device()).To(first.dtype())).ToFloatVector();
     model.Train();
