@@ -137,6 +137,17 @@ double BubbleFormula(const std::string& name, const ScheduleShape& s) {
   return (p - 1) / v / (m + (p - 1) / v);
 }
 
+std::vector<size_t> ReceivesPostedAt(const Schedule& schedule, size_t at, int ahead) {
+  std::vector<size_t> out;
+  int computes = 0;  // forwards and backwards in [at, j)
+  for (size_t j = at; j < schedule.size() && computes <= ahead; ++j) {
+    const Op op = schedule[j].op;
+    if (op == Op::kForward || op == Op::kBackward) ++computes;
+    if (op == Op::kRecvActivation || op == Op::kRecvGrad) out.push_back(j);
+  }
+  return out;
+}
+
 std::string ToString(const Schedule& schedule) {
   std::vector<std::string> parts;
   for (const Action& a : schedule) {

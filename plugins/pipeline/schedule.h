@@ -56,6 +56,12 @@ absl::StatusOr<Schedule> MakeSchedule(const std::string& name, const ScheduleSha
 // same time: (P-1)/(m+P-1), divided by v for the interleaved schedule.
 double BubbleFormula(const std::string& name, const ScheduleShape& s);
 
+// The receives an executor posts on reaching action `at`: those with at most `ahead` forwards
+// and backwards between `at` and them (ahead = 0 posts each where the list puts it). Posting a
+// receive before its message is sent lets the message move as soon as it is sent (Gloo and NCCL
+// match the two sides first). Indices into `schedule`, in order.
+std::vector<size_t> ReceivesPostedAt(const Schedule& schedule, size_t at, int ahead);
+
 std::string ToString(const Schedule& schedule);  // "F0 S0 F1 S1 R0 B0 ...", for messages
 
 }  // namespace braid::pipeline

@@ -24,9 +24,12 @@ struct Simulation {
   std::string stuck;         // why not, when not
   double makespan = 0;       // time units; a chunk's forward or backward takes 1/v
   std::vector<int> peak_in_flight;  // per rank: forwards not yet backed-up, at most
+  // Receives posted after their message was sent, when each rank posts ReceivesPostedAt(ahead)
+  // on reaching an action; "act 3 at vs 1 posted 4 > sent 2" for each.
+  std::vector<std::string> late_receives;
 };
 
-Simulation Simulate(const std::string& name, const ScheduleShape& s) {
+Simulation Simulate(const std::string& name, const ScheduleShape& s, int ahead = 0) {
   const int p = s.stages, v = s.chunks, last = p * v - 1;
   const double t = 1.0 / v;
   std::vector<Schedule> lists;
@@ -35,6 +38,8 @@ Simulation Simulate(const std::string& name, const ScheduleShape& s) {
   std::vector<size_t> pc(size_t(p), 0);
   std::vector<double> clock(size_t(p), 0);
   std::vector<int> in_flight(size_t(p), 0);
+  // (is gradient, mb, receiving virtual stage) -> when the receiver posted it.
+  std::map<std::tuple<bool, int, int>, double> posted;
   Simulation out;
   out.peak_in_flight.assign(size_t(p), 0);
   bool progress = true;
@@ -45,6 +50,11 @@ Simulation Simulate(const std::string& name, const ScheduleShape& s) {
         const Action& a = lists[size_t(r)][pc[size_t(r)]];
         const int vs = a.chunk * p + r;
         double ready = clock[size_t(r)];
+        for (size_t j : ReceivesPostedAt(lists[size_t(r)], pc[size_t(r)], ahead)) {
+          const Action& rcv = lists[size_t(r)][j];
+          posted.emplace(std::make_tuple(rcv.op == Op::kRecvGrad, rcv.micro_batch, rcv.chunk * p + r),
+                         clock[size_t(r)]);  // the first time counts
+        }
         if (a.op == Op::kForward) {
           if (vs > 0) {
             auto it = fwd_done.find({a.micro_batch, vs - 1});
@@ -81,6 +91,15 @@ Simulation Simulate(const std::string& name, const ScheduleShape& s) {
       return out;
     }
   }
+  // A message is sent when the compute step that makes it ends.
+  for (const auto& [key, when] : posted) {
+    const auto& [grad, mb, vs] = key;
+    const double sent = grad ? bwd_done.at({mb, vs + 1}) : fwd_done.at({mb, vs - 1});
+    if (when > sent) {
+      out.late_receives.push_back(absl::StrCat(grad ? "grad " : "act ", mb, " at vs ", vs, " posted ",
+                                               when, " > sent ", sent));
+    }
+  }
   EXPECT_EQ(int(fwd_done.size()), s.micro_batches * p * v);
   EXPECT_EQ(int(bwd_done.size()), s.micro_batches * p * v);
   out.finished = true;
@@ -109,6 +128,41 @@ TEST(Schedules, EveryScheduleCompletesWithTheFormulasBubble) {
       }
     }
   }
+}
+
+// Posting the receives of the next P compute steps (what the executor does) has every receive
+// posted before its message is sent, in every schedule (interleaved needs up to P - 1 of them);
+// posting each where the list puts it does not: the cause of the extra bubble measured in
+// issue 11, where a late receive cost a notification round trip after the data was ready.
+TEST(Schedules, ReceivesPostedPStepsAheadPrecedeTheirMessages) {
+  for (auto [name, v] : {std::pair<std::string, int>{"gpipe", 1}, {"1f1b", 1}, {"interleaved", 2},
+                         {"interleaved", 3}}) {
+    for (int p : {2, 3, 4, 8}) {
+      for (int m : {8, 16, 24}) {
+        if (name == "interleaved" && m % p != 0) continue;
+        SCOPED_TRACE(absl::StrCat(name, " p=", p, " m=", m, " v=", v));
+        Simulation sim = Simulate(name, {p, m, v}, /*ahead=*/p);
+        ASSERT_TRUE(sim.finished) << sim.stuck;
+        EXPECT_THAT(sim.late_receives, ::testing::IsEmpty());
+      }
+    }
+  }
+  Simulation in_place = Simulate("1f1b", {2, 8, 1}, /*ahead=*/0);
+  ASSERT_TRUE(in_place.finished);
+  EXPECT_THAT(in_place.late_receives, ::testing::Contains(HasSubstr("act 1 at vs 1")));
+  EXPECT_THAT(Simulate("interleaved", {4, 8, 2}, /*ahead=*/3).late_receives, ::testing::Not(::testing::IsEmpty()));
+}
+
+// Which receives the executor posts on reaching an action.
+TEST(Schedules, ReceivesPostedAtCoverTheNextComputeSteps) {
+  const Schedule last = OneFOneB({2, 3, 1}, 1);  // r0 F0 B0 sg0 r1 F1 B1 sg1 r2 F2 B2 sg2
+  EXPECT_EQ(ReceivesPostedAt(last, 0, 0), (std::vector<size_t>{0}));  // r0 only: in place
+  EXPECT_EQ(ReceivesPostedAt(last, 2, 0), (std::vector<size_t>{}));   // at B0: nothing
+  EXPECT_EQ(ReceivesPostedAt(last, 1, 2), (std::vector<size_t>{4}));  // at F0: r1 (after F0, B0)
+  const Schedule first = OneFOneB({2, 3, 1}, 0);  // F0 s0 F1 s1 rg0 B0 F2 s2 rg1 B1 rg2 B2
+  EXPECT_EQ(ReceivesPostedAt(first, 0, 2), (std::vector<size_t>{4}));      // rg0 (after F0, F1)
+  EXPECT_EQ(ReceivesPostedAt(first, 5, 2), (std::vector<size_t>{8}));      // at B0: rg1
+  EXPECT_EQ(ReceivesPostedAt(first, 5, 3), (std::vector<size_t>{8, 10}));  // and rg2
 }
 
 TEST(Schedules, OneFOneBHoldsAtMostPMicroBatchesGPipeHoldsAll) {

@@ -53,8 +53,22 @@ for n in p2_1f1b p2_gpipe p3_1f1b p2_interleaved p2_dp2 p2_dp2_zero1 p2_dp2_zero
 done
 # The cut and the measured bubble are reported.
 grep -E "^braid: pipeline of 2 stage\(s\), schedule 1f1b, cut by parameters: 0: embedding" "$T/p2_1f1b.out" &&
-  grep -E "^braid: pipeline \(stage 0 of 2, 4 micro-batch\(es\), 1f1b\): idle [0-9.]+% .*bubble formula 20.0%" "$T/p2_1f1b.out" ||
+  grep -E "^braid: pipeline \(stage 0 of 2, 4 micro-batch\(es\), 1f1b\): bubble [0-9.]+% measured, bubble formula 20.0% .*this stage idle [0-9.]+%" "$T/p2_1f1b.out" ||
   { echo "FAIL: no cut or bubble in the summary"; fails=$((fails+1)); }
+# Both stages report one pipeline bubble, the mean of their idle shares: the span is stage 0's,
+# shared at the step's end, and each stage's busy time is summed over the pipeline.
+/usr/bin/python3 - "$T/p2_1f1b.logs" <<'PY' || { echo "FAIL: bubble is not the stages' mean idle"; fails=$((fails+1)); }
+import re, sys
+bubbles, idle = set(), []
+for rank in (0, 1):
+    m = re.search(r"bubble ([\d.]+)% measured.*this stage idle ([\d.]+)%", open(f"{sys.argv[1]}/workerlog.{rank}").read())
+    bubbles.add(m.group(1))
+    idle.append(float(m.group(2)))
+assert len(bubbles) == 1, bubbles
+bubble = float(bubbles.pop())
+assert abs(bubble - sum(idle) / 2) <= 0.11, (bubble, idle)  # each printed to 0.1
+print(f"   bubble {bubble}%, stages idle {idle}")
+PY
 # The last step's trace: one row (tid) per stage, each micro-batch's forward and backward once.
 /usr/bin/python3 - "$T" <<'PY' || { echo "FAIL: pipeline traces"; fails=$((fails+1)); }
 import json, sys
