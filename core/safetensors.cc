@@ -331,12 +331,9 @@ std::string DirName(const std::string& path) {
 
 }  // namespace
 
-absl::Status SaveSafetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
-                             const std::map<std::string, std::string>& metadata) {
-  auto error = [&](const std::string& msg) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot save safetensors file '", path, "': ", msg));
-  };
+absl::StatusOr<SafetensorsLayout> LayOutSafetensors(
+    const std::map<std::string, Tensor>& tensors, const std::map<std::string, std::string>& metadata) {
+  auto error = [](const std::string& msg) { return absl::InvalidArgumentError(msg); };
   struct Entry {
     const std::string* name;
     Tensor host;
@@ -396,6 +393,21 @@ absl::Status SaveSafetensors(const std::string& path, const std::map<std::string
     return error(absl::StrCat("the header would be ", header.size(), " bytes, more than the ",
                               kMaxHeaderBytes, " readers accept; save fewer tensors per file"));
   }
+  SafetensorsLayout out;
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out.prefix.push_back(char(uint8_t(n >> (8 * i))));
+  out.prefix += header;
+  for (const Entry* e : layout) out.data.push_back(e->host);
+  return out;
+}
+
+absl::Status SaveSafetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
+                             const std::map<std::string, std::string>& metadata) {
+  absl::StatusOr<SafetensorsLayout> laid = LayOutSafetensors(tensors, metadata);
+  if (!laid.ok()) {
+    return absl::Status(laid.status().code(), absl::StrCat("cannot save safetensors file '", path,
+                                                           "': ", laid.status().message()));
+  }
 
   // The pid keeps concurrent writers in different processes (e.g. ranks) off each other's file.
   const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid());
@@ -413,12 +425,9 @@ absl::Status SaveSafetensors(const std::string& path, const std::map<std::string
     }
     return io_error("creating", e);
   }
-  uint8_t len[8];
-  const uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) len[i] = uint8_t(n >> (8 * i));
-  bool ok = WriteAll(fd.get(), len, 8) && WriteAll(fd.get(), header.data(), header.size());
-  for (size_t i = 0; ok && i < layout.size(); ++i) {
-    ok = WriteAll(fd.get(), layout[i]->host.raw_data(), layout[i]->host.nbytes());
+  bool ok = WriteAll(fd.get(), laid->prefix.data(), laid->prefix.size());
+  for (size_t i = 0; ok && i < laid->data.size(); ++i) {
+    ok = WriteAll(fd.get(), laid->data[i].raw_data(), laid->data[i].nbytes());
   }
   if (!ok) return io_error("writing", errno);
   if (::fsync(fd.get()) != 0) return io_error("flushing", errno);

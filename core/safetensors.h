@@ -7,6 +7,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -20,6 +21,17 @@ namespace braid {
 // every tensor's data is aligned to its element size (readers can map it in place).
 // Atomic: the file is written to "<path>.tmp.<pid>", flushed to disk and renamed over `path`, so
 // a crash leaves either the old file or the new one, never a partial file.
+// The bytes SaveSafetensors writes, for writers that stream a file themselves (a checkpoint
+// shard that checksums while it writes): `prefix` (the 8-byte header length and the padded
+// header) and then each tensor of `data` (host copies) in order, nothing else. Refuses what
+// SaveSafetensors refuses (bad names, metadata, an oversized header), without a path.
+struct SafetensorsLayout {
+  std::string prefix;
+  std::vector<Tensor> data;
+};
+absl::StatusOr<SafetensorsLayout> LayOutSafetensors(
+    const std::map<std::string, Tensor>& tensors, const std::map<std::string, std::string>& metadata);
+
 absl::Status SaveSafetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
                              const std::map<std::string, std::string>& metadata = {});
 

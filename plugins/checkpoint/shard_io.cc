@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/safetensors.h"
 #include "nlohmann/json.hpp"
 
 namespace braid::checkpoint {
@@ -106,37 +107,11 @@ absl::Status Damaged(const std::string& path, const std::string& what) {
 absl::StatusOr<ShardWritten> WriteShard(const std::string& path,
                                         const std::map<std::string, Tensor>& tensors,
                                         const std::map<std::string, std::string>& metadata) {
-  struct Entry {
-    const std::string* key;
-    Tensor host;
-    uint64_t begin = 0, end = 0;
-  };
-  std::vector<Entry> entries;  // in key order (the map's), as the header lists them
-  for (const auto& [key, t] : tensors) {
-    entries.push_back({&key, t.device().type == DeviceType::kCPU ? t : t.To(Device::CPU())});
+  // The same bytes core's SaveSafetensors writes (so any safetensors reader reads a shard).
+  absl::StatusOr<SafetensorsLayout> laid = LayOutSafetensors(tensors, metadata);
+  if (!laid.ok()) {
+    return absl::Status(laid.status().code(), absl::StrCat("writing '", path, "': ", laid.status().message()));
   }
-  std::vector<Entry*> layout;
-  for (Entry& e : entries) layout.push_back(&e);
-  std::stable_sort(layout.begin(), layout.end(), [](const Entry* a, const Entry* b) {
-    return SizeOf(a->host.dtype()) > SizeOf(b->host.dtype());
-  });
-  uint64_t offset = 0;
-  for (Entry* e : layout) {
-    e->begin = offset;
-    offset += e->host.nbytes();
-    e->end = offset;
-  }
-  std::string header = "{";
-  if (!metadata.empty()) absl::StrAppend(&header, "\"__metadata__\":", nlohmann::json(metadata).dump());
-  for (const Entry& e : entries) {
-    const nlohmann::ordered_json fields = {{"dtype", SafetensorsDType(e.host.dtype())},
-                                           {"shape", e.host.shape()},
-                                           {"data_offsets", {e.begin, e.end}}};
-    absl::StrAppend(&header, header.size() > 1 ? "," : "", nlohmann::json(*e.key).dump(), ":",
-                    fields.dump());
-  }
-  header += "}";
-  header.append((8 - header.size() % 8) % 8, ' ');
 
   Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   auto fail = [&](const char* what) -> absl::Status {
@@ -152,17 +127,12 @@ absl::StatusOr<ShardWritten> WriteShard(const std::string& path,
     return absl::DataLossError(msg);
   };
   if (fd.get() < 0) return fail("creating");
-  char len[8];
-  const uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) len[i] = char(uint8_t(n >> (8 * i)));
-  uint32_t crc = Crc(Crc(uint32_t(crc32(0L, Z_NULL, 0)), len, 8), header.data(), header.size());
-  if (!WriteAll(fd.get(), len, 8) || !WriteAll(fd.get(), header.data(), header.size())) {
-    return fail("writing");
-  }
-  int64_t written = 8 + int64_t(header.size()), handed = 0;
-  for (const Entry* e : layout) {
-    const char* p = static_cast<const char*>(e->host.nbytes() > 0 ? e->host.raw_data() : nullptr);
-    for (size_t left = e->host.nbytes(); left > 0;) {
+  uint32_t crc = Crc(uint32_t(crc32(0L, Z_NULL, 0)), laid->prefix.data(), laid->prefix.size());
+  if (!WriteAll(fd.get(), laid->prefix.data(), laid->prefix.size())) return fail("writing");
+  int64_t written = int64_t(laid->prefix.size()), handed = 0;
+  for (const Tensor& host : laid->data) {
+    const char* p = static_cast<const char*>(host.nbytes() > 0 ? host.raw_data() : nullptr);
+    for (size_t left = host.nbytes(); left > 0;) {
       const size_t k = std::min(left, kPiece);
       crc = Crc(crc, p, k);
       if (!WriteAll(fd.get(), p, k)) return fail("writing");
