@@ -67,6 +67,10 @@ class Communicator {
   virtual std::shared_ptr<Work> Broadcast(Tensor& t, int root) = 0;
   // The result lands in t on root; other ranks' t is left unspecified.
   virtual std::shared_ptr<Work> Reduce(Tensor& t, int root, ReduceOp op) = 0;
+  // Point to point. Posting never blocks; a Send and a Recv match by (peer, tag), in issue order
+  // per tag, whichever side posts first. Works may be waited for in any order (a pipeline's
+  // stages wait for what they need next), and a Work dropped unwaited still completes: the
+  // communicator keeps the tensor alive until then.
   virtual std::shared_ptr<Work> Send(const Tensor& t, int dst, int tag) = 0;
   virtual std::shared_ptr<Work> Recv(Tensor& t, int src, int tag) = 0;
   virtual std::shared_ptr<Work> Barrier() = 0;

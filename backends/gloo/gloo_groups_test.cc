@@ -2,6 +2,7 @@
 // point-to-point messages with tags, asynchronous operation and overlap.
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -253,6 +254,46 @@ TEST(PointToPoint, OperationsCompleteIndependently) {
       EXPECT_EQ(got_a.ToFloatVector(), a.ToFloatVector());
       EXPECT_EQ(got_d.ToFloatVector(), d.ToFloatVector());
       ASSERT_TRUE(send_c->Wait().ok());
+    }
+  });
+}
+
+// A Send or Recv whose Work the caller drops still completes, into and from memory the
+// communicator keeps alive (the sender's freed block is reused and overwritten at once); a
+// Recv polled with IsCompleted finishes without a Wait. The Works are waited for on the
+// caller's thread when waited, so these are the paths that need a thread of their own.
+TEST(PointToPoint, DroppedAndPolledWorksComplete) {
+  FileStore store(FreshDir());
+  RunRanks(2, [&](int rank) {
+    auto comm = MakeGloo(rank, 2, &store);
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    Communicator& c = **comm;
+    c.set_timeout(absl::Seconds(20));
+    const int64_t n = 1 << 16;
+    if (rank == 0) {
+      {
+        Tensor x = Tensor::Full({n}, 5.0f);
+        (void)c.Send(x, 1, 1);
+      }
+      Tensor reuse = Tensor::Full({n}, -1.0f);  // the block x had, were it freed
+      {
+        Tensor y = Tensor::Zeros({n});
+        (void)c.Recv(y, 1, 2);
+      }
+      Tensor z = Tensor::Zeros({4});
+      auto w = c.Recv(z, 1, 3);
+      while (!w->IsCompleted()) std::this_thread::yield();  // rank 1 sends it unconditionally
+      EXPECT_EQ(z.ToFloatVector(), std::vector<float>(4, 7.0f));
+      EXPECT_TRUE(w->Wait().ok());
+      EXPECT_EQ(reuse.ToFloatVector()[0], -1.0f);
+      ASSERT_TRUE(c.Barrier()->Wait().ok());
+    } else {
+      Tensor got = Tensor::Zeros({n});
+      ASSERT_TRUE(c.Recv(got, 0, 1)->Wait().ok());
+      EXPECT_EQ(got.ToFloatVector(), std::vector<float>(size_t(n), 5.0f));
+      ASSERT_TRUE(c.Send(Tensor::Full({n}, 6.0f), 0, 2)->Wait().ok());
+      ASSERT_TRUE(c.Send(Tensor::Full({4}, 7.0f), 0, 3)->Wait().ok());
+      ASSERT_TRUE(c.Barrier()->Wait().ok());
     }
   });
 }
