@@ -1,0 +1,116 @@
+// Internals shared by the sources of //core/config:config, not part of its API (config.h):
+// the Checker that collects validation problems with the helpers that word them, and the
+// strategy-side checks (config_strategy.cc) that ValidateConfigWith (config.cc) runs. A header
+// of its own so that callers of config.h see none of it.
+#ifndef BRAID_CORE_CONFIG_CONFIG_INTERNAL_H_
+#define BRAID_CORE_CONFIG_CONFIG_INTERNAL_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/config/config.h"
+#include "core/config/train_config.pb.h"
+
+namespace braid::config::internal {
+
+inline std::string Quoted(const std::string& s) { return absl::StrCat("\"", s, "\""); }
+
+// "a", "a and b", "a, b and c" (`last` = "and" or "or").
+inline std::string JoinWords(const std::vector<std::string>& words, const std::string& last) {
+  if (words.size() <= 1) return absl::StrJoin(words, "");
+  std::vector<std::string> head(words.begin(), words.end() - 1);
+  return absl::StrCat(absl::StrJoin(head, ", "), " ", last, " ", words.back());
+}
+
+inline std::string Num(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+class Checker {
+ public:
+  void Error(std::string message) { errors_.push_back(std::move(message)); }
+  bool ok() const { return errors_.empty(); }
+  absl::Status Status() const {
+    if (errors_.empty()) return absl::OkStatus();
+    if (errors_.size() == 1) return absl::InvalidArgumentError(errors_[0]);
+    return absl::InvalidArgumentError(absl::StrCat(
+        errors_.size(), " problems in the training config: ", absl::StrJoin(errors_, "; ")));
+  }
+
+  // Replaces `*value` by its canonical spelling from `known` (case-insensitive), or `fallback`
+  // when empty; false (and an error listing the known names) if it matches none.
+  bool Name(std::string* value, const std::string& field, const std::vector<std::string>& known,
+            const std::string& fallback) {
+    if (value->empty() && fallback.empty()) {
+      Error(absl::StrCat(field, " is not set and nothing is registered as its default; known: ",
+                         known.empty() ? "(none registered)" : absl::StrJoin(known, ", ")));
+      return false;
+    }
+    if (value->empty()) {
+      *value = fallback;
+      return true;
+    }
+    for (const std::string& k : known) {
+      if (absl::EqualsIgnoreCase(*value, k)) {
+        *value = k;
+        return true;
+      }
+    }
+    Error(absl::StrCat(field, " ", Quoted(*value),
+                       " is unknown; known: ", absl::StrJoin(known, ", ")));
+    return false;
+  }
+
+  bool Positive(const std::string& field, int64_t v) {
+    if (v >= 1) return true;
+    Error(absl::StrCat(field, " (", v, ") must be >= 1"));
+    return false;
+  }
+  bool NonNegative(const std::string& field, int64_t v) {
+    if (v >= 0) return true;
+    Error(absl::StrCat(field, " (", v, ") must be >= 0"));
+    return false;
+  }
+  bool PositiveReal(const std::string& field, double v) {
+    if (std::isfinite(v) && v > 0) return true;
+    Error(absl::StrCat(field, " (", Num(v), ") must be a finite number > 0"));
+    return false;
+  }
+  bool NonNegativeReal(const std::string& field, double v) {
+    if (std::isfinite(v) && v >= 0) return true;
+    Error(absl::StrCat(field, " (", Num(v), ") must be a finite number >= 0"));
+    return false;
+  }
+  bool UnitInterval(const std::string& field, double v) {  // [0, 1)
+    if (v >= 0 && v < 1) return true;
+    Error(absl::StrCat(field, " (", Num(v), ") must be in [0, 1)"));
+    return false;
+  }
+
+ private:
+  std::vector<std::string> errors_;
+};
+
+inline bool Has(const std::vector<std::string>& features, const std::string& name) {
+  return std::find(features.begin(), features.end(), name) != features.end();
+}
+
+// The checks that ValidateConfigWith (config.cc) runs and config_strategy.cc defines: the
+// parallel layout (returns the data-parallel size) and the feature sections.
+int CheckParallel(Checker& c, TrainConfig* cfg, int world);
+void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog);
+
+}  // namespace braid::config::internal
+
+#endif  // BRAID_CORE_CONFIG_CONFIG_INTERNAL_H_

@@ -1,0 +1,312 @@
+// Reading a training config (text format, JSON, a file) and printing one: the first step in
+// config.h, with the error messages that name the origin, position and field. Separate from
+// validation (config.cc), which works on an already parsed TrainConfig.
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/check.h"
+#include "core/config/config.h"
+#include "core/config/config_internal.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace braid::config {
+namespace {
+
+namespace pb = google::protobuf;
+
+using internal::Quoted;
+
+std::string KnownFields(const pb::Descriptor* d) {
+  std::vector<std::string> names;
+  for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
+  return absl::StrJoin(names, ", ");
+}
+
+// The text of line `line` (0-based) of `text`.
+std::string LineOf(const std::string& text, int line) {
+  std::vector<std::string> lines = absl::StrSplit(text, '\n');
+  return line >= 0 && line < static_cast<int>(lines.size()) ? lines[line] : std::string();
+}
+
+// The protobuf tokenizer's columns advance a tab to the next multiple of 8; this maps one back
+// to a byte offset in the line.
+size_t ByteOffsetOfColumn(const std::string& line, int column) {
+  int col = 0;
+  size_t i = 0;
+  for (; i < line.size() && col < column; ++i) col = line[i] == '\t' ? (col / 8 + 1) * 8 : col + 1;
+  return i;
+}
+
+int ColumnOfByteOffset(const std::string& line, size_t offset) {
+  int col = 0;
+  for (size_t i = 0; i < offset && i < line.size(); ++i) {
+    col = line[i] == '\t' ? (col / 8 + 1) * 8 : col + 1;
+  }
+  return col;
+}
+
+bool IsIdentChar(char c) { return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+// The text parser reports a position but not the field it was parsing. The field is the
+// identifier that ends at the position (unknown or repeated field name) or the one before the
+// ':' preceding it (bad value); empty if neither.
+std::string FieldNear(const std::string& line, size_t pos) {
+  pos = std::min(pos, line.size());
+  auto skip_space = [&] {
+    while (pos > 0 && absl::ascii_isspace(static_cast<unsigned char>(line[pos - 1]))) --pos;
+  };
+  if (pos == 0 || !IsIdentChar(line[pos - 1])) {
+    skip_space();
+    if (pos == 0 || line[pos - 1] != ':') return "";
+    --pos;
+    skip_space();
+  }
+  size_t end = pos;
+  while (pos > 0 && IsIdentChar(line[pos - 1])) --pos;
+  return line.substr(pos, end - pos);
+}
+
+class TextErrorCollector : public pb::io::ErrorCollector {
+ public:
+  TextErrorCollector(const std::string& text, const std::string& origin)
+      : text_(text), origin_(origin) {}
+
+  void AddError(int line, pb::io::ColumnNumber column, const std::string& message) override {
+    const std::string line_text = LineOf(text_, line);
+    const size_t offset = ByteOffsetOfColumn(line_text, column);
+    // Protobuf names the unknown field and its message type; add what would have been valid.
+    const std::string kPrefix = "Message type \"", kMiddle = "\" has no field named \"";
+    size_t middle = message.find(kMiddle);
+    if (absl::StartsWith(message, kPrefix) && middle != std::string::npos) {
+      std::string type = message.substr(kPrefix.size(), middle - kPrefix.size());
+      std::string field = message.substr(middle + kMiddle.size());
+      field = field.substr(0, field.find('"'));
+      // Protobuf points after the name (at the next token for a message field); editors want
+      // the name's start.
+      size_t end = offset;
+      while (end > 0 && absl::ascii_isspace(static_cast<unsigned char>(line_text[end - 1]))) --end;
+      if (end >= field.size() && line_text.compare(end - field.size(), field.size(), field) == 0) {
+        column = ColumnOfByteOffset(line_text, end - field.size());
+      }
+      const std::string where = absl::StrCat(origin_, ":", line + 1, ":", column + 1, ": ");
+      const pb::Descriptor* d = pb::DescriptorPool::generated_pool()->FindMessageTypeByName(type);
+      errors_.push_back(absl::StrCat(where, "unknown field \"", field, "\" in ", type,
+                                     d ? absl::StrCat(" (known fields: ", KnownFields(d), ")") : "",
+                                     "; remove it or fix its spelling"));
+      return;
+    }
+    const std::string where = absl::StrCat(origin_, ":", line + 1, ":", column + 1, ": ");
+    const std::string field = FieldNear(line_text, offset);
+    if (!field.empty() && message.find(absl::StrCat("\"", field, "\"")) == std::string::npos) {
+      errors_.push_back(absl::StrCat(where, "field \"", field, "\": ", message));
+    } else {
+      errors_.push_back(absl::StrCat(where, message));
+    }
+  }
+
+  void AddWarning(int line, pb::io::ColumnNumber column, const std::string& message) override {}
+
+  std::string Errors() const { return absl::StrJoin(errors_, "; "); }
+
+ private:
+  const std::string& text_;
+  const std::string& origin_;
+  std::vector<std::string> errors_;
+};
+
+// Resolves a dotted path of field names ("optimizer.params") from TrainConfig; null if a part is
+// not a message field.
+const pb::Descriptor* DescriptorAt(const std::string& path) {
+  const pb::Descriptor* d = TrainConfig::descriptor();
+  if (path.empty()) return d;
+  for (const std::string& part : std::vector<std::string>(absl::StrSplit(path, '.'))) {
+    const pb::FieldDescriptor* f = d->FindFieldByName(part);
+    for (int i = 0; f == nullptr && i < d->field_count(); ++i) {
+      if (d->field(i)->json_name() == part) f = d->field(i);
+    }
+    if (f == nullptr || f->message_type() == nullptr) return nullptr;
+    d = f->message_type();
+  }
+  return d;
+}
+
+// " at line L, column C" if `"key":` occurs exactly once in `text` (protobuf's JSON errors carry
+// no position; an ambiguous key gets none rather than a wrong one).
+std::string JsonKeyPosition(const std::string& text, const std::vector<std::string>& keys) {
+  int found = 0;
+  size_t at = 0;
+  for (const std::string& key : keys) {
+    const std::string quoted = absl::StrCat("\"", key, "\"");
+    for (size_t p = text.find(quoted); p != std::string::npos; p = text.find(quoted, p + 1)) {
+      size_t q = p + quoted.size();
+      while (q < text.size() && absl::ascii_isspace(static_cast<unsigned char>(text[q]))) ++q;
+      if (q < text.size() && text[q] == ':') {
+        ++found;
+        at = p;
+      }
+    }
+  }
+  if (found != 1) return "";
+  int line = 1 + static_cast<int>(std::count(text.begin(), text.begin() + at, '\n'));
+  size_t line_start = text.rfind('\n', at);
+  size_t column = at - (line_start == std::string::npos ? 0 : line_start + 1) + 1;
+  return absl::StrCat(":", line, ":", column);
+}
+
+std::vector<std::string> NameAndJsonName(const std::string& path, const std::string& name) {
+  std::vector<std::string> names = {name};
+  if (const pb::Descriptor* d = DescriptorAt(path)) {
+    if (const pb::FieldDescriptor* f = d->FindFieldByName(name)) {
+      if (f->json_name() != name) names.push_back(f->json_name());
+    }
+  }
+  return names;
+}
+
+// Rewrites protobuf's JSON errors, "(optimizer.params) bogus: Cannot find field." and
+// "(optimizer.params.lr): invalid value \"x\" for type TYPE_DOUBLE", to name the file, the full
+// field path, and where possible the position and the valid fields.
+std::string DescribeJsonError(const std::string& text, const std::string& origin,
+                              const std::string& message) {
+  std::string path, rest = message;
+  if (absl::StartsWith(rest, "(")) {
+    size_t close = rest.find(')');
+    if (close != std::string::npos) {
+      path = rest.substr(1, close - 1);
+      rest = rest.substr(close + 1);
+      if (absl::StartsWith(rest, ":")) rest = rest.substr(1);
+      rest = std::string(absl::StripLeadingAsciiWhitespace(rest));
+    }
+  }
+  // A repeated key of an `optional` scalar collides in its synthetic oneof "_<name>".
+  const std::string kOneof = "oneof field '_";
+  size_t oneof = rest.find(kOneof);
+  if (oneof != std::string::npos && absl::StrContains(rest, "is already set")) {
+    std::string field = rest.substr(oneof + kOneof.size());
+    field = field.substr(0, field.find('\''));
+    return absl::StrCat(origin, ": field \"", path.empty() ? field : absl::StrCat(path, ".", field),
+                        "\" is given more than once");
+  }
+  const std::string kCannotFind = ": Cannot find field.";
+  if (absl::EndsWith(rest, kCannotFind)) {
+    std::string field = rest.substr(0, rest.size() - kCannotFind.size());
+    const pb::Descriptor* d = DescriptorAt(path);
+    return absl::StrCat(origin, JsonKeyPosition(text, {field}), ": unknown field \"",
+                        path.empty() ? field : absl::StrCat(path, ".", field), "\"",
+                        d ? absl::StrCat(" (known fields", path.empty() ? "" : " of " + path, ": ",
+                                         KnownFields(d), ")")
+                          : "",
+                        "; remove it or fix its spelling");
+  }
+  if (!path.empty()) {
+    // Map entries come as "strategy.options[0].value": report the map itself.
+    std::string field_path = path.substr(0, path.find('['));
+    std::string position;
+    if (field_path == path) {
+      size_t dot = path.rfind('.');
+      std::string parent = dot == std::string::npos ? "" : path.substr(0, dot);
+      std::string leaf = dot == std::string::npos ? path : path.substr(dot + 1);
+      position = JsonKeyPosition(text, NameAndJsonName(parent, leaf));
+    }
+    static const std::pair<const char*, const char*> kTypes[] = {
+        {"for type TYPE_DOUBLE", "(expected a number)"},
+        {"for type TYPE_FLOAT", "(expected a number)"},
+        {"for type TYPE_INT32", "(expected a 32-bit integer)"},
+        {"for type TYPE_INT64", "(expected an integer)"},
+        {"for type TYPE_UINT64", "(expected a non-negative integer)"},
+        {"for type TYPE_UINT32", "(expected a non-negative integer)"},
+        {"for type TYPE_BOOL", "(expected true or false)"},
+        {"for type TYPE_STRING", "(expected a string)"},
+    };
+    for (const auto& [from, to] : kTypes) {
+      size_t p = rest.find(from);
+      if (p != std::string::npos) rest.replace(p, std::string(from).size(), to);
+    }
+    return absl::StrCat(origin, position, ": field \"", field_path, "\": ", rest);
+  }
+  return absl::StrCat(origin, ": ", message);
+}
+
+}  // namespace
+
+// -------------------------------------------------------------------------------------------------
+// Public API
+
+absl::StatusOr<TrainConfig> ParseTextConfig(const std::string& text, const std::string& origin) {
+  TrainConfig cfg;
+  pb::TextFormat::Parser parser;
+  TextErrorCollector errors(text, origin);
+  parser.RecordErrorsTo(&errors);
+  parser.AllowUnknownField(false);
+  if (!parser.ParseFromString(text, &cfg)) {
+    std::string message = errors.Errors();
+    if (message.empty())
+      message = absl::StrCat(origin, ": not a valid text-format training config");
+    return absl::InvalidArgumentError(message);
+  }
+  return cfg;
+}
+
+absl::StatusOr<TrainConfig> ParseJsonConfig(const std::string& text, const std::string& origin) {
+  TrainConfig cfg;
+  pb::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  auto status = pb::util::JsonStringToMessage(text, &cfg, options);
+  if (!status.ok()) {
+    std::string message(status.message().data(), status.message().size());
+    return absl::InvalidArgumentError(DescribeJsonError(text, origin, message));
+  }
+  return cfg;
+}
+
+absl::StatusOr<TrainConfig> LoadConfigFile(const std::string& path) {
+  const std::string lower = absl::AsciiStrToLower(path);
+  const bool json = absl::EndsWith(lower, ".json");
+  const bool text = absl::EndsWith(lower, ".pbtxt") || absl::EndsWith(lower, ".textproto") ||
+                    absl::EndsWith(lower, ".txt");
+  if (!json && !text) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config file ", Quoted(path),
+        ": unknown extension; use .json for JSON or .pbtxt, .textproto or .txt for text format"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("config file ", Quoted(path), " cannot be read"));
+  }
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  if (in.bad()) {
+    return absl::DataLossError(absl::StrCat("config file ", Quoted(path), ": read error"));
+  }
+  return json ? ParseJsonConfig(contents.str(), path) : ParseTextConfig(contents.str(), path);
+}
+
+std::string ConfigToText(const TrainConfig& cfg) {
+  std::string out;
+  pb::TextFormat::PrintToString(cfg, &out);
+  return out;
+}
+
+std::string ConfigToJson(const TrainConfig& cfg) {
+  std::string out;
+  pb::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;  // DeepSpeed's snake_case names
+  auto status = pb::util::MessageToJsonString(cfg, &out, options);
+  BRAID_CHECK(status.ok()) << "printing a TrainConfig as JSON: " << status.ToString();
+  return out;
+}
+
+}  // namespace braid::config

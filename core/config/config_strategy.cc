@@ -1,0 +1,234 @@
+// The strategy side of validation: the parallel layout against the world size, and the
+// feature sections (fp16, bf16, zero_optimization) against what the chosen strategy declares
+// (StrategyTraits, possibly from a plugin); also the feature names and the default strategy
+// (ZeroFeatureName, RequestedFeatures, DefaultStrategyName). Separate from the other section
+// checks (config.cc) because these are the ones that ask about strategies.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/config/config.h"
+#include "core/config/config_internal.h"
+
+namespace braid::config {
+namespace internal {
+namespace {
+
+// "plugin libbraid_zero.so" for a plugin's file, the origin itself otherwise ("built-in").
+std::string DescribeOrigin(const std::string& origin) {
+  if (absl::EndsWith(origin, ".so")) {
+    return absl::StrCat("plugin ", origin.substr(origin.rfind('/') + 1));
+  }
+  return origin;
+}
+
+// Checks feature sections against what the chosen strategy declares, asking the catalog only
+// when a section needs a feature (so a config without one loads no plugin to be validated).
+class FeatureCheck {
+ public:
+  FeatureCheck(Checker& c, const StrategyCatalog& catalog, const std::string& strategy)
+      : c_(c), catalog_(catalog), strategy_(strategy) {}
+
+  void Require(const std::string& section, const std::string& feature) {
+    if (strategy_.empty()) return;  // strategy.path without a name: reported with strategy
+    if (!asked_) {
+      asked_ = true;
+      absl::StatusOr<std::vector<std::string>> features = std::vector<std::string>();
+      if (catalog_.features_of) features = catalog_.features_of(strategy_);
+      if (features.ok()) {
+        features_ = *std::move(features);
+      } else {
+        // Without the strategy its features are unknown: one problem, not one per section.
+        unknown_ = true;
+        c_.Error(absl::StrCat("strategy.name ", Quoted(strategy_), " (needed to check ", section,
+                              "): ", features.status().message()));
+      }
+    }
+    if (unknown_ || Has(features_, feature)) return;
+    FeatureProviders found;
+    if (catalog_.providers_of) found = catalog_.providers_of(feature);
+    std::string message =
+        absl::StrCat(section, " needs a strategy that provides ", Quoted(feature), "; strategy ",
+                     Quoted(strategy_), " does not");
+    if (!found.strategies.empty()) {
+      std::vector<std::string> uses;
+      for (const FeatureProvider& p : found.strategies) {
+        uses.push_back(absl::StrCat(Quoted(p.strategy), " (", DescribeOrigin(p.origin), ")"));
+      }
+      absl::StrAppend(&message, "; use strategy.name ", JoinWords(uses, "or"));
+    } else {
+      absl::StrAppend(&message, ", and no ", catalog_.searched,
+                      " does: it is not available yet; remove the section or add a plugin "
+                      "whose strategy provides it");
+    }
+    if (!found.unloadable.empty()) {
+      absl::StrAppend(&message, " (plugin files that could not be loaded while looking: ",
+                      absl::StrJoin(found.unloadable, ", "), ")");
+    }
+    c_.Error(std::move(message));
+  }
+
+ private:
+  Checker& c_;
+  const StrategyCatalog& catalog_;
+  const std::string strategy_;
+  bool asked_ = false, unknown_ = false;
+  std::vector<std::string> features_;
+};
+
+}  // namespace
+
+void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog) {
+  FeatureCheck features(c, catalog, cfg->strategy().name());
+  if (cfg->fp16().enabled()) {
+    features.Require("fp16", kFeatureFp16);
+    Fp16Config* f = cfg->mutable_fp16();
+    if (f->has_loss_scale()) c.NonNegativeReal("fp16.loss_scale", f->loss_scale());
+    if (f->has_initial_scale_power() &&
+        (f->initial_scale_power() < 0 || f->initial_scale_power() > 63)) {
+      c.Error(absl::StrCat("fp16.initial_scale_power (", f->initial_scale_power(),
+                           ") must be in [0, 63]"));
+    }
+    if (f->has_loss_scale_window()) c.Positive("fp16.loss_scale_window", f->loss_scale_window());
+    if (f->has_hysteresis()) c.Positive("fp16.hysteresis", f->hysteresis());
+    if (f->has_min_loss_scale()) c.PositiveReal("fp16.min_loss_scale", f->min_loss_scale());
+    if (!f->has_loss_scale()) f->set_loss_scale(0);
+    if (!f->has_initial_scale_power()) f->set_initial_scale_power(16);
+    if (!f->has_loss_scale_window()) f->set_loss_scale_window(1000);
+    if (!f->has_hysteresis()) f->set_hysteresis(2);
+    if (!f->has_min_loss_scale()) f->set_min_loss_scale(1);
+  }
+  if (cfg->bf16().enabled()) features.Require("bf16", kFeatureBf16);
+  if (cfg->fp16().enabled() && cfg->bf16().enabled()) {
+    c.Error("fp16.enabled and bf16.enabled are both true; enable at most one");
+  }
+  // DeepSpeed's values: "fp32", or the training precision's own name (the default).
+  const std::string& comm_dtype = cfg->communication_data_type();
+  const std::string half = cfg->fp16().enabled() ? "fp16" : cfg->bf16().enabled() ? "bf16" : "";
+  if (!comm_dtype.empty() && comm_dtype != "fp32" && comm_dtype != half) {
+    c.Error(absl::StrCat("communication_data_type ", Quoted(comm_dtype), " is unknown; known: \"fp32\"",
+                         half.empty() ? "" : absl::StrCat(", \"", half, "\""),
+                         " (default: the parameters' own dtype)"));
+  } else if (comm_dtype == "fp32" && half.empty()) {
+    c.Error("communication_data_type \"fp32\" applies under fp16 or bf16 only (gradients are "
+            "already f32 without them); remove it or enable one");
+  } else if (comm_dtype == "fp32" && cfg->strategy().name() != "ddp") {
+    c.Error(absl::StrCat("communication_data_type \"fp32\" is implemented by strategy \"ddp\" only, not ",
+                         Quoted(cfg->strategy().name()), "; remove it to reduce in ", half));
+  }
+
+  const ZeroOptimizationConfig& z = cfg->zero_optimization();
+  if (z.stage() < 0 || z.stage() > 3) {
+    c.Error(absl::StrCat("zero_optimization.stage (", z.stage(), ") must be 0, 1, 2 or 3"));
+  } else if (z.stage() > 0) {
+    features.Require(absl::StrCat("zero_optimization (stage ", z.stage(), ")"),
+                     ZeroFeatureName(z.stage()));
+  }
+  if (z.has_reduce_bucket_size())
+    c.Positive("zero_optimization.reduce_bucket_size", z.reduce_bucket_size());
+  if (z.has_allgather_bucket_size()) {
+    c.Positive("zero_optimization.allgather_bucket_size", z.allgather_bucket_size());
+  }
+  if (z.has_stage3_prefetch_bucket_size() && z.stage3_prefetch_bucket_size() < 0) {
+    c.Error(absl::StrCat("zero_optimization.stage3_prefetch_bucket_size (",
+                         z.stage3_prefetch_bucket_size(), ") must be >= 0"));
+  }
+  if (z.has_stage3_param_persistence_threshold() && z.stage3_param_persistence_threshold() < 0) {
+    c.Error(absl::StrCat("zero_optimization.stage3_param_persistence_threshold (",
+                         z.stage3_param_persistence_threshold(), ") must be >= 0"));
+  }
+  for (auto [field, off] : {std::pair<const char*, const OffloadConfig*>{"offload_optimizer", &z.offload_optimizer()},
+                            {"offload_param", &z.offload_param()}}) {
+    const std::string& d = off->device();
+    if (!d.empty() && d != "none" && d != "cpu") {
+      c.Error(absl::StrCat("zero_optimization.", field, ".device \"", d,
+                           "\" is unknown; known: \"none\", \"cpu\"",
+                           d == "nvme" ? " (Braid has no NVMe offload)" : ""));
+    }
+  }
+}
+
+// The parallel section against the world size: fills in data, and returns the data-parallel
+// size (the world size when there is no section). Impossible layouts are one line each.
+int CheckParallel(Checker& c, TrainConfig* cfg, int world) {
+  if (!cfg->has_parallel()) return world;
+  ParallelConfig* p = cfg->mutable_parallel();
+  if (!p->has_tensor()) p->set_tensor(1);
+  if (!p->has_pipeline()) p->set_pipeline(1);
+  bool ok = c.Positive("parallel.tensor", p->tensor());
+  ok &= c.Positive("parallel.pipeline", p->pipeline());
+  if (p->has_data()) ok &= c.Positive("parallel.data", p->data());
+  if (!ok) return world;
+  const int tp = p->tensor() * p->pipeline();
+  if (!p->has_data()) {
+    if (world % tp != 0) {
+      c.Error(absl::StrCat("parallel.tensor (", p->tensor(), ") x parallel.pipeline (",
+                           p->pipeline(), ") = ", tp, " does not divide the ", world,
+                           " processes; change the sizes or the number of processes"));
+      return world;
+    }
+    p->set_data(world / tp);
+  }
+  if (tp * p->data() != world) {
+    c.Error(absl::StrCat("parallel layout tensor ", p->tensor(), " x pipeline ", p->pipeline(),
+                         " x data ", p->data(), " = ", tp * p->data(), " ranks, but there are ",
+                         world, " processes; make the product equal the number of processes"));
+    return world;
+  }
+  StrategyConfig* s = cfg->mutable_strategy();
+  if (p->pipeline() > 1) {
+    if (s->name().empty()) s->set_name("pipeline");
+    auto stages = s->options().find("stages");
+    if (stages != s->options().end() && stages->second != absl::StrCat(p->pipeline())) {
+      c.Error(absl::StrCat("strategy.options stages (", stages->second,
+                           ") disagrees with parallel.pipeline (", p->pipeline(),
+                           "); give the stage count once, in parallel.pipeline"));
+    }
+    (*s->mutable_options())["stages"] = absl::StrCat(p->pipeline());
+  }
+  if (p->sequence_parallel() && p->tensor() == 1) {
+    c.Error("parallel.sequence_parallel splits activations over the tensor-parallel group, but "
+            "parallel.tensor is 1; set parallel.tensor > 1 or turn it off");
+  }
+  if (p->tensor() > 1) {
+    const std::string& name = s->name();
+    if (name == "dp" || name == "paramserver") {
+      c.Error(absl::StrCat("strategy.name ", Quoted(name),
+                           " cannot run under tensor parallelism (it keeps whole replicas); use "
+                           "\"ddp\", \"zero\" or \"pipeline\""));
+    }
+    if (cfg->zero_optimization().stage() == 3) {
+      c.Error("zero_optimization.stage 3 with parallel.tensor > 1 is not supported: tensor "
+              "parallelism slices each parameter from its full initial value; use stage 1 or 2");
+    }
+    if (cfg->fp16().enabled() || cfg->bf16().enabled()) {
+      c.Error(absl::StrCat(cfg->fp16().enabled() ? "fp16" : "bf16",
+                           ".enabled with parallel.tensor > 1 is not supported yet: the "
+                           "tensor-parallel layers compute in f32; turn one of them off"));
+    }
+  }
+  return p->data();
+}
+
+}  // namespace internal
+
+std::string ZeroFeatureName(int stage) { return absl::StrCat("zero", stage); }
+
+std::vector<std::string> RequestedFeatures(const TrainConfig& cfg) {
+  std::vector<std::string> features;
+  if (cfg.fp16().enabled()) features.push_back(kFeatureFp16);
+  if (cfg.bf16().enabled()) features.push_back(kFeatureBf16);
+  const int stage = cfg.zero_optimization().stage();
+  if (stage >= 1 && stage <= 3) features.push_back(ZeroFeatureName(stage));
+  return features;
+}
+
+std::string DefaultStrategyName(int data_parallel_size) {
+  return data_parallel_size > 1 ? "ddp" : "single";
+}
+
+}  // namespace braid::config
