@@ -1,8 +1,9 @@
 // Wire format of the rendezvous store: message types, limits, encoders and a pure parser.
 //
-// Kept apart from the sockets (tcp_store.cc) and the cryptography (auth.cc) so that everything
-// that reads bytes from the network can be fuzzed on its own (frame_fuzzer.cc). The protocol as
-// a whole -- handshake, commands, what the limits protect -- is described in tcp_store.h.
+// Kept apart from the sockets (store_io.cc, tcp_store_server.cc, tcp_store_client.cc) and the
+// cryptography (auth.cc) so that everything that reads bytes from the network can be fuzzed on its
+// own (frame_fuzzer.cc). The protocol as a whole -- handshake, commands, what the limits protect --
+// is described in tcp_store.h.
 //
 // A frame is a 4-byte big-endian body length followed by the body; the body's first byte is its
 // MessageType. Integers are big-endian; a string is a 4-byte length and its bytes. Every parse
