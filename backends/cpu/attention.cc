@@ -16,6 +16,7 @@
 #include "backends/cpu/simd.h"
 #include "backends/cpu/thread_pool.h"
 #include "core/check.h"
+#include "core/kernel_checks.h"
 #include "core/kernels.h"
 
 namespace braid::cpu {
@@ -136,29 +137,7 @@ void Transpose(const float* src, int64_t ld_src, int64_t rows, int64_t cols, flo
   }
 }
 
-struct AttnDims {
-  int64_t b, t, c, h, d;
-};
-
-AttnDims CheckAttention(const char* kernel, const Tensor& qkv, int n_head) {
-  BRAID_CHECK(qkv.dtype() == DType::kF32 && qkv.ndim() == 3 && n_head > 0 &&
-              qkv.size(2) % (3 * int64_t(n_head)) == 0)
-      << "cpu " << kernel << " wants f32 qkv [B, T, 3C] with C divisible by n_head=" << n_head
-      << ", got " << qkv.DescribeForError();
-  AttnDims a;
-  a.b = qkv.size(0);
-  a.t = qkv.size(1);
-  a.c = qkv.size(2) / 3;
-  a.h = n_head;
-  a.d = a.c / n_head;
-  return a;
-}
-
-void CheckF32Numel(const char* kernel, const Tensor& t, int64_t n) {
-  BRAID_CHECK(t.dtype() == DType::kF32 && t.numel() == n)
-      << "cpu " << kernel << ": " << t.DescribeForError() << " should be f32 with " << n
-      << " elements";
-}
+using AttnDims = kernels::checks::AttentionDims;
 
 // Grows a per-thread buffer; kernels keep no heap traffic after the first step.
 float* Scratch(std::vector<float>& v, int64_t n) {
@@ -234,9 +213,7 @@ void AttentionHeadBackward(const AttnDims& s, float scale, const float* q, const
 }
 
 void AttentionForward(const Tensor& qkv, int n_head, Tensor& out, Tensor& att) {
-  const AttnDims s = CheckAttention("attention_forward", qkv, n_head);
-  CheckF32Numel("attention_forward", out, s.b * s.t * s.c);
-  CheckF32Numel("attention_forward", att, s.b * s.h * s.t * s.t);
+  const AttnDims s = kernels::checks::AttentionForward("cpu", DType::kF32, qkv, n_head, out, att);
   const float* pq = qkv.data<float>();
   float* po = out.data<float>();
   float* pa = att.data<float>();
@@ -253,10 +230,8 @@ void AttentionForward(const Tensor& qkv, int n_head, Tensor& out, Tensor& att) {
 
 void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& att, int n_head,
                        Tensor& dqkv) {
-  const AttnDims s = CheckAttention("attention_backward", qkv, n_head);
-  CheckF32Numel("attention_backward", dout, s.b * s.t * s.c);
-  CheckF32Numel("attention_backward", att, s.b * s.h * s.t * s.t);
-  CheckF32Numel("attention_backward", dqkv, qkv.numel());
+  const AttnDims s =
+      kernels::checks::AttentionBackward("cpu", DType::kF32, dout, qkv, att, n_head, dqkv);
   const float* pq = qkv.data<float>();
   const float* pg = dout.data<float>();
   const float* pa = att.data<float>();

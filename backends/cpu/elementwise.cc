@@ -1,14 +1,14 @@
-// copy, fill, binary, unary, unary_backward, axpby, sum_all, sum_rows for the CPU.
+// copy, fill, binary, unary, unary_backward, axpby for the CPU (sum_all and sum_rows are in
+// reductions.cc).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "backends/cpu/convert.h"
 #include "backends/cpu/simd.h"
 #include "backends/cpu/thread_pool.h"
-#include "core/check.h"
 #include "core/dtype.h"
+#include "core/kernel_checks.h"
 #include "core/kernels.h"
 
 namespace braid::cpu {
@@ -19,15 +19,8 @@ using kernels::UnaryOp;
 
 #define BRAID_AVX2_MEMBER __attribute__((target("avx2,fma,f16c"), always_inline)) inline
 
-void CheckNumel(const char* kernel, const Tensor& t, int64_t n) {
-  BRAID_CHECK(t.numel() == n) << "cpu kernel '" << kernel << "': " << t.DescribeForError()
-                              << " should have " << n << " elements";
-}
-
-void CheckF32(const char* kernel, const Tensor& t) {
-  BRAID_CHECK(t.dtype() == DType::kF32)
-      << "cpu kernel '" << kernel << "' works on f32, got " << t.DescribeForError();
-}
+namespace checks = kernels::checks;
+constexpr DType kF32 = DType::kF32;
 
 // Integer and mixed conversions are rare (data loading, tests): element by element through
 // double, the same rules as core's host fallback.
@@ -78,8 +71,8 @@ void StoreDouble(void* p, DType t, int64_t i, double v) {
 }
 
 void Copy(const Tensor& src, Tensor& dst) {
+  checks::Copy("cpu", src, dst);
   const int64_t n = src.numel();
-  CheckNumel("copy", dst, n);
   const DType st = src.dtype(), dt = dst.dtype();
   const char* s = static_cast<const char*>(src.raw_data());
   char* d = static_cast<char*>(dst.raw_data());
@@ -257,14 +250,8 @@ void BinaryTyped(const Op& op, const float* a, const float* b, float* o, int64_t
 }
 
 void Binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
-  CheckF32("binary", a);
-  CheckF32("binary", b);
-  CheckF32("binary", out);
+  checks::Binary("cpu", kF32, a, b, out);
   const int64_t n = a.numel(), nb = b.numel();
-  CheckNumel("binary", out, n);
-  BRAID_CHECK(nb == n || (nb > 0 && n % nb == 0))
-      << "cpu binary: " << b.DescribeForError() << " neither matches nor repeats along "
-      << a.DescribeForError();
   if (n == 0) return;
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
@@ -364,10 +351,8 @@ void UnaryTyped(const Op& op, const float* a, float* o, int64_t n) {
 }
 
 void Unary(UnaryOp op, const Tensor& a, float scalar, Tensor& out) {
-  CheckF32("unary", a);
-  CheckF32("unary", out);
+  checks::Unary("cpu", kF32, a, out);
   const int64_t n = a.numel();
-  CheckNumel("unary", out, n);
   if (n == 0) return;
   const float* pa = a.data<float>();
   float* po = out.data<float>();
@@ -487,15 +472,8 @@ void UnaryGradTyped(const Op& op, const float* x, const float* g, float* o, int6
 }
 
 void UnaryBackward(UnaryOp op, const Tensor& a, const Tensor& grad_out, Tensor& grad_in) {
-  CheckF32("unary_backward", a);
-  CheckF32("unary_backward", grad_out);
-  CheckF32("unary_backward", grad_in);
+  checks::UnaryBackward("cpu", kF32, op, a, grad_out, grad_in);
   const int64_t n = a.numel();
-  CheckNumel("unary_backward", grad_out, n);
-  CheckNumel("unary_backward", grad_in, n);
-  BRAID_CHECK(op != UnaryOp::kScale)
-      << "cpu unary_backward: kScale's derivative is its scalar, which this slot does not "
-         "receive; scale the gradient with `unary` instead";
   if (n == 0) return;
   const float* x = a.data<float>();
   const float* g = grad_out.data<float>();
@@ -536,144 +514,14 @@ struct AxpbyOp {
 };
 
 void Axpby(float alpha, const Tensor& x, float beta, Tensor& y) {
-  CheckF32("axpby", x);
-  CheckF32("axpby", y);
+  checks::Axpby("cpu", kF32, x, y);
   const int64_t n = x.numel();
-  CheckNumel("axpby", y, n);
   if (n == 0) return;
   const float* px = x.data<float>();
   float* py = y.data<float>();
   if (beta == 0.0f) return UnaryTyped(WithScalarRhs<MulOp>{MulOp{}, alpha}, px, py, n);
   if (alpha == 1.0f && beta == 1.0f) return UnaryGradTyped(AddOp{}, px, py, py, n);
   UnaryGradTyped(AxpbyOp{alpha, beta}, px, py, py, n);
-}
-
-// ---- Reductions ----------------------------------------------------------------------------
-
-// sum_all sums fixed 16K-element blocks (in parallel) and then the block sums in order, so the
-// result does not depend on the thread count.
-constexpr int64_t kSumBlock = 1 << 14;
-
-#if BRAID_HAVE_X86
-BRAID_AVX2 float SumAvx2(const float* a, int64_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    s0 = _mm256_add_ps(s0, _mm256_loadu_ps(a + i));
-    s1 = _mm256_add_ps(s1, _mm256_loadu_ps(a + i + 8));
-    s2 = _mm256_add_ps(s2, _mm256_loadu_ps(a + i + 16));
-    s3 = _mm256_add_ps(s3, _mm256_loadu_ps(a + i + 24));
-  }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_add_ps(s0, _mm256_loadu_ps(a + i));
-  if (i < n) s1 = _mm256_add_ps(s1, _mm256_maskload_ps(a + i, TailMask(n - i)));
-  return HSum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-}
-#endif
-
-double SumBlock(const float* a, int64_t n) {
-#if BRAID_HAVE_X86
-  if (UseAvx2()) return SumAvx2(a, n);
-#endif
-  double s = 0;
-  for (int64_t i = 0; i < n; ++i) s += a[i];
-  return s;
-}
-
-void SumAll(const Tensor& a, Tensor& out) {
-  CheckF32("sum_all", a);
-  CheckF32("sum_all", out);
-  CheckNumel("sum_all", out, 1);
-  const int64_t n = a.numel();
-  const float* pa = a.data<float>();
-  const int64_t blocks = (n + kSumBlock - 1) / kSumBlock;
-  double total = 0;
-  if (blocks <= 1) {
-    total = SumBlock(pa, n);
-  } else {
-    thread_local std::vector<double> partial;
-    if (int64_t(partial.size()) < blocks) partial.resize(size_t(blocks));
-    double* part = partial.data();
-    ParallelFor(blocks, 2, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) {
-        part[b] = SumBlock(pa + b * kSumBlock, std::min(kSumBlock, n - b * kSumBlock));
-      }
-    });
-    for (int64_t b = 0; b < blocks; ++b) total += part[b];
-  }
-  out.data<float>()[0] = float(total);
-}
-
-// Columns [c0, c1) of a [rows, cols] matrix, summed over rows in row order.
-#if BRAID_HAVE_X86
-BRAID_AVX2 void SumRowsAvx2(const float* a, int64_t rows, int64_t cols, int64_t c0, int64_t c1,
-                            float* out, float beta) {
-  constexpr int kV = 8;  // vectors per register block: 64 columns
-  for (int64_t cb = c0; cb < c1; cb += 8 * kV) {
-    const int64_t w = std::min<int64_t>(8 * kV, c1 - cb);
-    const int nv = int((w + 7) / 8);
-    const __m256i tail = TailMask(w - 8 * (nv - 1));
-    __m256 acc[kV];
-    for (int v = 0; v < kV; ++v) acc[v] = _mm256_setzero_ps();
-    if (nv == kV && w == 8 * kV) {
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* row = a + r * cols + cb;
-        for (int v = 0; v < kV; ++v) acc[v] = _mm256_add_ps(acc[v], _mm256_loadu_ps(row + 8 * v));
-      }
-    } else {
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* row = a + r * cols + cb;
-        for (int v = 0; v < nv - 1; ++v)
-          acc[v] = _mm256_add_ps(acc[v], _mm256_loadu_ps(row + 8 * v));
-        acc[nv - 1] = _mm256_add_ps(acc[nv - 1], _mm256_maskload_ps(row + 8 * (nv - 1), tail));
-      }
-    }
-    for (int v = 0; v < nv; ++v) {
-      __m256i m = v == nv - 1 ? tail : _mm256_set1_epi32(-1);
-      __m256 r = acc[v];
-      if (beta != 0.0f) {
-        r = _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_maskload_ps(out + cb + 8 * v, m), r);
-      }
-      _mm256_maskstore_ps(out + cb + 8 * v, m, r);
-    }
-  }
-}
-#endif
-
-void SumRowsScalar(const float* a, int64_t rows, int64_t cols, int64_t c0, int64_t c1, float* out,
-                   float beta) {
-  float acc[64];
-  for (int64_t cb = c0; cb < c1; cb += 64) {
-    const int64_t w = std::min<int64_t>(64, c1 - cb);
-    for (int64_t j = 0; j < w; ++j) acc[j] = 0.0f;
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* row = a + r * cols + cb;
-      for (int64_t j = 0; j < w; ++j) acc[j] += row[j];
-    }
-    for (int64_t j = 0; j < w; ++j) {
-      out[cb + j] = beta != 0.0f ? beta * out[cb + j] + acc[j] : acc[j];
-    }
-  }
-}
-
-void SumRows(const Tensor& a, Tensor& out, float beta) {
-  CheckF32("sum_rows", a);
-  CheckF32("sum_rows", out);
-  const int64_t cols = out.numel();
-  BRAID_CHECK(cols > 0 && a.numel() % cols == 0)
-      << "cpu sum_rows: " << a.DescribeForError() << " is not rows of " << out.DescribeForError();
-  const int64_t rows = a.numel() / cols;
-  const float* pa = a.data<float>();
-  float* po = out.data<float>();
-  // Parallel over groups of 8 columns: each column is summed in row order by one thread.
-  const int64_t groups = (cols + 7) / 8;
-  const int64_t grain = std::max<int64_t>(1, kElementGrain / (8 * std::max<int64_t>(rows, 1)));
-  ParallelFor(groups, grain, [&](int64_t g0, int64_t g1) {
-    const int64_t c0 = g0 * 8, c1 = std::min(cols, g1 * 8);
-#if BRAID_HAVE_X86
-    if (UseAvx2()) return SumRowsAvx2(pa, rows, cols, c0, c1, po, beta);
-#endif
-    SumRowsScalar(pa, rows, cols, c0, c1, po, beta);
-  });
 }
 
 }  // namespace
@@ -684,7 +532,5 @@ BRAID_REGISTER_KERNEL(kernels::binary, DeviceType::kCPU, &Binary);
 BRAID_REGISTER_KERNEL(kernels::unary, DeviceType::kCPU, &Unary);
 BRAID_REGISTER_KERNEL(kernels::unary_backward, DeviceType::kCPU, &UnaryBackward);
 BRAID_REGISTER_KERNEL(kernels::axpby, DeviceType::kCPU, &Axpby);
-BRAID_REGISTER_KERNEL(kernels::sum_all, DeviceType::kCPU, &SumAll);
-BRAID_REGISTER_KERNEL(kernels::sum_rows, DeviceType::kCPU, &SumRows);
 
 }  // namespace braid::cpu

@@ -20,6 +20,7 @@
 #include "backends/cpu/simd.h"
 #include "backends/cpu/thread_pool.h"
 #include "core/check.h"
+#include "core/kernel_checks.h"
 #include "core/kernels.h"
 
 namespace braid::cpu {
@@ -216,13 +217,10 @@ void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& att,
 
 // ---- Embedding: on the half rows ----------------------------------------------------------------
 
-void CheckEmbedding(const char* kernel, const Tensor& table, const Tensor& ids, const Tensor& rows) {
-  BRAID_CHECK(IsHalf(table.dtype()) && rows.dtype() == table.dtype() &&
-              ids.dtype() == DType::kI32 && table.ndim() == 2 &&
-              rows.numel() == ids.numel() * table.size(1))
-      << "cpu " << kernel << " (half) wants a [V, C] half table, i32 ids and [N, C] rows of the "
-      << "table's dtype, got " << table.DescribeForError() << ", " << ids.DescribeForError()
-      << " and " << rows.DescribeForError();
+// After the slot's checks (keyed by the table's dtype): the table is half, and the ids in range.
+void CheckHalfTable(const char* kernel, const Tensor& table, const Tensor& ids) {
+  BRAID_CHECK(IsHalf(table.dtype()))
+      << "cpu " << kernel << " (half) wants a bf16 or f16 table, got " << table.DescribeForError();
   const int32_t* pi = ids.data<int32_t>();
   const int64_t v = table.size(0);
   for (int64_t r = 0, n = ids.numel(); r < n; ++r) {
@@ -233,8 +231,9 @@ void CheckEmbedding(const char* kernel, const Tensor& table, const Tensor& ids, 
 
 // A gather: the rows are copied as they are (no arithmetic, so nothing to round).
 void EmbeddingForward(const Tensor& weight, const Tensor& ids, Tensor& out) {
-  CheckEmbedding("embedding_forward", weight, ids, out);
-  const int64_t c = weight.size(1), n = ids.numel();
+  const auto dims = kernels::checks::EmbeddingForward("cpu", weight.dtype(), weight, ids, out);
+  CheckHalfTable("embedding_forward", weight, ids);
+  const int64_t c = dims.cols, n = dims.n;
   const uint16_t* pw = static_cast<const uint16_t*>(weight.raw_data());
   uint16_t* po = static_cast<uint16_t*>(out.raw_data());
   const int32_t* pi = ids.data<int32_t>();
@@ -250,8 +249,9 @@ void EmbeddingForward(const Tensor& weight, const Tensor& ids, Tensor& out) {
 // f32 value plus every contribution in position order, rounded once. Distinct ids own distinct
 // rows, so threads split the ids with no races and the result does not depend on their number.
 void EmbeddingBackward(const Tensor& dout, const Tensor& ids, Tensor& dweight) {
-  CheckEmbedding("embedding_backward", dweight, ids, dout);
-  const int64_t c = dweight.size(1), n = ids.numel();
+  const auto dims = kernels::checks::EmbeddingBackward("cpu", dweight.dtype(), dout, ids, dweight);
+  CheckHalfTable("embedding_backward", dweight, ids);
+  const int64_t c = dims.cols, n = dims.n;
   const DType dt = dweight.dtype();
   const uint16_t* pg = static_cast<const uint16_t*>(dout.raw_data());
   uint16_t* pw = static_cast<uint16_t*>(dweight.raw_data());

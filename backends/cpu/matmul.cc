@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/kernel_checks.h"
 #include "core/kernels.h"
 
 namespace braid::cpu {
@@ -19,24 +20,10 @@ bool Overlaps(const Tensor& x, const Tensor& y) {
 
 void Matmul(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b, float alpha,
             float beta) {
-  BRAID_CHECK(a.dtype() == DType::kF32 && b.dtype() == DType::kF32 && out.dtype() == DType::kF32)
-      << "cpu matmul works on f32, got " << a.DescribeForError() << ", " << b.DescribeForError()
-      << " -> " << out.DescribeForError();
-  const bool batched = a.ndim() == 3;
-  BRAID_CHECK((a.ndim() == 2 && b.ndim() == 2 && out.ndim() == 2) ||
-              (batched && b.ndim() == 3 && out.ndim() == 3 && a.size(0) == b.size(0) &&
-               a.size(0) == out.size(0)))
-      << "cpu matmul wants 2-D or same-batch 3-D operands, got " << a.DescribeForError() << ", "
-      << b.DescribeForError() << " -> " << out.DescribeForError();
-  const int64_t batch = batched ? a.size(0) : 1;
+  const auto dims = kernels::checks::Matmul("cpu", DType::kF32, a, b, out, trans_a, trans_b);
+  const int64_t batch = dims.batch, m = dims.m, n = dims.n, k = dims.k;
   // Stored shapes of one batch entry: a is [ar, ac], b is [br, bc].
-  const int64_t ar = a.size(-2), ac = a.size(-1), br = b.size(-2), bc = b.size(-1);
-  const int64_t m = trans_a ? ac : ar, k = trans_a ? ar : ac;
-  const int64_t kb = trans_b ? bc : br, n = trans_b ? br : bc;
-  BRAID_CHECK(k == kb && out.size(-2) == m && out.size(-1) == n)
-      << "cpu matmul: " << a.DescribeForError() << (trans_a ? "^T" : "") << " @ "
-      << b.DescribeForError() << (trans_b ? "^T" : "") << " does not give "
-      << out.DescribeForError();
+  const int64_t ar = dims.a_rows, ac = dims.a_cols, br = dims.b_rows, bc = dims.b_cols;
   constexpr int64_t kIntMax = std::numeric_limits<int>::max();
   BRAID_CHECK(m <= kIntMax && n <= kIntMax && k <= kIntMax && ac <= kIntMax && bc <= kIntMax)
       << "cpu matmul: " << a.DescribeForError() << " @ " << b.DescribeForError()

@@ -8,20 +8,14 @@
 #include "backends/cpu/simd.h"
 #include "backends/cpu/thread_pool.h"
 #include "core/check.h"
+#include "core/kernel_checks.h"
 #include "core/kernels.h"
 
 namespace braid::cpu {
 namespace {
 
-void CheckNumel(const char* kernel, const Tensor& t, int64_t n) {
-  BRAID_CHECK(t.numel() == n) << "cpu kernel '" << kernel << "': " << t.DescribeForError()
-                              << " should have " << n << " elements";
-}
-
-void CheckDType(const char* kernel, const Tensor& t, DType want) {
-  BRAID_CHECK(t.dtype() == want) << "cpu kernel '" << kernel << "' wants " << DTypeName(want)
-                                 << ", got " << t.DescribeForError();
-}
+namespace checks = kernels::checks;
+constexpr DType kF32 = DType::kF32;
 
 // Rows per parallel chunk for a row-wise kernel over rows of `cols` floats.
 int64_t RowGrain(int64_t cols) {
@@ -103,18 +97,8 @@ void LayerNormRowsScalar(const float* x, const float* w, const float* b, float e
 
 void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                       Tensor& out, Tensor& mean, Tensor& rstd) {
-  for (const Tensor* t :
-       std::initializer_list<const Tensor*>{&x, &weight, &bias, &out, &mean, &rstd}) {
-    CheckDType("layernorm_forward", *t, DType::kF32);
-  }
-  const int64_t c = weight.numel();
-  BRAID_CHECK(c > 0 && x.numel() % c == 0) << "cpu layernorm_forward: " << x.DescribeForError()
-                                           << " is not rows of " << weight.DescribeForError();
-  const int64_t rows = x.numel() / c;
-  CheckNumel("layernorm_forward", bias, c);
-  CheckNumel("layernorm_forward", out, x.numel());
-  CheckNumel("layernorm_forward", mean, rows);
-  CheckNumel("layernorm_forward", rstd, rows);
+  const auto dims = checks::LayerNormForward("cpu", kF32, x, weight, bias, out, mean, rstd);
+  const int64_t rows = dims.rows, c = dims.cols;
   const float* px = x.data<float>();
   const float* pw = weight.data<float>();
   const float* pb = bias.data<float>();
@@ -215,20 +199,9 @@ constexpr int64_t kLayerNormSlices = 16;
 void LayerNormBackward(const Tensor& dout, const Tensor& x, const Tensor& weight,
                        const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
                        Tensor& dbias) {
-  for (const Tensor* t : std::initializer_list<const Tensor*>{&dout, &x, &weight, &mean, &rstd, &dx,
-                                                              &dweight, &dbias}) {
-    CheckDType("layernorm_backward", *t, DType::kF32);
-  }
-  const int64_t c = weight.numel();
-  BRAID_CHECK(c > 0 && x.numel() % c == 0) << "cpu layernorm_backward: " << x.DescribeForError()
-                                           << " is not rows of " << weight.DescribeForError();
-  const int64_t rows = x.numel() / c;
-  CheckNumel("layernorm_backward", dout, x.numel());
-  CheckNumel("layernorm_backward", dx, x.numel());
-  CheckNumel("layernorm_backward", dweight, c);
-  CheckNumel("layernorm_backward", dbias, c);
-  CheckNumel("layernorm_backward", mean, rows);
-  CheckNumel("layernorm_backward", rstd, rows);
+  const auto dims =
+      checks::LayerNormBackward("cpu", kF32, dout, x, weight, mean, rstd, dx, dweight, dbias);
+  const int64_t rows = dims.rows, c = dims.cols;
   if (rows == 0) return;
   const float* pg = dout.data<float>();
   const float* px = x.data<float>();
@@ -271,11 +244,8 @@ void LayerNormBackward(const Tensor& dout, const Tensor& x, const Tensor& weight
 // ---- Softmax and cross-entropy ---------------------------------------------------------------
 
 void SoftmaxForward(const Tensor& x, Tensor& out) {
-  CheckDType("softmax_forward", x, DType::kF32);
-  CheckDType("softmax_forward", out, DType::kF32);
-  CheckNumel("softmax_forward", out, x.numel());
-  BRAID_CHECK(x.ndim() >= 1) << "cpu softmax_forward of a scalar " << x.DescribeForError();
-  const int64_t c = x.size(-1), rows = c == 0 ? 0 : x.numel() / c;
+  const auto dims = checks::SoftmaxForward("cpu", kF32, x, out);
+  const int64_t rows = dims.rows, c = dims.cols;
   const float* px = x.data<float>();
   float* po = out.data<float>();
   ParallelFor(rows, RowGrain(c), [&](int64_t r0, int64_t r1) {
@@ -289,13 +259,8 @@ void SoftmaxForward(const Tensor& x, Tensor& out) {
 }
 
 void SoftmaxBackward(const Tensor& y, const Tensor& dy, Tensor& dx) {
-  CheckDType("softmax_backward", y, DType::kF32);
-  CheckDType("softmax_backward", dy, DType::kF32);
-  CheckDType("softmax_backward", dx, DType::kF32);
-  CheckNumel("softmax_backward", dy, y.numel());
-  CheckNumel("softmax_backward", dx, y.numel());
-  BRAID_CHECK(y.ndim() >= 1) << "cpu softmax_backward of a scalar " << y.DescribeForError();
-  const int64_t c = y.size(-1), rows = c == 0 ? 0 : y.numel() / c;
+  const auto dims = checks::SoftmaxBackward("cpu", kF32, y, dy, dx);
+  const int64_t rows = dims.rows, c = dims.cols;
   const float* py = y.data<float>();
   const float* pg = dy.data<float>();
   float* pd = dx.data<float>();
@@ -316,26 +281,24 @@ void SoftmaxBackward(const Tensor& y, const Tensor& dy, Tensor& dx) {
   });
 }
 
+// A target indexes the vocabulary (one below 0 is ignored). It is data, so only a backend that
+// reads it on the host can afford to check it.
+void CheckTargets(const char* kernel, const int32_t* targets, int64_t n, int64_t v) {
+  for (int64_t r = 0; r < n; ++r) {
+    BRAID_CHECK(targets[r] < v) << "cpu " << kernel << ": target " << targets[r] << " at row " << r
+                                << " is outside the vocabulary of " << v;
+  }
+}
+
 void CrossEntropyForward(const Tensor& logits, const Tensor& targets, Tensor& losses,
                          Tensor& probs) {
-  CheckDType("cross_entropy_forward", logits, DType::kF32);
-  CheckDType("cross_entropy_forward", targets, DType::kI32);
-  CheckDType("cross_entropy_forward", losses, DType::kF32);
-  CheckDType("cross_entropy_forward", probs, DType::kF32);
-  BRAID_CHECK(logits.ndim() == 2) << "cpu cross_entropy_forward wants logits [N, V], got "
-                                  << logits.DescribeForError();
-  const int64_t n = logits.size(0), v = logits.size(1);
-  CheckNumel("cross_entropy_forward", targets, n);
-  CheckNumel("cross_entropy_forward", losses, n);
-  CheckNumel("cross_entropy_forward", probs, n * v);
+  const auto dims = checks::CrossEntropyForward("cpu", kF32, logits, targets, losses, probs);
+  const int64_t n = dims.rows, v = dims.cols;
   const float* pl = logits.data<float>();
   const int32_t* pt = targets.data<int32_t>();
   float* pp = probs.data<float>();
   float* ploss = losses.data<float>();
-  for (int64_t r = 0; r < n; ++r) {
-    BRAID_CHECK(pt[r] < v) << "cpu cross_entropy_forward: target " << pt[r] << " at row " << r
-                           << " is outside the vocabulary of " << v;
-  }
+  CheckTargets("cross_entropy_forward", pt, n, v);
   ParallelFor(n, RowGrain(v), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* row = pl + r * v;
@@ -352,24 +315,13 @@ void CrossEntropyForward(const Tensor& logits, const Tensor& targets, Tensor& lo
 
 void CrossEntropyBackward(const Tensor& probs, const Tensor& targets, const Tensor& dloss,
                           Tensor& dlogits) {
-  CheckDType("cross_entropy_backward", probs, DType::kF32);
-  CheckDType("cross_entropy_backward", targets, DType::kI32);
-  CheckDType("cross_entropy_backward", dloss, DType::kF32);
-  CheckDType("cross_entropy_backward", dlogits, DType::kF32);
-  BRAID_CHECK(probs.ndim() == 2) << "cpu cross_entropy_backward wants probs [N, V], got "
-                                 << probs.DescribeForError();
-  const int64_t n = probs.size(0), v = probs.size(1);
-  CheckNumel("cross_entropy_backward", targets, n);
-  CheckNumel("cross_entropy_backward", dloss, n);
-  CheckNumel("cross_entropy_backward", dlogits, n * v);
+  const auto dims = checks::CrossEntropyBackward("cpu", kF32, probs, targets, dloss, dlogits);
+  const int64_t n = dims.rows, v = dims.cols;
   const float* pp = probs.data<float>();
   const int32_t* pt = targets.data<int32_t>();
   const float* pdl = dloss.data<float>();
   float* pd = dlogits.data<float>();
-  for (int64_t r = 0; r < n; ++r) {
-    BRAID_CHECK(pt[r] < v) << "cpu cross_entropy_backward: target " << pt[r] << " at row " << r
-                           << " is outside the vocabulary of " << v;
-  }
+  CheckTargets("cross_entropy_backward", pt, n, v);
   ParallelFor(n, RowGrain(v), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int32_t t = pt[r];
@@ -403,13 +355,8 @@ void CheckIds(const char* kernel, const int32_t* ids, int64_t n, int64_t v) {
 }
 
 void EmbeddingForward(const Tensor& weight, const Tensor& ids, Tensor& out) {
-  CheckDType("embedding_forward", weight, DType::kF32);
-  CheckDType("embedding_forward", ids, DType::kI32);
-  CheckDType("embedding_forward", out, DType::kF32);
-  BRAID_CHECK(weight.ndim() == 2) << "cpu embedding_forward wants weight [V, C], got "
-                                  << weight.DescribeForError();
-  const int64_t v = weight.size(0), c = weight.size(1), n = ids.numel();
-  CheckNumel("embedding_forward", out, n * c);
+  const auto dims = checks::EmbeddingForward("cpu", kF32, weight, ids, out);
+  const int64_t v = dims.vocab, c = dims.cols, n = dims.n;
   const float* pw = weight.data<float>();
   const int32_t* pi = ids.data<int32_t>();
   float* po = out.data<float>();
@@ -432,13 +379,8 @@ BRAID_AVX2 void AddRowAvx2(const float* src, int64_t c, float* dst) {
 #endif
 
 void EmbeddingBackward(const Tensor& dout, const Tensor& ids, Tensor& dweight) {
-  CheckDType("embedding_backward", dout, DType::kF32);
-  CheckDType("embedding_backward", ids, DType::kI32);
-  CheckDType("embedding_backward", dweight, DType::kF32);
-  BRAID_CHECK(dweight.ndim() == 2)
-      << "cpu embedding_backward wants dweight [V, C], got " << dweight.DescribeForError();
-  const int64_t v = dweight.size(0), c = dweight.size(1), n = ids.numel();
-  CheckNumel("embedding_backward", dout, n * c);
+  const auto dims = checks::EmbeddingBackward("cpu", kF32, dout, ids, dweight);
+  const int64_t v = dims.vocab, c = dims.cols, n = dims.n;
   const float* pg = dout.data<float>();
   const int32_t* pi = ids.data<int32_t>();
   float* pw = dweight.data<float>();

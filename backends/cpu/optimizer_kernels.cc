@@ -3,7 +3,7 @@
 
 #include "backends/cpu/simd.h"
 #include "backends/cpu/thread_pool.h"
-#include "core/check.h"
+#include "core/kernel_checks.h"
 #include "core/kernels.h"
 
 namespace braid::cpu {
@@ -11,17 +11,6 @@ namespace {
 
 using kernels::AdamWParams;
 using kernels::SgdParams;
-
-void CheckF32Numel(const char* kernel, const Tensor& t, int64_t n) {
-  // Updates stay f32: with half parameters, mixed precision keeps f32 master weights (and f32
-  // gradients for them), and the optimizer updates those, not the half copies.
-  BRAID_CHECK(t.dtype() == DType::kF32)
-      << "cpu " << kernel << ": " << t.DescribeForError() << " is not f32: optimizer updates run "
-      << "on f32 only; for bf16/f16 parameters keep f32 master weights (mixed precision) and "
-      << "update those";
-  BRAID_CHECK(t.numel() == n) << "cpu " << kernel << ": " << t.DescribeForError()
-                              << " should have " << n << " elements";
-}
 
 // AdamW with bias correction folded into two scalars:
 //   w <- w (1 - lr wd) - step_size * m / (sqrt(v) * inv_sqrt_bc2 + eps),
@@ -85,12 +74,8 @@ void AdamWScalar(const AdamWConsts& k, float* w, const float* g, float* m, float
 }
 
 void AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p) {
+  kernels::checks::AdamW("cpu", param, grad, m, v, p);
   const int64_t n = param.numel();
-  CheckF32Numel("adamw", param, n);
-  CheckF32Numel("adamw", grad, n);
-  CheckF32Numel("adamw", m, n);
-  CheckF32Numel("adamw", v, n);
-  BRAID_CHECK(p.step >= 1) << "cpu adamw: step is 1-based, got " << p.step;
   const double bc1 = 1.0 - std::pow(double(p.beta1), double(p.step));
   const double bc2 = 1.0 - std::pow(double(p.beta2), double(p.step));
   AdamWConsts k;
@@ -165,13 +150,11 @@ void SgdTyped(const SgdParams& p, float* w, const float* g, float* buf, int64_t 
 }
 
 void Sgd(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p) {
+  kernels::checks::Sgd("cpu", param, grad, momentum_buf, p);
   const int64_t n = param.numel();
-  CheckF32Numel("sgd", param, n);
-  CheckF32Numel("sgd", grad, n);
   float* pw = param.data<float>();
   const float* pg = grad.data<float>();
   if (p.momentum == 0.0f) return SgdTyped<false, false>(p, pw, pg, nullptr, n);
-  CheckF32Numel("sgd", momentum_buf, n);
   float* pb = momentum_buf.data<float>();
   if (p.nesterov) return SgdTyped<true, true>(p, pw, pg, pb, n);
   SgdTyped<true, false>(p, pw, pg, pb, n);

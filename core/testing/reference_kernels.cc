@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/kernel_checks.h"
 
 namespace braid::reference {
 
@@ -17,10 +18,9 @@ void CheckCpu(const char* kernel, const Tensor& t) {
       << "reference kernel '" << kernel << "' runs on the host only, got " << t.DescribeForError();
 }
 
-void CheckNumel(const char* kernel, const Tensor& a, int64_t n) {
-  BRAID_CHECK(a.numel() == n) << "reference kernel '" << kernel << "': "
-                              << a.DescribeForError() << " should have " << n << " elements";
-}
+namespace checks = kernels::checks;
+constexpr const char* kRef = "reference";
+constexpr DType kF32 = DType::kF32;  // the reference kernels are the f32 ones
 
 double Load(const Tensor& t, int64_t i) {
   const void* p = t.raw_data();
@@ -69,7 +69,7 @@ double GeluGrad(double x) {
 void copy(const Tensor& src, Tensor& dst) {
   CheckCpu("copy", src);
   CheckCpu("copy", dst);
-  CheckNumel("copy", dst, src.numel());
+  checks::Copy(kRef, src, dst);
   if (src.dtype() == dst.dtype()) {
     if (src.raw_data() != dst.raw_data()) {
       std::memmove(dst.raw_data(), src.raw_data(), src.nbytes());
@@ -95,11 +95,8 @@ void fill(Tensor& dst, float value) {
 
 void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
   CheckCpu("binary", a);
-  CheckNumel("binary", out, a.numel());
+  checks::Binary(kRef, kF32, a, b, out);
   const int64_t n = a.numel(), nb = b.numel();
-  BRAID_CHECK(nb == n || (nb > 0 && n % nb == 0))
-      << "reference binary: " << b.DescribeForError() << " neither matches nor repeats along "
-      << a.DescribeForError();
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* po = out.data<float>();
@@ -117,7 +114,7 @@ void binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
 
 void unary(UnaryOp op, const Tensor& a, float scalar, Tensor& out) {
   CheckCpu("unary", a);
-  CheckNumel("unary", out, a.numel());
+  checks::Unary(kRef, kF32, a, out);
   const float* pa = a.data<float>();
   float* po = out.data<float>();
   for (int64_t i = 0, n = a.numel(); i < n; ++i) {
@@ -140,11 +137,7 @@ void unary(UnaryOp op, const Tensor& a, float scalar, Tensor& out) {
 
 void unary_backward(UnaryOp op, const Tensor& a, const Tensor& grad_out, Tensor& grad_in) {
   CheckCpu("unary_backward", a);
-  CheckNumel("unary_backward", grad_out, a.numel());
-  CheckNumel("unary_backward", grad_in, a.numel());
-  BRAID_CHECK(op != UnaryOp::kScale)
-      << "reference unary_backward: kScale's derivative is its scalar, which this slot does not "
-         "receive; scale the gradient with `unary` instead";
+  checks::UnaryBackward(kRef, kF32, op, a, grad_out, grad_in);
   const float* pa = a.data<float>();
   const float* pg = grad_out.data<float>();
   float* pi = grad_in.data<float>();
@@ -172,7 +165,7 @@ void unary_backward(UnaryOp op, const Tensor& a, const Tensor& grad_out, Tensor&
 
 void axpby(float alpha, const Tensor& x, float beta, Tensor& y) {
   CheckCpu("axpby", x);
-  CheckNumel("axpby", y, x.numel());
+  checks::Axpby(kRef, kF32, x, y);
   const float* px = x.data<float>();
   float* py = y.data<float>();
   for (int64_t i = 0, n = x.numel(); i < n; ++i) {
@@ -185,7 +178,7 @@ void axpby(float alpha, const Tensor& x, float beta, Tensor& y) {
 
 void sum_all(const Tensor& a, Tensor& out) {
   CheckCpu("sum_all", a);
-  CheckNumel("sum_all", out, 1);
+  checks::SumAll(kRef, kF32, a, out);
   const float* pa = a.data<float>();
   double s = 0;
   for (int64_t i = 0, n = a.numel(); i < n; ++i) s += pa[i];
@@ -194,11 +187,8 @@ void sum_all(const Tensor& a, Tensor& out) {
 
 void sum_rows(const Tensor& a, Tensor& out, float beta) {
   CheckCpu("sum_rows", a);
-  const int64_t cols = out.numel();
-  BRAID_CHECK(cols > 0 && a.numel() % cols == 0)
-      << "reference sum_rows: " << a.DescribeForError() << " is not rows of "
-      << out.DescribeForError();
-  const int64_t rows = a.numel() / cols;
+  const auto dims = checks::SumRows(kRef, kF32, a, out);
+  const int64_t rows = dims.rows, cols = dims.cols;
   const float* pa = a.data<float>();
   float* po = out.data<float>();
   for (int64_t c = 0; c < cols; ++c) {
@@ -213,21 +203,10 @@ void sum_rows(const Tensor& a, Tensor& out, float beta) {
 void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b,
             float alpha, float beta) {
   CheckCpu("matmul", a);
-  const bool batched = a.ndim() == 3;
-  BRAID_CHECK((a.ndim() == 2 && b.ndim() == 2 && out.ndim() == 2) ||
-              (a.ndim() == 3 && b.ndim() == 3 && out.ndim() == 3 && a.size(0) == b.size(0) &&
-               a.size(0) == out.size(0)))
-      << "reference matmul wants 2-D or same-batch 3-D operands, got " << a.DescribeForError()
-      << ", " << b.DescribeForError() << " -> " << out.DescribeForError();
-  const int64_t batch = batched ? a.size(0) : 1;
+  const auto dims = checks::Matmul(kRef, kF32, a, b, out, trans_a, trans_b);
+  const int64_t batch = dims.batch, m = dims.m, n = dims.n, k = dims.k;
   // Stored shapes of one batch entry: a is [ar, ac], b is [br, bc].
-  const int64_t ar = a.size(-2), ac = a.size(-1), br = b.size(-2), bc = b.size(-1);
-  const int64_t m = trans_a ? ac : ar, k = trans_a ? ar : ac;
-  const int64_t kb = trans_b ? bc : br, n = trans_b ? br : bc;
-  BRAID_CHECK(k == kb && out.size(-2) == m && out.size(-1) == n)
-      << "reference matmul: " << a.DescribeForError() << (trans_a ? "^T" : "") << " @ "
-      << b.DescribeForError() << (trans_b ? "^T" : "") << " does not give "
-      << out.DescribeForError();
+  const int64_t ar = dims.a_rows, ac = dims.a_cols, br = dims.b_rows, bc = dims.b_cols;
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* po = out.data<float>();
@@ -260,15 +239,8 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool tr
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                        Tensor& out, Tensor& mean, Tensor& rstd) {
   CheckCpu("layernorm_forward", x);
-  const int64_t c = weight.numel();
-  BRAID_CHECK(c > 0 && x.numel() % c == 0) << "reference layernorm_forward: "
-                                           << x.DescribeForError() << " is not rows of "
-                                           << weight.DescribeForError();
-  const int64_t rows = x.numel() / c;
-  CheckNumel("layernorm_forward", bias, c);
-  CheckNumel("layernorm_forward", out, x.numel());
-  CheckNumel("layernorm_forward", mean, rows);
-  CheckNumel("layernorm_forward", rstd, rows);
+  const auto dims = checks::LayerNormForward(kRef, kF32, x, weight, bias, out, mean, rstd);
+  const int64_t rows = dims.rows, c = dims.cols;
   const float* px = x.data<float>();
   const float* pw = weight.data<float>();
   const float* pb = bias.data<float>();
@@ -294,17 +266,9 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
                         const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
                         Tensor& dbias) {
   CheckCpu("layernorm_backward", x);
-  const int64_t c = weight.numel();
-  BRAID_CHECK(c > 0 && x.numel() % c == 0) << "reference layernorm_backward: "
-                                           << x.DescribeForError() << " is not rows of "
-                                           << weight.DescribeForError();
-  const int64_t rows = x.numel() / c;
-  CheckNumel("layernorm_backward", dout, x.numel());
-  CheckNumel("layernorm_backward", dx, x.numel());
-  CheckNumel("layernorm_backward", dweight, c);
-  CheckNumel("layernorm_backward", dbias, c);
-  CheckNumel("layernorm_backward", mean, rows);
-  CheckNumel("layernorm_backward", rstd, rows);
+  const auto dims =
+      checks::LayerNormBackward(kRef, kF32, dout, x, weight, mean, rstd, dx, dweight, dbias);
+  const int64_t rows = dims.rows, c = dims.cols;
   const float* pg = dout.data<float>();
   const float* px = x.data<float>();
   const float* pw = weight.data<float>();
@@ -339,9 +303,8 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
 
 void softmax_forward(const Tensor& x, Tensor& out) {
   CheckCpu("softmax_forward", x);
-  CheckNumel("softmax_forward", out, x.numel());
-  BRAID_CHECK(x.ndim() >= 1) << "reference softmax_forward of a scalar " << x.DescribeForError();
-  const int64_t c = x.size(-1), rows = c == 0 ? 0 : x.numel() / c;
+  const auto dims = checks::SoftmaxForward(kRef, kF32, x, out);
+  const int64_t rows = dims.rows, c = dims.cols;
   const float* px = x.data<float>();
   float* po = out.data<float>();
   for (int64_t r = 0; r < rows; ++r) {
@@ -356,10 +319,8 @@ void softmax_forward(const Tensor& x, Tensor& out) {
 
 void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
   CheckCpu("softmax_backward", y);
-  CheckNumel("softmax_backward", dy, y.numel());
-  CheckNumel("softmax_backward", dx, y.numel());
-  BRAID_CHECK(y.ndim() >= 1) << "reference softmax_backward of a scalar " << y.DescribeForError();
-  const int64_t c = y.size(-1), rows = c == 0 ? 0 : y.numel() / c;
+  const auto dims = checks::SoftmaxBackward(kRef, kF32, y, dy, dx);
+  const int64_t rows = dims.rows, c = dims.cols;
   const float* py = y.data<float>();
   const float* pg = dy.data<float>();
   float* pd = dx.data<float>();
@@ -375,12 +336,8 @@ void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses,
                            Tensor& probs) {
   CheckCpu("cross_entropy_forward", logits);
-  BRAID_CHECK(logits.ndim() == 2) << "reference cross_entropy_forward wants logits [N, V], got "
-                                  << logits.DescribeForError();
-  const int64_t n = logits.size(0), v = logits.size(1);
-  CheckNumel("cross_entropy_forward", targets, n);
-  CheckNumel("cross_entropy_forward", losses, n);
-  CheckNumel("cross_entropy_forward", probs, n * v);
+  const auto dims = checks::CrossEntropyForward(kRef, kF32, logits, targets, losses, probs);
+  const int64_t n = dims.rows, v = dims.cols;
   const float* pl = logits.data<float>();
   const int32_t* pt = targets.data<int32_t>();
   float* pp = probs.data<float>();
@@ -407,12 +364,8 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
 void cross_entropy_backward(const Tensor& probs, const Tensor& targets, const Tensor& dloss,
                             Tensor& dlogits) {
   CheckCpu("cross_entropy_backward", probs);
-  BRAID_CHECK(probs.ndim() == 2) << "reference cross_entropy_backward wants probs [N, V], got "
-                                 << probs.DescribeForError();
-  const int64_t n = probs.size(0), v = probs.size(1);
-  CheckNumel("cross_entropy_backward", targets, n);
-  CheckNumel("cross_entropy_backward", dloss, n);
-  CheckNumel("cross_entropy_backward", dlogits, n * v);
+  const auto dims = checks::CrossEntropyBackward(kRef, kF32, probs, targets, dloss, dlogits);
+  const int64_t n = dims.rows, v = dims.cols;
   const float* pp = probs.data<float>();
   const int32_t* pt = targets.data<int32_t>();
   const float* pdl = dloss.data<float>();
@@ -429,10 +382,8 @@ void cross_entropy_backward(const Tensor& probs, const Tensor& targets, const Te
 
 void embedding_forward(const Tensor& weight, const Tensor& ids, Tensor& out) {
   CheckCpu("embedding_forward", weight);
-  BRAID_CHECK(weight.ndim() == 2) << "reference embedding_forward wants weight [V, C], got "
-                                  << weight.DescribeForError();
-  const int64_t v = weight.size(0), c = weight.size(1), n = ids.numel();
-  CheckNumel("embedding_forward", out, n * c);
+  const auto dims = checks::EmbeddingForward(kRef, kF32, weight, ids, out);
+  const int64_t v = dims.vocab, c = dims.cols, n = dims.n;
   const float* pw = weight.data<float>();
   const int32_t* pi = ids.data<int32_t>();
   float* po = out.data<float>();
@@ -445,10 +396,8 @@ void embedding_forward(const Tensor& weight, const Tensor& ids, Tensor& out) {
 
 void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dweight) {
   CheckCpu("embedding_backward", dout);
-  BRAID_CHECK(dweight.ndim() == 2) << "reference embedding_backward wants dweight [V, C], got "
-                                   << dweight.DescribeForError();
-  const int64_t v = dweight.size(0), c = dweight.size(1), n = ids.numel();
-  CheckNumel("embedding_backward", dout, n * c);
+  const auto dims = checks::EmbeddingBackward(kRef, kF32, dout, ids, dweight);
+  const int64_t v = dims.vocab, c = dims.cols, n = dims.n;
   const float* pg = dout.data<float>();
   const int32_t* pi = ids.data<int32_t>();
   float* pw = dweight.data<float>();
@@ -461,29 +410,9 @@ void embedding_backward(const Tensor& dout, const Tensor& ids, Tensor& dweight) 
   for (int64_t i = 0; i < v * c; ++i) pw[i] = float(acc[size_t(i)]);
 }
 
-namespace {
-struct AttnDims {
-  int64_t b, t, c, h, d;
-};
-AttnDims CheckAttention(const char* kernel, const Tensor& qkv, int n_head) {
-  BRAID_CHECK(qkv.ndim() == 3 && n_head > 0 && qkv.size(2) % (3 * int64_t(n_head)) == 0)
-      << "reference " << kernel << " wants qkv [B, T, 3C] with C divisible by n_head=" << n_head
-      << ", got " << qkv.DescribeForError();
-  AttnDims a;
-  a.b = qkv.size(0);
-  a.t = qkv.size(1);
-  a.c = qkv.size(2) / 3;
-  a.h = n_head;
-  a.d = a.c / n_head;
-  return a;
-}
-}  // namespace
-
 void attention_forward(const Tensor& qkv, int n_head, Tensor& out, Tensor& att) {
   CheckCpu("attention_forward", qkv);
-  const AttnDims s = CheckAttention("attention_forward", qkv, n_head);
-  CheckNumel("attention_forward", out, s.b * s.t * s.c);
-  CheckNumel("attention_forward", att, s.b * s.h * s.t * s.t);
+  const checks::AttentionDims s = checks::AttentionForward(kRef, kF32, qkv, n_head, out, att);
   const float* pq = qkv.data<float>();
   float* po = out.data<float>();
   float* pa = att.data<float>();
@@ -523,10 +452,8 @@ void attention_forward(const Tensor& qkv, int n_head, Tensor& out, Tensor& att) 
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, int n_head,
                         Tensor& dqkv) {
   CheckCpu("attention_backward", qkv);
-  const AttnDims s = CheckAttention("attention_backward", qkv, n_head);
-  CheckNumel("attention_backward", dout, s.b * s.t * s.c);
-  CheckNumel("attention_backward", att, s.b * s.h * s.t * s.t);
-  CheckNumel("attention_backward", dqkv, qkv.numel());
+  const checks::AttentionDims s =
+      checks::AttentionBackward(kRef, kF32, dout, qkv, att, n_head, dqkv);
   const float* pq = qkv.data<float>();
   const float* pg = dout.data<float>();
   const float* pa = att.data<float>();
@@ -572,11 +499,8 @@ void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att
 
 void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p) {
   CheckCpu("adamw", param);
+  checks::AdamW(kRef, param, grad, m, v, p);
   const int64_t n = param.numel();
-  CheckNumel("adamw", grad, n);
-  CheckNumel("adamw", m, n);
-  CheckNumel("adamw", v, n);
-  BRAID_CHECK(p.step >= 1) << "reference adamw: step is 1-based, got " << p.step;
   float* w = param.data<float>();
   const float* g = grad.data<float>();
   float* pm = m.data<float>();
@@ -598,10 +522,9 @@ void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWP
 
 void sgd(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p) {
   CheckCpu("sgd", param);
+  checks::Sgd(kRef, param, grad, momentum_buf, p);
   const int64_t n = param.numel();
-  CheckNumel("sgd", grad, n);
   const bool use_momentum = p.momentum != 0.0f;
-  if (use_momentum) CheckNumel("sgd", momentum_buf, n);
   float* w = param.data<float>();
   const float* g = grad.data<float>();
   float* buf = use_momentum ? momentum_buf.data<float>() : nullptr;

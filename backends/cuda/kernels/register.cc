@@ -1,12 +1,14 @@
-// The kernel table's CUDA slots (f32): shape and dtype checks as the CPU backend's, then the
-// launchers of launchers.h on the device's kernel stream (launch.h). matmul is in matmul.cc; the
-// copy slot (host <-> device) belongs to the CUDA runtime.
+// The kernel table's CUDA slots (f32): the device check, the slot's shape and dtype checks
+// (core/kernel_checks.h, shared with the other backends), then the launchers of launchers.h on
+// the device's kernel stream (launch.h). matmul is in matmul.cc; the copy slot (host <-> device)
+// belongs to the CUDA runtime.
 #include <cmath>
 
 #include "backends/cuda/kernels/launchers.h"
 #include "backends/cuda/kernels/register_util.h"
 #include "backends/cuda/launch.h"
 #include "backends/cuda/math/convert.h"
+#include "core/kernel_checks.h"
 #include "core/kernels.h"
 
 namespace braid::cuda {
@@ -31,15 +33,8 @@ static_assert(int(math::Binary::kAdd) == int(BinaryOp::kAdd) &&
               int(math::Binary::kMul) == int(BinaryOp::kMul) &&
               int(math::Binary::kDiv) == int(BinaryOp::kDiv));
 
-void CheckNumel(const char* kernel, const Tensor& t, int64_t n) {
-  BRAID_CHECK(t.numel() == n) << "cuda kernel '" << kernel << "': " << t.DescribeForError()
-                              << " should have " << n << " elements";
-}
-
-void CheckDType(const char* kernel, const Tensor& t, DType want) {
-  BRAID_CHECK(t.dtype() == want) << "cuda kernel '" << kernel << "' wants " << DTypeName(want)
-                                 << ", got " << t.DescribeForError();
-}
+namespace checks = kernels::checks;
+constexpr DType kF32 = DType::kF32;
 
 int Dev(const Tensor& t) { return t.device().index; }
 
@@ -62,12 +57,9 @@ void Fill(Tensor& dst, float value) {
 }
 
 void Binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
-  CheckF32CudaTensors("binary", {&a, &b, &out});
+  CheckCudaTensors("binary", {&a, &b, &out});
+  checks::Binary("cuda", kF32, a, b, out);
   const int64_t n = a.numel(), nb = b.numel();
-  CheckNumel("binary", out, n);
-  BRAID_CHECK(nb == n || (nb > 0 && n % nb == 0))
-      << "cuda binary: " << b.DescribeForError() << " neither matches nor repeats along "
-      << a.DescribeForError();
   DeviceGuard g(Dev(a));
   CheckCuda(LaunchBinary(math::Binary(int(op)), a.data<float>(), b.data<float>(), nb,
                          out.data<float>(), n, KernelStream(Dev(a))),
@@ -75,8 +67,8 @@ void Binary(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
 }
 
 void Unary(UnaryOp op, const Tensor& a, float scalar, Tensor& out) {
-  CheckF32CudaTensors("unary", {&a, &out});
-  CheckNumel("unary", out, a.numel());
+  CheckCudaTensors("unary", {&a, &out});
+  checks::Unary("cuda", kF32, a, out);
   DeviceGuard g(Dev(a));
   CheckCuda(LaunchUnary(math::Unary(int(op)), a.data<float>(), scalar, out.data<float>(),
                         a.numel(), KernelStream(Dev(a))),
@@ -84,12 +76,8 @@ void Unary(UnaryOp op, const Tensor& a, float scalar, Tensor& out) {
 }
 
 void UnaryBackward(UnaryOp op, const Tensor& a, const Tensor& grad_out, Tensor& grad_in) {
-  CheckF32CudaTensors("unary_backward", {&a, &grad_out, &grad_in});
-  CheckNumel("unary_backward", grad_out, a.numel());
-  CheckNumel("unary_backward", grad_in, a.numel());
-  BRAID_CHECK(op != UnaryOp::kScale)
-      << "cuda unary_backward: kScale's derivative is its scalar, which this slot does not "
-         "receive; scale the gradient with `unary` instead";
+  CheckCudaTensors("unary_backward", {&a, &grad_out, &grad_in});
+  checks::UnaryBackward("cuda", kF32, op, a, grad_out, grad_in);
   DeviceGuard g(Dev(a));
   CheckCuda(LaunchUnaryGrad(math::Unary(int(op)), a.data<float>(), grad_out.data<float>(),
                             grad_in.data<float>(), a.numel(), KernelStream(Dev(a))),
@@ -97,8 +85,8 @@ void UnaryBackward(UnaryOp op, const Tensor& a, const Tensor& grad_out, Tensor& 
 }
 
 void Axpby(float alpha, const Tensor& x, float beta, Tensor& y) {
-  CheckF32CudaTensors("axpby", {&x, &y});
-  CheckNumel("axpby", y, x.numel());
+  CheckCudaTensors("axpby", {&x, &y});
+  checks::Axpby("cuda", kF32, x, y);
   DeviceGuard g(Dev(x));
   CheckCuda(LaunchAxpby(alpha, x.data<float>(), beta, y.data<float>(), x.numel(),
                         KernelStream(Dev(x))),
@@ -106,35 +94,27 @@ void Axpby(float alpha, const Tensor& x, float beta, Tensor& y) {
 }
 
 void SumAll(const Tensor& a, Tensor& out) {
-  CheckF32CudaTensors("sum_all", {&a, &out});
-  CheckNumel("sum_all", out, 1);
+  CheckCudaTensors("sum_all", {&a, &out});
+  checks::SumAll("cuda", kF32, a, out);
   DeviceGuard g(Dev(a));
   CheckCuda(LaunchSumAll(a.data<float>(), a.numel(), out.data<float>(), KernelStream(Dev(a))),
             "sum_all");
 }
 
 void SumRows(const Tensor& a, Tensor& out, float beta) {
-  CheckF32CudaTensors("sum_rows", {&a, &out});
-  const int64_t cols = out.numel();
-  BRAID_CHECK(cols > 0 && a.numel() % cols == 0)
-      << "cuda sum_rows: " << a.DescribeForError() << " is not rows of " << out.DescribeForError();
+  CheckCudaTensors("sum_rows", {&a, &out});
+  const checks::RowsDims dims = checks::SumRows("cuda", kF32, a, out);
   DeviceGuard g(Dev(a));
-  CheckCuda(LaunchSumRows(a.data<float>(), a.numel() / cols, cols, out.data<float>(), beta,
+  CheckCuda(LaunchSumRows(a.data<float>(), dims.rows, dims.cols, out.data<float>(), beta,
                           KernelStream(Dev(a))),
             "sum_rows");
 }
 
 void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                       Tensor& out, Tensor& mean, Tensor& rstd) {
-  CheckF32CudaTensors("layernorm_forward", {&x, &weight, &bias, &out, &mean, &rstd});
-  const int64_t c = weight.numel();
-  BRAID_CHECK(c > 0 && x.numel() % c == 0) << "cuda layernorm_forward: " << x.DescribeForError()
-                                           << " is not rows of " << weight.DescribeForError();
-  const int64_t rows = x.numel() / c;
-  CheckNumel("layernorm_forward", bias, c);
-  CheckNumel("layernorm_forward", out, x.numel());
-  CheckNumel("layernorm_forward", mean, rows);
-  CheckNumel("layernorm_forward", rstd, rows);
+  CheckCudaTensors("layernorm_forward", {&x, &weight, &bias, &out, &mean, &rstd});
+  const auto dims = checks::LayerNormForward("cuda", kF32, x, weight, bias, out, mean, rstd);
+  const int64_t rows = dims.rows, c = dims.cols;
   DeviceGuard g(Dev(x));
   CheckCuda(LaunchLayerNormForward(x.data<float>(), weight.data<float>(), bias.data<float>(), eps,
                                    rows, c, out.data<float>(), mean.data<float>(),
@@ -145,18 +125,10 @@ void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias,
 void LayerNormBackward(const Tensor& dout, const Tensor& x, const Tensor& weight,
                        const Tensor& mean, const Tensor& rstd, Tensor& dx, Tensor& dweight,
                        Tensor& dbias) {
-  CheckF32CudaTensors("layernorm_backward",
-                      {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias});
-  const int64_t c = weight.numel();
-  BRAID_CHECK(c > 0 && x.numel() % c == 0) << "cuda layernorm_backward: " << x.DescribeForError()
-                                           << " is not rows of " << weight.DescribeForError();
-  const int64_t rows = x.numel() / c;
-  CheckNumel("layernorm_backward", dout, x.numel());
-  CheckNumel("layernorm_backward", dx, x.numel());
-  CheckNumel("layernorm_backward", dweight, c);
-  CheckNumel("layernorm_backward", dbias, c);
-  CheckNumel("layernorm_backward", mean, rows);
-  CheckNumel("layernorm_backward", rstd, rows);
+  CheckCudaTensors("layernorm_backward", {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias});
+  const auto dims =
+      checks::LayerNormBackward("cuda", kF32, dout, x, weight, mean, rstd, dx, dweight, dbias);
+  const int64_t rows = dims.rows, c = dims.cols;
   DeviceGuard g(Dev(x));
   CheckCuda(LaunchLayerNormBackward(dout.data<float>(), x.data<float>(), weight.data<float>(),
                                     mean.data<float>(), rstd.data<float>(), rows, c,
@@ -166,21 +138,18 @@ void LayerNormBackward(const Tensor& dout, const Tensor& x, const Tensor& weight
 }
 
 void SoftmaxForward(const Tensor& x, Tensor& out) {
-  CheckF32CudaTensors("softmax_forward", {&x, &out});
-  CheckNumel("softmax_forward", out, x.numel());
-  BRAID_CHECK(x.ndim() >= 1) << "cuda softmax_forward of a scalar " << x.DescribeForError();
-  const int64_t c = x.size(-1), rows = c == 0 ? 0 : x.numel() / c;
+  CheckCudaTensors("softmax_forward", {&x, &out});
+  const auto dims = checks::SoftmaxForward("cuda", kF32, x, out);
+  const int64_t rows = dims.rows, c = dims.cols;
   DeviceGuard g(Dev(x));
   CheckCuda(LaunchSoftmaxForward(x.data<float>(), rows, c, out.data<float>(), KernelStream(Dev(x))),
             "softmax_forward");
 }
 
 void SoftmaxBackward(const Tensor& y, const Tensor& dy, Tensor& dx) {
-  CheckF32CudaTensors("softmax_backward", {&y, &dy, &dx});
-  CheckNumel("softmax_backward", dy, y.numel());
-  CheckNumel("softmax_backward", dx, y.numel());
-  BRAID_CHECK(y.ndim() >= 1) << "cuda softmax_backward of a scalar " << y.DescribeForError();
-  const int64_t c = y.size(-1), rows = c == 0 ? 0 : y.numel() / c;
+  CheckCudaTensors("softmax_backward", {&y, &dy, &dx});
+  const auto dims = checks::SoftmaxBackward("cuda", kF32, y, dy, dx);
+  const int64_t rows = dims.rows, c = dims.cols;
   DeviceGuard g(Dev(y));
   CheckCuda(LaunchSoftmaxBackward(y.data<float>(), dy.data<float>(), rows, c, dx.data<float>(),
                                   KernelStream(Dev(y))),
@@ -193,16 +162,8 @@ void SoftmaxBackward(const Tensor& y, const Tensor& dy, Tensor& dx) {
 void CrossEntropyForward(const Tensor& logits, const Tensor& targets, Tensor& losses,
                          Tensor& probs) {
   CheckCudaTensors("cross_entropy_forward", {&logits, &targets, &losses, &probs});
-  CheckDType("cross_entropy_forward", logits, DType::kF32);
-  CheckDType("cross_entropy_forward", targets, DType::kI32);
-  CheckDType("cross_entropy_forward", losses, DType::kF32);
-  CheckDType("cross_entropy_forward", probs, DType::kF32);
-  BRAID_CHECK(logits.ndim() == 2) << "cuda cross_entropy_forward wants logits [N, V], got "
-                                  << logits.DescribeForError();
-  const int64_t n = logits.size(0), v = logits.size(1);
-  CheckNumel("cross_entropy_forward", targets, n);
-  CheckNumel("cross_entropy_forward", losses, n);
-  CheckNumel("cross_entropy_forward", probs, n * v);
+  const auto dims = checks::CrossEntropyForward("cuda", kF32, logits, targets, losses, probs);
+  const int64_t n = dims.rows, v = dims.cols;
   DeviceGuard g(Dev(logits));
   CheckCuda(LaunchCrossEntropyForward(logits.data<float>(), targets.data<int32_t>(), n, v,
                                       losses.data<float>(), probs.data<float>(),
@@ -213,16 +174,8 @@ void CrossEntropyForward(const Tensor& logits, const Tensor& targets, Tensor& lo
 void CrossEntropyBackward(const Tensor& probs, const Tensor& targets, const Tensor& dloss,
                           Tensor& dlogits) {
   CheckCudaTensors("cross_entropy_backward", {&probs, &targets, &dloss, &dlogits});
-  CheckDType("cross_entropy_backward", probs, DType::kF32);
-  CheckDType("cross_entropy_backward", targets, DType::kI32);
-  CheckDType("cross_entropy_backward", dloss, DType::kF32);
-  CheckDType("cross_entropy_backward", dlogits, DType::kF32);
-  BRAID_CHECK(probs.ndim() == 2) << "cuda cross_entropy_backward wants probs [N, V], got "
-                                 << probs.DescribeForError();
-  const int64_t n = probs.size(0), v = probs.size(1);
-  CheckNumel("cross_entropy_backward", targets, n);
-  CheckNumel("cross_entropy_backward", dloss, n);
-  CheckNumel("cross_entropy_backward", dlogits, n * v);
+  const auto dims = checks::CrossEntropyBackward("cuda", kF32, probs, targets, dloss, dlogits);
+  const int64_t n = dims.rows, v = dims.cols;
   DeviceGuard g(Dev(probs));
   CheckCuda(LaunchCrossEntropyBackward(probs.data<float>(), targets.data<int32_t>(),
                                        dloss.data<float>(), n, v, dlogits.data<float>(),
@@ -232,13 +185,8 @@ void CrossEntropyBackward(const Tensor& probs, const Tensor& targets, const Tens
 
 void EmbeddingForward(const Tensor& weight, const Tensor& ids, Tensor& out) {
   CheckCudaTensors("embedding_forward", {&weight, &ids, &out});
-  CheckDType("embedding_forward", weight, DType::kF32);
-  CheckDType("embedding_forward", ids, DType::kI32);
-  CheckDType("embedding_forward", out, DType::kF32);
-  BRAID_CHECK(weight.ndim() == 2) << "cuda embedding_forward wants weight [V, C], got "
-                                  << weight.DescribeForError();
-  const int64_t c = weight.size(1), n = ids.numel();
-  CheckNumel("embedding_forward", out, n * c);
+  const auto dims = checks::EmbeddingForward("cuda", kF32, weight, ids, out);
+  const int64_t c = dims.cols, n = dims.n;
   DeviceGuard g(Dev(weight));
   CheckCuda(LaunchEmbeddingForward(weight.data<float>(), ids.data<int32_t>(), n, c,
                                    out.data<float>(), KernelStream(Dev(weight))),
@@ -247,36 +195,17 @@ void EmbeddingForward(const Tensor& weight, const Tensor& ids, Tensor& out) {
 
 void EmbeddingBackward(const Tensor& dout, const Tensor& ids, Tensor& dweight) {
   CheckCudaTensors("embedding_backward", {&dout, &ids, &dweight});
-  CheckDType("embedding_backward", dout, DType::kF32);
-  CheckDType("embedding_backward", ids, DType::kI32);
-  CheckDType("embedding_backward", dweight, DType::kF32);
-  BRAID_CHECK(dweight.ndim() == 2)
-      << "cuda embedding_backward wants dweight [V, C], got " << dweight.DescribeForError();
-  const int64_t c = dweight.size(1), n = ids.numel();
-  CheckNumel("embedding_backward", dout, n * c);
+  const auto dims = checks::EmbeddingBackward("cuda", kF32, dout, ids, dweight);
+  const int64_t c = dims.cols, n = dims.n;
   DeviceGuard g(Dev(dout));
   CheckCuda(LaunchEmbeddingBackward(dout.data<float>(), ids.data<int32_t>(), n, c,
                                     dweight.data<float>(), KernelStream(Dev(dout))),
             "embedding_backward");
 }
 
-struct AttnDims {
-  int64_t b, t, c, h;
-};
-
-AttnDims CheckAttention(const char* kernel, const Tensor& qkv, int n_head) {
-  BRAID_CHECK(qkv.dtype() == DType::kF32 && qkv.ndim() == 3 && n_head > 0 &&
-              qkv.size(2) % (3 * int64_t(n_head)) == 0)
-      << "cuda " << kernel << " wants f32 qkv [B, T, 3C] with C divisible by n_head=" << n_head
-      << ", got " << qkv.DescribeForError();
-  return {qkv.size(0), qkv.size(1), qkv.size(2) / 3, n_head};
-}
-
 void AttentionForward(const Tensor& qkv, int n_head, Tensor& out, Tensor& att) {
-  CheckF32CudaTensors("attention_forward", {&qkv, &out, &att});
-  const AttnDims s = CheckAttention("attention_forward", qkv, n_head);
-  CheckNumel("attention_forward", out, s.b * s.t * s.c);
-  CheckNumel("attention_forward", att, s.b * s.h * s.t * s.t);
+  CheckCudaTensors("attention_forward", {&qkv, &out, &att});
+  const checks::AttentionDims s = checks::AttentionForward("cuda", kF32, qkv, n_head, out, att);
   DeviceGuard g(Dev(qkv));
   CheckCuda(LaunchAttentionForward(qkv.data<float>(), s.b, s.t, s.c, s.h, out.data<float>(),
                                    att.data<float>(), KernelStream(Dev(qkv))),
@@ -285,11 +214,9 @@ void AttentionForward(const Tensor& qkv, int n_head, Tensor& out, Tensor& att) {
 
 void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& att, int n_head,
                        Tensor& dqkv) {
-  CheckF32CudaTensors("attention_backward", {&dout, &qkv, &att, &dqkv});
-  const AttnDims s = CheckAttention("attention_backward", qkv, n_head);
-  CheckNumel("attention_backward", dout, s.b * s.t * s.c);
-  CheckNumel("attention_backward", att, s.b * s.h * s.t * s.t);
-  CheckNumel("attention_backward", dqkv, qkv.numel());
+  CheckCudaTensors("attention_backward", {&dout, &qkv, &att, &dqkv});
+  const checks::AttentionDims s =
+      checks::AttentionBackward("cuda", kF32, dout, qkv, att, n_head, dqkv);
   DeviceGuard g(Dev(qkv));
   cudaStream_t stream = KernelStream(Dev(qkv));
   // dS scratch, as big as att; stream-ordered so it is reused without a sync. (The runtime's
@@ -304,12 +231,9 @@ void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& att,
 }
 
 void AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const kernels::AdamWParams& p) {
-  CheckF32CudaTensors("adamw", {&param, &grad, &m, &v});
+  CheckCudaTensors("adamw", {&param, &grad, &m, &v});
+  checks::AdamW("cuda", param, grad, m, v, p);
   const int64_t n = param.numel();
-  CheckNumel("adamw", grad, n);
-  CheckNumel("adamw", m, n);
-  CheckNumel("adamw", v, n);
-  BRAID_CHECK(p.step >= 1) << "cuda adamw: step is 1-based, got " << p.step;
   const math::AdamWConsts k =
       math::MakeAdamWConsts(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.step);
   DeviceGuard g(Dev(param));
@@ -319,16 +243,12 @@ void AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const kernel
 }
 
 void Sgd(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const kernels::SgdParams& p) {
-  CheckF32CudaTensors("sgd", {&param, &grad});
-  const int64_t n = param.numel();
-  CheckNumel("sgd", grad, n);
+  CheckCudaTensors("sgd", {&param, &grad});
   const bool use_momentum = p.momentum != 0.0f;
-  float* buf = nullptr;
-  if (use_momentum) {
-    CheckF32CudaTensors("sgd", {&param, &momentum_buf});
-    CheckNumel("sgd", momentum_buf, n);
-    buf = momentum_buf.data<float>();
-  }
+  if (use_momentum) CheckCudaTensors("sgd", {&param, &momentum_buf});
+  checks::Sgd("cuda", param, grad, momentum_buf, p);
+  const int64_t n = param.numel();
+  float* buf = use_momentum ? momentum_buf.data<float>() : nullptr;
   const math::SgdConsts k{p.lr, p.momentum, 1.0f - p.dampening, p.weight_decay,
                           use_momentum, p.nesterov, p.first_step};
   DeviceGuard g(Dev(param));
