@@ -13,6 +13,7 @@
 #include "backends/cuda/kernels/register_util.h"
 #include "backends/cuda/launch.h"
 #include "core/check.h"
+#include "core/kernel_checks.h"
 #include "core/kernels.h"
 
 namespace braid::cuda {
@@ -107,17 +108,13 @@ void RunGemm(int device, const MatmulPlan& p, const float* a_lt, const float* b_
 
 void Matmul(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b, float alpha,
             float beta) {
-  CheckF32CudaTensors("matmul", {&a, &b, &out});
-  const bool batched = a.ndim() == 3;
-  BRAID_CHECK((a.ndim() == 2 && b.ndim() == 2 && out.ndim() == 2) ||
-              (batched && b.ndim() == 3 && out.ndim() == 3 && a.size(0) == b.size(0) &&
-               a.size(0) == out.size(0)))
-      << "cuda matmul wants 2-D or same-batch 3-D operands, got " << a.DescribeForError() << ", "
-      << b.DescribeForError() << " -> " << out.DescribeForError();
+  CheckCudaTensors("matmul", {&a, &b, &out});
+  const kernels::checks::MatmulDims dims =
+      kernels::checks::Matmul("cuda", DType::kF32, a, b, out, trans_a, trans_b);
   MatmulCall call;
-  call.batch = batched ? a.size(0) : 1;
-  call.a_rows = a.size(-2), call.a_cols = a.size(-1);
-  call.b_rows = b.size(-2), call.b_cols = b.size(-1);
+  call.batch = dims.batch;
+  call.a_rows = dims.a_rows, call.a_cols = dims.a_cols;
+  call.b_rows = dims.b_rows, call.b_cols = dims.b_cols;
   call.out_rows = out.size(-2), call.out_cols = out.size(-1);
   call.trans_a = trans_a, call.trans_b = trans_b, call.alpha = alpha, call.beta = beta;
   call.a_addr = reinterpret_cast<uintptr_t>(a.raw_data());

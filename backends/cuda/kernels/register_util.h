@@ -48,14 +48,6 @@ inline void CheckCudaTensors(const char* kernel, std::initializer_list<const Ten
   }
 }
 
-inline void CheckF32CudaTensors(const char* kernel, std::initializer_list<const Tensor*> ts) {
-  CheckCudaTensors(kernel, ts);
-  for (const Tensor* t : ts) {
-    BRAID_CHECK(t->dtype() == DType::kF32)
-        << "cuda kernel '" << kernel << "' works on f32, got " << t->DescribeForError();
-  }
-}
-
 }  // namespace braid::cuda
 
 #endif  // BRAID_BACKENDS_CUDA_KERNELS_REGISTER_UTIL_H_
