@@ -26,6 +26,9 @@
 //     gradient) and answers that worker at once. A worker does not wait for the answer: it
 //     computes its next gradient with the parameters it has, as long as at most `max_staleness`
 //     of its pushes are unanswered; otherwise it waits for fresh parameters.
+//
+// The building blocks live beside this file: the options and their parser in
+// paramserver_options.h, the parameters as one flat vector (FlatLayout) in flat_layout.h.
 #include <algorithm>
 #include <cstdint>
 #include <deque>
@@ -37,7 +40,6 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -50,6 +52,9 @@
 #include "core/plugin_api.h"
 #include "core/registry.h"
 #include "core/strategy.h"
+#include "plugins/paramserver/flat_layout.h"
+#include "plugins/paramserver/paramserver_errors.h"
+#include "plugins/paramserver/paramserver_options.h"
 #include "plugins/paramserver/paramserver_stats.h"
 
 namespace braid::paramserver {
@@ -57,136 +62,7 @@ namespace {
 
 constexpr char kName[] = "paramserver";
 
-absl::Status Invalid(const std::string& msg) {
-  return absl::InvalidArgumentError(absl::StrCat("strategy 'paramserver': ", msg));
-}
-absl::Status Failed(absl::StatusCode code, const std::string& msg) {
-  return absl::Status(code, absl::StrCat("strategy 'paramserver': ", msg));
-}
-
 double Seconds(absl::Time from) { return absl::ToDoubleSeconds(absl::Now() - from); }
-
-// ---- Options --------------------------------------------------------------------------------
-
-enum class Mode { kSync = 0, kAsync = 1 };
-
-struct Options {
-  Mode mode = Mode::kSync;
-  int server_rank = 0;
-  // Async only: how many of its pushes a worker may leave unanswered and still compute the
-  // next gradient. Each unit costs a worker one more copy of the gradients and parameters.
-  int max_staleness = 0;
-};
-
-constexpr int kDefaultMaxStaleness = 2;
-constexpr int kMaxStalenessLimit = 64;
-
-// Parsed before any communication: every rank gets the same options, so a bad one fails every
-// rank the same way, at once, instead of leaving the others waiting in a collective.
-absl::StatusOr<Options> ParseOptions(const std::map<std::string, std::string>& in) {
-  Options o;
-  bool staleness_given = false;
-  for (const auto& [key, value] : in) {
-    if (key == "mode") {
-      if (value == "sync") {
-        o.mode = Mode::kSync;
-      } else if (value == "async") {
-        o.mode = Mode::kAsync;
-      } else {
-        return Invalid(absl::StrCat("option mode='", value, "' must be sync or async"));
-      }
-    } else if (key == "server_rank") {
-      if (!absl::SimpleAtoi(value, &o.server_rank) || o.server_rank < 0) {
-        return Invalid(
-            absl::StrCat("option server_rank='", value, "' must be a rank number (0, 1, ...)"));
-      }
-    } else if (key == "max_staleness") {
-      if (!absl::SimpleAtoi(value, &o.max_staleness) || o.max_staleness < 0 ||
-          o.max_staleness > kMaxStalenessLimit) {
-        return Invalid(absl::StrCat("option max_staleness='", value,
-                                    "' must be a whole number of steps from 0 to ",
-                                    kMaxStalenessLimit));
-      }
-      staleness_given = true;
-    } else {
-      return Invalid(absl::StrCat("unknown option '", key,
-                                  "'; known options: mode, max_staleness, server_rank"));
-    }
-  }
-  if (o.mode == Mode::kSync && staleness_given) {
-    return Invalid("option max_staleness applies to mode=async only; add mode=async or remove it");
-  }
-  if (o.mode == Mode::kAsync && !staleness_given) o.max_staleness = kDefaultMaxStaleness;
-  return o;
-}
-
-const char* ModeName(Mode m) { return m == Mode::kSync ? "sync" : "async"; }
-
-// ---- Parameters as one flat vector ------------------------------------------------------------
-
-// The parameters in NamedParameters order, laid end to end: the form in which gradients and
-// parameters travel (one message each instead of one per tensor).
-class FlatLayout {
- public:
-  FlatLayout() = default;
-  explicit FlatLayout(std::vector<Tensor> params) : params_(std::move(params)) {
-    for (const Tensor& p : params_) {
-      offsets_.push_back(numel_);
-      numel_ += p.numel();
-    }
-  }
-  int64_t numel() const { return numel_; }
-
-  void CopyParamsTo(const Tensor& flat) const {
-    for (size_t i = 0; i < params_.size(); ++i) Slot(flat, i).CopyFrom(params_[i]);
-  }
-  void CopyParamsFrom(const Tensor& flat) const {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      Tensor p = params_[i];
-      p.CopyFrom(Slot(flat, i));
-    }
-  }
-  // A parameter that got no gradient travels as zeros.
-  void CopyGradsTo(const Tensor& flat) const {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      Tensor slot = Slot(flat, i);
-      Tensor g = params_[i].grad();
-      if (g.defined()) {
-        slot.CopyFrom(g);
-      } else {
-        slot.Zero();
-      }
-    }
-  }
-  // Makes every parameter's .grad a view of its slot in `flat` (no copy): the optimizer then
-  // steps straight from a received buffer.
-  void UseAsGrads(const Tensor& flat) const {
-    for (size_t i = 0; i < params_.size(); ++i) {
-      Tensor p = params_[i];
-      p.set_grad(Slot(flat, i));
-    }
-  }
-
- private:
-  Tensor Slot(const Tensor& flat, size_t i) const {
-    return flat.FlatRange(offsets_[i], params_[i].numel()).Reshape(params_[i].shape());
-  }
-
-  std::vector<Tensor> params_;
-  std::vector<int64_t> offsets_;
-  int64_t numel_ = 0;
-};
-
-// FNV-1a of the parameters' names and shapes: ranks must agree on the layout of every message.
-int64_t LayoutHash(const Module::NamedTensors& named) {
-  uint64_t h = 14695981039346656037ull;
-  auto add = [&h](const std::string& s) {
-    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-    h = (h ^ 0xff) * 1099511628211ull;
-  };
-  for (const auto& [name, t] : named) add(absl::StrCat(name, ShapeToString(t.shape())));
-  return int64_t(h >> 1);
-}
 
 // ---- Messages -----------------------------------------------------------------------------------
 
