@@ -34,8 +34,7 @@ CheckpointRngState CurrentRngState() {
 struct Segment {
   // Keep what the ops save instead of recomputing it (the policy's last segment, where backward
   // starts): the run still hands each saved tensor over when backward unpacks it, so it is freed
-  // as soon as its node ran, not when the whole graph is released at the end of backward (where
-  // the parameters' gradients already exist, so a plain last segment would raise the peak).
+  // as soon as its node ran, as the engine frees every node's saved tensors.
   bool keep = false;
   std::vector<std::string> names;
   std::vector<Module*> modules;

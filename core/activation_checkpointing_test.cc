@@ -369,11 +369,17 @@ TEST(ActivationCheckpointing, HoldsLessForBackward) {
   // three (sqrt's longest segment).
   EXPECT_LT(every.peak, got["sqrt"].peak);
   // Keeping the last segment's saved tensors from the forward into backward, which would have
-  // rebuilt them first thing, and handing them over one by one: the peak is no higher (exactly:
-  // the allocator's counts are deterministic), for one recompute less.
+  // rebuilt them first thing, saves one recompute. Since the engine frees each node's saved
+  // tensors once it ran, a recompute of the last segment comes after the loss and head's
+  // backward has freed what it used, so keeping can cost at most the kept segment's own saved
+  // tensors at the peak (the difference in what the forward holds; exactly, the allocator's
+  // counts are deterministic): nothing for sqrt and every_block here, one attention's for
+  // attention.
   for (auto& [name, m] : last_kept) {
-    EXPECT_LE(m.peak, got[name].peak) << name << ": last segment kept " << m.peak << " vs all "
-                                      << got[name].peak;
+    const int64_t kept_extra = m.held_after_forward - got[name].held_after_forward;
+    EXPECT_LE(m.peak, got[name].peak + kept_extra)
+        << name << ": last segment kept " << m.peak << " vs all " << got[name].peak;
+    if (name != "attention") EXPECT_EQ(m.peak, got[name].peak) << name;
     EXPECT_LT(m.held_after_forward, name == "attention" ? p.held_after_forward * 3 / 4 + input
                                                         : p.held_after_forward / 2)
         << name;

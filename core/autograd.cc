@@ -301,7 +301,6 @@ void Backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   }
 
   ++g_backward_depth;
-  std::vector<Node*> ran;
   while (!ready.empty()) {
     Node* n = ready.top();
     ready.pop();
@@ -309,7 +308,9 @@ void Backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     std::vector<Tensor> in = std::move(p.grads);
     if (in.empty()) in.resize(size_t(n->num_outputs));
     std::vector<Tensor> out = n->Apply(std::move(in));
-    ran.push_back(n);
+    // What the node saved is needed by no one else: freed now, as PyTorch does, so that the
+    // activations shrink as backward proceeds instead of all living to its end.
+    if (!retain_graph) n->ReleaseSaved();
     for (size_t i = 0; i < n->next_edges.size(); ++i) {
       const Edge& e = n->next_edges[i];
       if (!e.node) continue;
@@ -320,9 +321,6 @@ void Backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
         ready.push(e.node.get());
       }
     }
-  }
-  if (!retain_graph) {
-    for (Node* n : ran) n->ReleaseSaved();
   }
   // Modules' post-backward hooks still owed (step 3), latest queued first.
   while (!g_post_backward_callbacks.empty()) {

@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/ops.h"
 #include "core/testing/test_util.h"
 #include "gmock/gmock.h"
@@ -107,6 +108,40 @@ TEST(AutogradTest, NoGradRecordsNothing) {
   // Inputs that do not require grad record nothing either.
   Tensor c = Tensor::FromVector<float>({1, 2}, {2});
   EXPECT_FALSE(ops::Mul(c, c).requires_grad());
+}
+
+// Each node's saved tensors are freed as soon as it has run, not at the end of the pass: the
+// activations shrink while the weights' gradients grow. A chain of K linear layers of N x N
+// weights on [N, N] activations saves one N x N input per layer; were the saved inputs kept to
+// the end, the peak would be what the forward holds plus all K weight gradients (K x N x N
+// floats more); freed as they are used, it stays within what the forward holds plus two
+// gradients (the weight gradient being made and the activation gradient flowing).
+TEST(AutogradTest, SavedTensorsAreFreedAsBackwardProceeds) {
+  const int64_t k = 6, n = 64, g = n * n * int64_t(sizeof(float));
+  std::mt19937 rng(3);
+  std::vector<Tensor> weights;
+  for (int64_t i = 0; i < k; ++i) {
+    weights.push_back(test::RandomTensor({n, n}, rng, -0.1f, 0.1f));
+    weights.back().set_requires_grad(true);
+  }
+  Tensor bias = Tensor::Zeros({n});
+  Allocator* a = GetAllocator(Device::CPU());
+  const int64_t base = a->stats().current_bytes;
+  int64_t held = 0;
+  {
+    Tensor x = test::RandomTensor({n, n}, rng);
+    for (const Tensor& w : weights) x = ops::Relu(ops::Linear(x, w, bias));
+    Tensor loss = ops::Sum(x);
+    x = Tensor();
+    a->ResetPeak();
+    held = a->stats().current_bytes - base;
+    loss.Backward();
+  }
+  const int64_t peak = a->stats().peak_bytes - base;
+  EXPECT_LE(peak, held + 2 * g + 4 * n * int64_t(sizeof(float)))
+      << "peak " << peak << " with " << held << " held after the forward; all saved tensors kept "
+      << "to the end would reach about " << held + k * g;
+  for (const Tensor& w : weights) EXPECT_TRUE(w.grad().defined());
 }
 
 using AutogradDeathTest = ::testing::Test;
