@@ -87,6 +87,7 @@ class TcpStoreServer {
     int64_t rejected = 0;       // ... that failed it (wrong token, garbage, timeout, overflow)
     int64_t malformed = 0;      // authenticated connections closed for a bad frame
     int64_t open = 0;           // connections open now
+    int64_t waiting = 0;        // Gets and Waits blocked now on keys not yet set
   };
 
   // Binds, listens and starts serving. Errors name host:port; a port already in use says so and,

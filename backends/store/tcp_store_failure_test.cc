@@ -198,7 +198,7 @@ TEST(TcpStoreTest, StopWithClientsConnectedEndsEveryone) {
   absl::StatusOr<std::string> got = absl::UnknownError("not run");
   std::thread getter([&] { got = blocked->Get("never-set", absl::Seconds(60)); });
   EXPECT_TRUE(WaitUntil([&] { return server->stats().open == 3; }));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let the Get reach the server
+  EXPECT_TRUE(WaitUntil([&] { return server->stats().waiting == 1; }));  // the Get is blocked
 
   auto t0 = Clock::now();
   server->Stop();
@@ -206,6 +206,7 @@ TEST(TcpStoreTest, StopWithClientsConnectedEndsEveryone) {
   EXPECT_LT(SecondsSince(t0), 30);
   getter.join();
   EXPECT_LT(SecondsSince(t0), 30);
+  EXPECT_EQ(server->stats().waiting, 0);
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
   EXPECT_THAT(got.status().message(), HasSubstr("'never-set'"));

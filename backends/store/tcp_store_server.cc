@@ -134,7 +134,9 @@ class TcpStoreServer::Impl {
   const std::string& host() const { return options_.host; }
   Stats stats() const {
     std::lock_guard<std::mutex> lock(conns_mu_);
-    return stats_;
+    Stats s = stats_;
+    s.waiting = waiting_.load();
+    return s;
   }
 
  private:
@@ -172,6 +174,7 @@ class TcpStoreServer::Impl {
   // The data; every change wakes the waiters on data_cv_.
   std::mutex data_mu_;
   std::condition_variable data_cv_;
+  std::atomic<int64_t> waiting_{0};  // requests blocked in WaitForKeys (a separate lock's worth)
   std::map<std::string, std::string> data_;
 };
 
@@ -447,12 +450,26 @@ absl::Status TcpStoreServer::Impl::WaitForKeys(const std::vector<std::string>& k
                                                int64_t timeout_ms, int fd,
                                                std::unique_lock<std::mutex>& lock) {
   Deadline deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  // Counted while blocked (stats().waiting), so a test or a diagnosis can tell a request that
+  // waits from one that has not arrived.
+  bool counted = false;
+  struct Uncount {
+    std::atomic<int64_t>& n;
+    bool& counted;
+    ~Uncount() {
+      if (counted) --n;
+    }
+  } uncount{waiting_, counted};
   for (;;) {
     std::vector<std::string> missing;
     for (const auto& k : keys) {
       if (!data_.count(k)) missing.push_back(k);
     }
     if (missing.empty()) return absl::OkStatus();
+    if (!counted) {
+      counted = true;
+      ++waiting_;
+    }
     if (stopping_.load()) return absl::UnavailableError("the store is shutting down");
     Deadline now = Clock::now();
     if (now >= deadline) {
