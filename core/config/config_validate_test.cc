@@ -1,0 +1,559 @@
+// Validating a training configuration (core/config/config.h): defaults and derived batch sizes,
+// names checked against their registrations (the model and dataset doubles of config_test_util.h),
+// feature sections against the strategies that provide them, and every problem reported at once.
+// Parsing is tested in config_test.cc.
+#include "core/config/config.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/config/config_test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace braid::config {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using test_util::Text;
+
+// The message of ValidateConfig on `text`, "" if it passes.
+std::string ValidationError(const std::string& text, int dp = 1,
+                            const std::vector<std::string>& features = {}) {
+  TrainConfig cfg = Text(text);
+  absl::Status st = ValidateConfig(&cfg, dp, features);
+  return st.ok() ? "" : std::string(st.message());
+}
+
+// ---- Defaults and derived values -----------------------------------------------------------
+
+TEST(ConfigValidate, EmptyConfigIsTheReferenceRun) {
+  TrainConfig cfg;
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  // Values from docs/REFERENCE_RUN.md.
+  EXPECT_EQ(cfg.train_micro_batch_size_per_gpu(), 16);
+  EXPECT_EQ(cfg.gradient_accumulation_steps(), 1);
+  EXPECT_EQ(cfg.train_batch_size(), 16);
+  EXPECT_EQ(cfg.optimizer().type(), "AdamW");
+  const OptimizerParams& p = cfg.optimizer().params();
+  EXPECT_DOUBLE_EQ(p.lr(), 1e-3);
+  ASSERT_EQ(p.betas_size(), 2);
+  EXPECT_DOUBLE_EQ(p.betas(0), 0.9);
+  EXPECT_DOUBLE_EQ(p.betas(1), 0.95);
+  EXPECT_DOUBLE_EQ(p.eps(), 1e-8);
+  EXPECT_DOUBLE_EQ(p.weight_decay(), 0.1);
+  EXPECT_EQ(cfg.scheduler().type(), "Constant");
+  EXPECT_DOUBLE_EQ(cfg.gradient_clipping(), 0.0);
+  // The registered defaults (here the doubles; gpt-mini on moby-dick in the training program).
+  EXPECT_EQ(cfg.model().name(), "toy-lm");
+  EXPECT_EQ(cfg.data().dataset(), "toy-bytes");
+  EXPECT_EQ(cfg.data().sampler(), "random");
+  EXPECT_EQ(cfg.data().seed(), 1234u);
+  EXPECT_EQ(cfg.data().token_dtype(), "u8");
+  EXPECT_EQ(cfg.strategy().name(), "single");
+  EXPECT_EQ(cfg.device(), "cpu");
+  EXPECT_EQ(cfg.threads(), 1);
+  EXPECT_GT(cfg.steps(), 0);
+  EXPECT_GT(cfg.log().print_every(), 0);
+}
+
+struct BatchCase {
+  const char* text;
+  int dp;
+  int total, micro, accum;
+};
+
+TEST(ConfigValidate, DerivesBatchSizes) {
+  const BatchCase cases[] = {
+      {"", 2, 32, 16, 1},
+      {"train_batch_size: 64", 2, 64, 32, 1},
+      {"train_batch_size: 64 gradient_accumulation_steps: 2", 2, 64, 16, 2},
+      {"train_batch_size: 64 train_micro_batch_size_per_gpu: 16", 1, 64, 16, 4},
+      {"train_batch_size: 64 train_micro_batch_size_per_gpu: 16", 2, 64, 16, 2},
+      {"train_micro_batch_size_per_gpu: 8 gradient_accumulation_steps: 4", 2, 64, 8, 4},
+      {"train_micro_batch_size_per_gpu: 8", 4, 32, 8, 1},
+      {"gradient_accumulation_steps: 3", 1, 48, 16, 3},
+      // Consistent for dp 2 (and not for dp 1; see below).
+      {"train_batch_size: 64 train_micro_batch_size_per_gpu: 16 gradient_accumulation_steps: 2", 2,
+       64, 16, 2},
+  };
+  for (const BatchCase& c : cases) {
+    SCOPED_TRACE(testing::Message() << c.text << " dp=" << c.dp);
+    TrainConfig cfg = Text(c.text);
+    if (c.dp > 1) cfg.mutable_strategy()->set_name("ddp");
+    absl::Status st = ValidateConfig(&cfg, c.dp, {});
+    ASSERT_TRUE(st.ok()) << st;
+    EXPECT_EQ(cfg.train_batch_size(), c.total);
+    EXPECT_EQ(cfg.train_micro_batch_size_per_gpu(), c.micro);
+    EXPECT_EQ(cfg.gradient_accumulation_steps(), c.accum);
+  }
+}
+
+TEST(ConfigValidate, RejectsInconsistentBatchSizes) {
+  const std::string all3 =
+      "train_batch_size: 64 train_micro_batch_size_per_gpu: 16 gradient_accumulation_steps: 2 ";
+  EXPECT_EQ(ValidationError(all3, 1),
+            "train_batch_size (64) != train_micro_batch_size_per_gpu (16) × "
+            "gradient_accumulation_steps (2) × data-parallel size (1) = 32");
+  EXPECT_EQ(ValidationError("train_batch_size: 32 train_micro_batch_size_per_gpu: 16 "
+                            "gradient_accumulation_steps: 2 strategy { name: \"ddp\" }",
+                            2),
+            "train_batch_size (32) != train_micro_batch_size_per_gpu (16) × "
+            "gradient_accumulation_steps (2) × data-parallel size (2) = 64");
+  EXPECT_THAT(ValidationError("train_batch_size: 48 train_micro_batch_size_per_gpu: 16 "
+                              "strategy { name: \"ddp\" }",
+                              2),
+              AllOf(HasSubstr("train_batch_size (48)"), HasSubstr("not divisible"),
+                    HasSubstr("train_micro_batch_size_per_gpu (16)"),
+                    HasSubstr("data-parallel size (2) = 32")));
+  EXPECT_THAT(ValidationError("train_batch_size: 30 strategy { name: \"ddp\" }", 4),
+              AllOf(HasSubstr("train_batch_size (30)"), HasSubstr("data-parallel size (4)")));
+  EXPECT_THAT(
+      ValidationError("train_batch_size: 30 gradient_accumulation_steps: 4"),
+      AllOf(HasSubstr("train_batch_size (30)"), HasSubstr("gradient_accumulation_steps (4)")));
+}
+
+TEST(ConfigValidate, RejectsNonPositiveValuesNamingTheField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"optimizer { params { lr: 0 } }", "optimizer.params.lr (0)"},
+      {"optimizer { params { lr: -0.1 } }", "optimizer.params.lr (-0.1)"},
+      {"optimizer { params { eps: 0 } }", "optimizer.params.eps (0)"},
+      {"optimizer { params { weight_decay: -1 } }", "optimizer.params.weight_decay (-1)"},
+      {"train_batch_size: 0", "train_batch_size (0)"},
+      {"train_micro_batch_size_per_gpu: -2", "train_micro_batch_size_per_gpu (-2)"},
+      {"gradient_accumulation_steps: 0", "gradient_accumulation_steps (0)"},
+      {"steps: 0", "steps (0)"},
+      {"steps: -5", "steps (-5)"},
+      {"threads: 0", "threads (0)"},
+      {"log { print_every: 0 }", "log.print_every (0)"},
+      {"gradient_clipping: -1", "gradient_clipping (-1)"},
+      {"model { n_layer: 0 }", "model.n_layer (0)"},
+      {"scheduler { type: \"WarmupCosine\" params { total_num_steps: 0 } }",
+       "scheduler.params.total_num_steps (0)"},
+      {"zero_optimization { reduce_bucket_size: -1 }", "zero_optimization.reduce_bucket_size (-1)"},
+  };
+  for (const auto& [text, expected] : cases) {
+    EXPECT_THAT(ValidationError(text), HasSubstr(expected)) << text;
+  }
+}
+
+TEST(ConfigValidate, RejectsUnknownNamesListingTheKnownOnes) {
+  EXPECT_THAT(ValidationError("optimizer { type: \"Lamb\" }"),
+              AllOf(HasSubstr("optimizer.type \"Lamb\" is unknown"), HasSubstr("AdamW, SGD")));
+  EXPECT_THAT(ValidationError("scheduler { type: \"OneCycle\" }"),
+              AllOf(HasSubstr("scheduler.type \"OneCycle\""), HasSubstr("Constant, WarmupCosine")));
+  // Models and datasets: the registered names (here the doubles).
+  EXPECT_THAT(ValidationError("model { name: \"gpt3\" }"),
+              AllOf(HasSubstr("model.name \"gpt3\" is unknown"),
+                    HasSubstr("known: toy-classifier, toy-lm")));
+  EXPECT_THAT(ValidationError("data { dataset: \"cifar\" }"),
+              AllOf(HasSubstr("data.dataset \"cifar\" is unknown"),
+                    HasSubstr("known: toy-bytes, toy-images, toy-tokens")));
+  EXPECT_THAT(ValidationError("data { sampler: \"shuffle\" }"),
+              AllOf(HasSubstr("data.sampler \"shuffle\""), HasSubstr("random, sequential")));
+  EXPECT_THAT(
+      ValidationError("data { dataset: \"toy-tokens\" path: \"t.bin\" token_dtype: \"u32\" }"),
+      AllOf(HasSubstr("data.token_dtype \"u32\""), HasSubstr("u8, u16")));
+  EXPECT_THAT(ValidationError("device: \"tpu\""), HasSubstr("device \"tpu\" is unknown"));
+  EXPECT_THAT(ValidationError("device: \"cuda:x\""), HasSubstr("device \"cuda:x\""));
+  EXPECT_THAT(ValidationError("device: \"cuda:-1\""), HasSubstr("device \"cuda:-1\""));
+}
+
+TEST(ConfigValidate, NamesAreCaseInsensitiveAndStoredCanonical) {
+  TrainConfig cfg = Text(R"pb(optimizer { type: "adamw" }
+                              scheduler { type: "warmupcosine" }
+                              model { name: "TOY-Lm" }
+                              data { dataset: "Toy-Bytes" }
+                              device: "cuda")pb");
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  EXPECT_EQ(cfg.optimizer().type(), "AdamW");
+  EXPECT_EQ(cfg.scheduler().type(), "WarmupCosine");
+  EXPECT_EQ(cfg.model().name(), "toy-lm");
+  EXPECT_EQ(cfg.data().dataset(), "toy-bytes");
+  EXPECT_EQ(cfg.device(), "cuda:0");
+}
+
+TEST(ConfigValidate, Betas) {
+  EXPECT_THAT(ValidationError("optimizer { params { betas: [1.0, 0.9] } }"),
+              AllOf(HasSubstr("optimizer.params.betas[0] (1)"), HasSubstr("[0, 1)")));
+  EXPECT_THAT(ValidationError("optimizer { params { betas: [0.9, -0.1] } }"),
+              HasSubstr("optimizer.params.betas[1] (-0.1)"));
+  EXPECT_THAT(ValidationError("optimizer { params { betas: 0.9 } }"),
+              AllOf(HasSubstr("optimizer.params.betas has 1 value"), HasSubstr("exactly 2")));
+  EXPECT_THAT(ValidationError("optimizer { params { betas: [0.9, 0.99, 0.999] } }"),
+              HasSubstr("betas has 3 value"));
+  EXPECT_EQ(ValidationError("optimizer { params { betas: [0, 0.999] } }"), "");
+}
+
+TEST(ConfigValidate, OptimizerParamsBelongToTheirOptimizer) {
+  EXPECT_THAT(ValidationError("optimizer { type: \"SGD\" params { betas: [0.9, 0.9] } }"),
+              AllOf(HasSubstr("optimizer.params.betas applies to AdamW only")));
+  EXPECT_THAT(ValidationError("optimizer { params { momentum: 0.9 } }"),
+              HasSubstr("optimizer.params.momentum applies to SGD only"));
+  EXPECT_THAT(ValidationError("optimizer { type: \"SGD\" params { nesterov: true } }"),
+              HasSubstr("nesterov needs optimizer.params.momentum > 0"));
+  EXPECT_THAT(ValidationError("optimizer { type: \"SGD\" params { momentum: 1.0 } }"),
+              HasSubstr("optimizer.params.momentum (1)"));
+
+  TrainConfig cfg = Text("optimizer { type: \"SGD\" params { momentum: 0.9 nesterov: true } }");
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  EXPECT_DOUBLE_EQ(cfg.optimizer().params().weight_decay(), 0.0);
+  EXPECT_EQ(cfg.optimizer().params().betas_size(), 0);
+}
+
+TEST(ConfigValidate, Scheduler) {
+  TrainConfig cfg = Text(R"pb(steps: 300
+                              optimizer { params { lr: 6e-4 } }
+                              scheduler {
+                                type: "WarmupCosine"
+                                params { warmup_num_steps: 30 }
+                              })pb");
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  const SchedulerParams& p = cfg.scheduler().params();
+  EXPECT_EQ(p.total_num_steps(), 300);
+  EXPECT_DOUBLE_EQ(p.warmup_max_lr(), 6e-4);
+  EXPECT_DOUBLE_EQ(p.min_lr(), 0.0);
+  EXPECT_DOUBLE_EQ(p.warmup_min_lr(), 0.0);
+
+  // The peak rate alone sets the optimizer's rate.
+  cfg = Text("scheduler { type: \"WarmupCosine\" params { warmup_max_lr: 3e-4 } }");
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  EXPECT_DOUBLE_EQ(cfg.optimizer().params().lr(), 3e-4);
+
+  EXPECT_THAT(
+      ValidationError("optimizer { params { lr: 1e-3 } } "
+                      "scheduler { type: \"WarmupCosine\" params { warmup_max_lr: 3e-4 } }"),
+      AllOf(HasSubstr("scheduler.params.warmup_max_lr (0.0003)"),
+            HasSubstr("optimizer.params.lr (0.001)")));
+  EXPECT_THAT(ValidationError("steps: 100 scheduler { type: \"WarmupCosine\" "
+                              "params { warmup_num_steps: 200 } }"),
+              HasSubstr("scheduler.params.warmup_num_steps (200) > "
+                        "scheduler.params.total_num_steps (100)"));
+  EXPECT_THAT(ValidationError("scheduler { type: \"WarmupCosine\" params { min_lr: 0.01 } }"),
+              HasSubstr("scheduler.params.min_lr (0.01) > the peak rate"));
+  EXPECT_THAT(ValidationError("scheduler { params { warmup_num_steps: 10 min_lr: 0 } }"),
+              AllOf(HasSubstr("warmup_num_steps, min_lr"), HasSubstr("\"WarmupCosine\" only")));
+}
+
+TEST(ConfigValidate, FeatureSectionsNeedAStrategyThatProvidesThem) {
+  // No registered strategy provides these: the message says so, in one problem.
+  const std::pair<const char*, const char*> cases[] = {
+      {"fp16 { enabled: true }", "fp16 needs a strategy that provides \"fp16\""},
+      {"bf16 { enabled: true }", "bf16 needs a strategy that provides \"bf16\""},
+      {"zero_optimization { stage: 1 }",
+       "zero_optimization (stage 1) needs a strategy that provides \"zero1\""},
+  };
+  for (const auto& [text, expected] : cases) {
+    EXPECT_THAT(ValidationError(text),
+                AllOf(HasSubstr(expected), HasSubstr("strategy \"single\" does not"),
+                      HasSubstr("and no registered strategy does: it is not available yet"),
+                      Not(HasSubstr("problems"))))
+        << text;
+    // Another feature does not help.
+    EXPECT_THAT(ValidationError(text, 1, {"something_else"}), HasSubstr(expected)) << text;
+  }
+  EXPECT_EQ(ValidationError("fp16 { enabled: true }", 1, {kFeatureFp16}), "");
+  EXPECT_EQ(ValidationError("bf16 { enabled: true }", 1, {kFeatureBf16}), "");
+  EXPECT_EQ(ValidationError("zero_optimization { stage: 2 } strategy { name: \"zero\" }", 2,
+                            {ZeroFeatureName(2)}),
+            "");
+  // One stage does not imply another. A registered strategy that provides the feature is named,
+  // with its plugin's file.
+  EXPECT_EQ(ValidationError("zero_optimization { stage: 3 }", 1, {ZeroFeatureName(2)}),
+            "zero_optimization (stage 3) needs a strategy that provides \"zero3\"; strategy "
+            "\"single\" does not; use strategy.name \"test_zero\" (plugin libbraid_test_zero.so)");
+  EXPECT_THAT(ValidationError("zero_optimization { stage: 2 }", 2),
+              HasSubstr("strategy \"ddp\" does not; use strategy.name \"test_zero\""));
+  // Disabled or stage 0 sections need nothing.
+  EXPECT_EQ(ValidationError("fp16 { enabled: false loss_scale: 128 } bf16 { enabled: false } "
+                            "zero_optimization { stage: 0 }"),
+            "");
+  EXPECT_THAT(ValidationError("zero_optimization { stage: 4 }"),
+              HasSubstr("zero_optimization.stage (4) must be 0, 1, 2 or 3"));
+  EXPECT_THAT(ValidationError("fp16 { enabled: true } bf16 { enabled: true }", 1,
+                              {kFeatureFp16, kFeatureBf16}),
+              HasSubstr("enable at most one"));
+
+  TrainConfig cfg = Text("fp16 { enabled: true initial_scale_power: 12 }");
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {kFeatureFp16}).ok());
+  EXPECT_EQ(cfg.fp16().initial_scale_power(), 12);
+  EXPECT_DOUBLE_EQ(cfg.fp16().loss_scale(), 0.0);  // dynamic, DeepSpeed's default
+}
+
+TEST(ConfigValidate, RequestedFeatures) {
+  EXPECT_TRUE(RequestedFeatures(Text("fp16 { enabled: false } zero_optimization { stage: 0 }"))
+                  .empty());
+  // activation_checkpointing is not a strategy feature (the training program applies it).
+  EXPECT_EQ(RequestedFeatures(Text("fp16 { enabled: true } bf16 { enabled: true } "
+                                   "zero_optimization { stage: 3 } activation_checkpointing {}")),
+            (std::vector<std::string>{"fp16", "bf16", "zero3"}));
+  EXPECT_TRUE(RequestedFeatures(Text("activation_checkpointing { policy: \"every_block\" }")).empty());
+}
+
+// The section works with every strategy: validation asks no strategy about it, fills in the
+// policy and checks the fields Braid defines.
+TEST(ConfigValidate, ActivationCheckpointingNeedsNoStrategyFeature) {
+  std::vector<std::string> asked;
+  StrategyCatalog catalog;
+  catalog.features_of = [&](const std::string& name) -> absl::StatusOr<std::vector<std::string>> {
+    asked.push_back(name);
+    return std::vector<std::string>{};
+  };
+  for (const char* strategy : {"single", "ddp", "zero", "pipeline", "some_plugin"}) {
+    TrainConfig cfg = Text(absl::StrCat("strategy { name: \"", strategy, "\" } activation_checkpointing {}"));
+    EXPECT_TRUE(ValidateConfigWith(&cfg, 1, catalog).ok()) << strategy;
+    EXPECT_EQ(cfg.activation_checkpointing().policy(), "sqrt") << "the default, filled in";
+  }
+  EXPECT_TRUE(asked.empty()) << "no strategy was asked for a feature";
+  EXPECT_EQ(ValidationError("activation_checkpointing { }", 2), "");
+
+  TrainConfig cfg = Text("activation_checkpointing { policy: \"Every_Block\" }");
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  EXPECT_EQ(cfg.activation_checkpointing().policy(), "every_block");
+  EXPECT_EQ(ValidationError("activation_checkpointing { policy: \"every_k\" every_k: 2 }"), "");
+  EXPECT_EQ(ValidationError("activation_checkpointing { policy: \"attention\" }"), "");
+
+  EXPECT_THAT(ValidationError("activation_checkpointing { policy: \"half\" }"),
+              HasSubstr("activation_checkpointing.policy \"half\" is unknown; known: sqrt, "
+                        "every_block, every_k, attention"));
+  EXPECT_THAT(ValidationError("activation_checkpointing { policy: \"every_k\" }"),
+              HasSubstr("policy \"every_k\" needs activation_checkpointing.every_k (>= 1)"));
+  EXPECT_THAT(ValidationError("activation_checkpointing { policy: \"every_k\" every_k: 0 }"),
+              HasSubstr("activation_checkpointing.every_k (0) must be >= 1"));
+  EXPECT_THAT(ValidationError("activation_checkpointing { every_k: 2 }"),
+              HasSubstr("every_k (2) applies to policy \"every_k\" only, and the policy is "
+                        "\"sqrt\"; remove every_k or set policy: \"every_k\""));
+  EXPECT_THAT(ValidationError("activation_checkpointing { number_checkpoints: 0 }"),
+              HasSubstr("activation_checkpointing.number_checkpoints (0) must be >= 1"));
+  // DeepSpeed's options Braid does not implement: true is refused, false accepted.
+  for (const char* field : {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization"}) {
+    EXPECT_THAT(ValidationError(absl::StrCat("activation_checkpointing { ", field, ": true }")),
+                AllOf(HasSubstr(absl::StrCat("activation_checkpointing.", field, ": Braid")),
+                      HasSubstr("set it false or remove it")))
+        << field;
+    EXPECT_EQ(ValidationError(absl::StrCat("activation_checkpointing { ", field, ": false }")), "")
+        << field;
+  }
+
+  // A DeepSpeed JSON's section, as DeepSpeed's documentation writes it, plus Braid's policy.
+  auto json = ParseJsonConfig(R"({"activation_checkpointing": {
+      "partition_activations": false, "cpu_checkpointing": false,
+      "contiguous_memory_optimization": false, "number_checkpoints": 4,
+      "synchronize_checkpoint_boundary": false, "profile": false, "policy": "every_k",
+      "every_k": 3}})", "ds.json");
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_TRUE(ValidateConfig(&*json, 1, {}).ok());
+  EXPECT_EQ(json->activation_checkpointing().every_k(), 3);
+  EXPECT_EQ(json->activation_checkpointing().number_checkpoints(), 4);
+}
+
+// The training program's way: the catalog loads the chosen strategy, and every plugin when a
+// feature is missing.
+TEST(ConfigValidate, CatalogIsAskedOnlyForFeaturesWithTheFinalStrategyName) {
+  std::vector<std::string> asked_features_of, asked_providers_of;
+  StrategyCatalog catalog;
+  catalog.features_of = [&](const std::string& name) -> absl::StatusOr<std::vector<std::string>> {
+    asked_features_of.push_back(name);
+    if (name == "broken") return absl::NotFoundError("plugin 'broken' not found: looked for ...");
+    return std::vector<std::string>{"fp16"};
+  };
+  catalog.providers_of = [&](const std::string& feature) {
+    asked_providers_of.push_back(feature);
+    FeatureProviders found;
+    if (feature == "zero2") {
+      found.strategies = {{"zero", "/p/libbraid_zero.so"}, {"fsdp", "built-in"}};
+    }
+    found.unloadable = {"cannot load plugin /p/libbraid_junk.so: dlopen failed: not an ELF file"};
+    return found;
+  };
+  catalog.searched = "strategy in the plugins on the search path";
+  auto validate = [&](const std::string& text, int dp) {
+    TrainConfig cfg = Text(text);
+    absl::Status st = ValidateConfigWith(&cfg, dp, catalog);
+    return st.ok() ? "" : std::string(st.message());
+  };
+
+  // No feature section: nothing is loaded (so --print_config needs no plugin).
+  EXPECT_EQ(validate("steps: 3", 1), "");
+  EXPECT_TRUE(asked_features_of.empty());
+
+  // Asked once, with the default name filled in.
+  EXPECT_EQ(validate("fp16 { enabled: true }", 2), "");
+  EXPECT_EQ(asked_features_of, std::vector<std::string>{"ddp"});
+  EXPECT_TRUE(asked_providers_of.empty());
+
+  // Two providers, and the files that could not be loaded while looking, on one line.
+  std::string zero = validate("zero_optimization { stage: 2 } fp16 { enabled: true }", 1);
+  EXPECT_EQ(zero,
+            "zero_optimization (stage 2) needs a strategy that provides \"zero2\"; strategy "
+            "\"single\" does not; use strategy.name \"zero\" (plugin libbraid_zero.so) or "
+            "\"fsdp\" (built-in) (plugin files that could not be loaded while looking: cannot "
+            "load plugin /p/libbraid_junk.so: dlopen failed: not an ELF file)");
+  EXPECT_EQ(asked_providers_of, std::vector<std::string>{"zero2"});
+
+  EXPECT_THAT(validate("bf16 { enabled: true }", 1),
+              HasSubstr("bf16 needs a strategy that provides \"bf16\"; strategy \"single\" does "
+                        "not, and no strategy in the plugins on the search path does: it is not "
+                        "available yet"));
+
+  // A strategy that cannot be loaded is one problem, whatever the number of sections.
+  EXPECT_EQ(validate("strategy { name: \"broken\" } fp16 { enabled: true } "
+                     "activation_checkpointing {}",
+                     1),
+            "strategy.name \"broken\" (needed to check fp16): plugin 'broken' not found: looked "
+            "for ...");
+}
+
+TEST(ConfigValidate, ModelAndDataAgainstTheirRegistrations) {
+  // The model's hook: its defaults and its rules.
+  TrainConfig cfg;
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  EXPECT_EQ(cfg.model().n_head(), 4);
+  EXPECT_EQ(cfg.model().n_embd(), 256);
+  EXPECT_FALSE(cfg.model().has_n_layer());
+  EXPECT_THAT(ValidationError("model { n_embd: 250 }"),
+              AllOf(HasSubstr("model.n_embd (250)"), HasSubstr("model.n_head (4)")));
+  EXPECT_EQ(ValidationError("model { n_head: 8 n_layer: 2 }"), "");
+  EXPECT_THAT(ValidationError("model { vocab_size: 100 }"),
+              HasSubstr("model.vocab_size (100) < 256 of toy-bytes"));
+  // The hook runs only on fields that passed the generic checks (no division by n_head 0).
+  EXPECT_EQ(ValidationError("model { n_head: 0 }"), "model.n_head (0) must be >= 1");
+
+  // Fields the model does not take.
+  EXPECT_EQ(ValidationError("model { name: \"toy-classifier\" block_size: 8 } "
+                            "data { dataset: \"toy-images\" }"),
+            "model.block_size does not apply to model \"toy-classifier\" (it takes n_layer and "
+            "n_embd only)");
+  EXPECT_EQ(ValidationError("model { name: \"toy-classifier\" n_layer: 2 n_embd: 128 } "
+                            "data { dataset: \"toy-images\" }"),
+            "");
+
+  // What the model takes against what the dataset yields.
+  EXPECT_EQ(ValidationError("model { name: \"toy-classifier\" }"),
+            "model.name \"toy-classifier\" cannot train on data.dataset \"toy-bytes\": "
+            "\"toy-classifier\" takes images (data.dataset \"toy-images\"), \"toy-bytes\" yields "
+            "tokens");
+  EXPECT_THAT(ValidationError("data { dataset: \"toy-images\" }"),
+              AllOf(HasSubstr("model.name \"toy-lm\""), HasSubstr("data.dataset \"toy-images\""),
+                    HasSubstr("(data.dataset \"toy-bytes\" or \"toy-tokens\")")));
+
+  // The dataset's token widths and path.
+  EXPECT_EQ(ValidationError("data { token_dtype: \"u16\" }"),
+            "data.token_dtype (\"u16\") must be \"u8\" for data.dataset \"toy-bytes\"");
+  EXPECT_EQ(ValidationError("model { name: \"toy-classifier\" } "
+                            "data { dataset: \"toy-images\" token_dtype: \"u8\" }"),
+            "data.token_dtype (\"u8\") does not apply to data.dataset \"toy-images\" (it has no "
+            "tokens)");
+  EXPECT_EQ(ValidationError("data { dataset: \"toy-tokens\" }"),
+            "data.path is empty: data.dataset \"toy-tokens\" needs the token file's path");
+  cfg = Text("data { dataset: \"toy-tokens\" path: \"x\" }");
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  EXPECT_EQ(cfg.data().token_dtype(), "u16");
+  cfg = Text("data { dataset: \"toy-tokens\" path: \"x\" token_dtype: \"U8\" }");
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  EXPECT_EQ(cfg.data().token_dtype(), "u8");
+}
+
+TEST(ConfigValidate, Strategy) {
+  // No strategy named: one process trains alone, several data-parallel with ddp.
+  for (auto [dp, want] : {std::pair<int, const char*>{1, "single"}, {2, "ddp"}, {3, "ddp"}}) {
+    TrainConfig cfg;
+    ASSERT_TRUE(ValidateConfig(&cfg, dp, {}).ok());
+    EXPECT_EQ(cfg.strategy().name(), want) << "data-parallel size " << dp;
+  }
+  EXPECT_THAT(ValidationError("strategy { name: \"single\" }", 2),
+              AllOf(HasSubstr("strategy.name \"single\""), HasSubstr("data-parallel size is 2")));
+  EXPECT_EQ(ValidationError("strategy { name: \"ddp\" }", 2), "");
+  EXPECT_THAT(ValidationError("strategy { path: \"/p/libx.so\" }"),
+              AllOf(HasSubstr("strategy.path (\"/p/libx.so\")"), HasSubstr("strategy.name")));
+  EXPECT_EQ(ValidationError("strategy { name: \"mine\" path: \"/p/libx.so\" }"), "");
+}
+
+// The parallel section against the number of processes: data derived, the data-parallel size
+// it gives used for the batch, pipeline > 1 choosing the pipeline strategy with its stage count,
+// and every impossible layout one line naming the sizes.
+TEST(ConfigValidate, ParallelLayout) {
+  TrainConfig cfg = Text("parallel { tensor: 2 pipeline: 2 } train_micro_batch_size_per_gpu: 4 "
+                         "gradient_accumulation_steps: 2");
+  ASSERT_TRUE(ValidateConfig(&cfg, 8, {}).ok());
+  EXPECT_EQ(cfg.parallel().data(), 2);
+  EXPECT_EQ(cfg.train_batch_size(), 4 * 2 * 2);  // data-parallel size 2, not 8 processes
+  EXPECT_EQ(cfg.strategy().name(), "pipeline");
+  EXPECT_EQ(cfg.strategy().options().at("stages"), "2");
+
+  TrainConfig tp = Text("parallel { tensor: 2 }");
+  ASSERT_TRUE(ValidateConfig(&tp, 2, {}).ok());
+  EXPECT_EQ(tp.strategy().name(), "single");  // one data-parallel replica
+  EXPECT_EQ(tp.parallel().pipeline(), 1);
+
+  EXPECT_THAT(ValidationError("parallel { tensor: 2 pipeline: 2 data: 2 }", 2),
+              HasSubstr("parallel layout tensor 2 x pipeline 2 x data 2 = 8 ranks, but there are "
+                        "2 processes"));
+  EXPECT_THAT(ValidationError("parallel { tensor: 3 }", 4),
+              HasSubstr("parallel.tensor (3) x parallel.pipeline (1) = 3 does not divide the 4 "
+                        "processes"));
+  EXPECT_THAT(ValidationError("parallel { tensor: 0 }", 2), HasSubstr("parallel.tensor (0)"));
+  EXPECT_THAT(ValidationError("parallel { sequence_parallel: true }", 2),
+              HasSubstr("parallel.sequence_parallel splits activations"));
+  EXPECT_THAT(ValidationError("parallel { pipeline: 2 } strategy { name: \"pipeline\" "
+                              "options { key: \"stages\" value: \"4\" } }", 2),
+              HasSubstr("strategy.options stages (4) disagrees with parallel.pipeline (2)"));
+  EXPECT_THAT(ValidationError("parallel { tensor: 2 } strategy { name: \"dp\" }", 2),
+              HasSubstr("cannot run under tensor parallelism"));
+  EXPECT_THAT(ValidationError("parallel { tensor: 2 } strategy { name: \"zero\" } "
+                              "zero_optimization { stage: 3 }", 2, {"zero3"}),
+              HasSubstr("zero_optimization.stage 3 with parallel.tensor > 1 is not supported"));
+  EXPECT_THAT(ValidationError("parallel { tensor: 2 } bf16 { enabled: true }", 2, {kFeatureBf16}),
+              HasSubstr("bf16.enabled with parallel.tensor > 1 is not supported yet"));
+}
+
+// DeepSpeed's communication_data_type: "fp32" or the precision's own name, under fp16/bf16, and
+// f32 reduction by DDP only.
+TEST(ConfigValidate, CommunicationDataType) {
+  EXPECT_EQ(ValidationError("bf16 { enabled: true } communication_data_type: \"fp32\" "
+                            "strategy { name: \"ddp\" }", 2, {kFeatureBf16}),
+            "");
+  EXPECT_EQ(ValidationError("fp16 { enabled: true } communication_data_type: \"fp16\"", 1,
+                            {kFeatureFp16}),
+            "");
+  EXPECT_THAT(ValidationError("bf16 { enabled: true } communication_data_type: \"fp8\"", 1,
+                              {kFeatureBf16}),
+              HasSubstr("communication_data_type \"fp8\" is unknown; known: \"fp32\", \"bf16\""));
+  EXPECT_THAT(ValidationError("communication_data_type: \"fp32\""),
+              HasSubstr("applies under fp16 or bf16 only"));
+  EXPECT_THAT(ValidationError("bf16 { enabled: true } communication_data_type: \"fp32\" "
+                              "strategy { name: \"zero\" } zero_optimization { stage: 1 }",
+                              2, {kFeatureBf16, "zero1"}),
+              HasSubstr("implemented by strategy \"ddp\" only, not \"zero\""));
+}
+
+TEST(ConfigValidate, CheckpointSection) {
+  TrainConfig cfg = Text("checkpoint { dir: \"runs/x\" }");
+  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  EXPECT_EQ(cfg.checkpoint().every_steps(), 0);
+  EXPECT_EQ(cfg.checkpoint().keep_last(), 2);
+  EXPECT_TRUE(cfg.checkpoint().resume());
+  EXPECT_THAT(ValidationError("checkpoint { every_steps: 5 }"), HasSubstr("checkpoint.dir is empty"));
+  EXPECT_THAT(ValidationError("checkpoint { dir: \"d\" every_steps: -1 }"),
+              HasSubstr("checkpoint.every_steps (-1) must be >= 0"));
+  EXPECT_THAT(ValidationError("checkpoint { dir: \"d\" keep_last: 0 }"), HasSubstr("checkpoint.keep_last (0)"));
+}
+
+TEST(ConfigValidate, ReportsEveryProblemAtOnce) {
+  EXPECT_THAT(ValidationError("steps: 0 optimizer { params { lr: 0 } } threads: 0"),
+              AllOf(HasSubstr("3 problems"), HasSubstr("steps (0)"),
+                    HasSubstr("optimizer.params.lr (0)"), HasSubstr("threads (0)")));
+}
+
+TEST(ConfigValidate, RejectsBadDataParallelSize) {
+  TrainConfig cfg;
+  EXPECT_THAT(std::string(ValidateConfig(&cfg, 0, {}).message()),
+              HasSubstr("data-parallel size (0)"));
+}
+
+}  // namespace
+}  // namespace braid::config
