@@ -1,14 +1,11 @@
 #include "launcher/trainer.h"
 
-#include <sys/resource.h>
-
 #include <csignal>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <numeric>
 
@@ -33,6 +30,7 @@
 #include "core/store.h"
 #include "launcher/batch_sources.h"
 #include "launcher/net.h"
+#include "launcher/run_report.h"
 #include "core/checkpointer.h"
 #include "core/deferred_init.h"
 #include "core/mesh.h"
@@ -88,79 +86,6 @@ std::unique_ptr<LrSchedule> MakeSchedule(const TrainConfig& cfg) {
   }
   return ConstantLr(float(cfg.optimizer().params().lr()));
 }
-
-std::string FormatDuration(double s) {
-  if (!(s >= 0) || s > 1e7) return "?";
-  int64_t t = int64_t(s + 0.5);
-  if (t >= 3600) return absl::StrFormat("%d:%02d:%02d", t / 3600, (t / 60) % 60, t % 60);
-  return absl::StrFormat("%d:%02d", t / 60, t % 60);
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Rank 0 owns train.log and the metrics file; other ranks write train.rank<r>.log and
-// <metrics>.rank<r> beside them (the launcher shows rank 0's console on the terminal).
-std::string LogPath(const TrainerEnv& env) {
-  return env.rank == 0 ? env.log_dir + "/train.log"
-                       : absl::StrCat(env.log_dir, "/train.rank", env.rank, ".log");
-}
-std::string MetricsPath(const TrainerEnv& env) {
-  return env.rank == 0 ? env.metrics_path : absl::StrCat(env.metrics_path, ".rank", env.rank);
-}
-
-// Prints to the console and appends to this rank's log.
-class Reporter {
- public:
-  Reporter(const TrainerEnv& env) : env_(env) {
-    if (!env.log_dir.empty()) {
-      log_.open(LogPath(env), std::ios::app);
-      metrics_.open(MetricsPath(env), std::ios::trunc);
-    }
-  }
-  void Line(const std::string& s) {
-    if (!env_.quiet) {
-      if (pending_progress_) std::fputc('\n', stdout);
-      pending_progress_ = false;
-      std::fprintf(stdout, "%s\n", s.c_str());
-      std::fflush(stdout);
-    }
-    if (log_.is_open()) log_ << s << "\n" << std::flush;
-  }
-  void Progress(const std::string& s, bool keep) {
-    if (!env_.quiet) {
-      if (env_.interactive) {
-        std::fprintf(stdout, "\r%s\033[K", s.c_str());
-        pending_progress_ = true;
-        if (keep) {
-          std::fputc('\n', stdout);
-          pending_progress_ = false;
-        }
-      } else if (keep) {
-        std::fprintf(stdout, "%s\n", s.c_str());
-      }
-      std::fflush(stdout);
-    }
-    if (keep && log_.is_open()) log_ << s << "\n" << std::flush;
-  }
-  void Metric(const std::string& json) {
-    if (metrics_.is_open()) metrics_ << json << "\n" << std::flush;
-  }
-  // For train.log only: facts for whoever debugs a run, not for the console.
-  void Note(const std::string& s) {
-    if (log_.is_open()) log_ << s << "\n" << std::flush;
-  }
-  bool ok() const { return env_.log_dir.empty() || (log_.is_open() && metrics_.is_open()); }
-
- private:
-  const TrainerEnv& env_;
-  std::ofstream log_, metrics_;
-  bool pending_progress_ = false;
-};
 
 }  // namespace
 
@@ -443,9 +368,7 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   double checkpoint_blocked_s = 0;
 
   TrainResult result;
-  std::vector<double> step_times;
-  double fwd = 0, bwd = 0, comm = 0, opt = 0, total = 0;
-  int64_t comm_bytes = 0, comm_overlapped = 0;
+  StepTotals totals;  // for the summary
   // Peaks from here on: the training steps, not model construction.
   GetAllocator(device)->ResetPeak();
   for (auto& [d, m] : AllMemoryStats()) GetAllocator(d)->ResetPeak();
@@ -483,33 +406,13 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
       return absl::InternalError(absl::StrCat("loss became ", st.loss, " at step ", step,
                                               ": lower the learning rate or check the data"));
     }
-    step_times.push_back(dt);
-    total += dt;
-    fwd += st.forward_s;
-    bwd += st.backward_s;
-    comm += st.comm_exposed_s;
-    opt += st.optimizer_s;
-    comm_bytes += st.comm_bytes;
-    comm_overlapped += st.comm_bytes_overlapped;
+    totals.Add(dt, st);
     if (step == first_step) result.first_loss = st.loss;
     result.final_loss = st.loss;
     double tps = double(tokens_per_step) / dt;
     double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
     double eta = elapsed / (step + 1) * (steps - step - 1);
-    rep.Metric(absl::StrFormat(
-        "{\"step\": %d, \"loss\": %.9g, \"lr\": %.6g, \"step_s\": %.6f, \"tokens_per_s\": %.1f, "
-        "\"forward_s\": %.6f, \"backward_s\": %.6f, \"comm_exposed_s\": %.6f, "
-        "\"optimizer_s\": %.6f, \"grad_norm\": %s, \"comm_bytes\": %d, "
-        "\"comm_bytes_overlapped\": %d, \"peak_bytes\": %d%s}",
-        step, st.loss, lr, dt, tps, st.forward_s, st.backward_s, st.comm_exposed_s,
-        st.optimizer_s,
-        // JSON has no inf/NaN: an overflowed step's norm (fp16, skipped) is null.
-        std::isfinite(st.grad_norm) ? absl::StrFormat("%.6g", st.grad_norm) : std::string("null"),
-        st.comm_bytes, st.comm_bytes_overlapped,
-        GetMemoryStats(device).peak_bytes,
-        mp == nullptr ? std::string()
-                      : absl::StrFormat(", \"loss_scale\": %g, \"skipped\": %s", mp->last_step_scale,
-                                        mp->last_step_skipped ? "true" : "false")));
+    rep.Metric(StepMetricJson(step, st, lr, dt, tps, GetMemoryStats(device).peak_bytes, mp.get()));
     bool keep = step % print_every == 0 || step == steps - 1;
     rep.Progress(absl::StrFormat("step %*d/%d | loss %.4f | %s %s/s | lr %.2e | ETA %s",
                                  int(std::to_string(steps).size()), step + 1, steps, st.loss,
@@ -527,82 +430,27 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   }
   if (checkpointer != nullptr) BRAID_RETURN_IF_ERROR(checkpointer->Wait());
   result.steps = steps;
-  // Steady state: leave out the first steps (allocator and cache warm-up) when there are enough.
-  std::vector<double> steady(step_times.begin() + std::min<size_t>(step_times.size() / 5, 5),
-                             step_times.end());
-  double med = Median(steady);
-  result.median_tokens_per_s = med > 0 ? double(tokens_per_step) / med : 0;
-  result.peak_bytes = GetMemoryStats(device).peak_bytes;
-  rusage usage = {};
-  getrusage(RUSAGE_SELF, &usage);
-  const int64_t peak_rss = int64_t(usage.ru_maxrss) * 1024;  // the whole process, like `ps`
-  double wall = absl::ToDoubleSeconds(absl::Now() - start);
-  auto pct = [&](double x) { return total > 0 ? 100.0 * x / total : 0.0; };
-  rep.Line(absl::StrFormat(
-      "braid: done: %d steps in %s, loss %.4f -> %.4f, median %.0f %s/s, peak tensor memory "
-      "%.1f MiB (process RSS %.1f MiB)\n"
-      "       time: forward %.1f%%, backward %.1f%%, exposed communication %.1f%%, optimizer %.1f%%",
-      steps, FormatDuration(wall), result.first_loss, result.final_loss,
-      result.median_tokens_per_s, unit, double(result.peak_bytes) / (1 << 20),
-      double(peak_rss) / (1 << 20), pct(fwd),
-      pct(bwd), pct(comm), pct(opt)));
-  for (const std::string& line : strategy->SummaryLines()) rep.Line("braid: " + line);
-  if (mp != nullptr) {
-    rep.Line(absl::StrFormat("braid: mixed precision %s: loss scale %g at the end, %d of %d steps "
-                             "skipped on inf/NaN gradients",
-                             DTypeName(mp->dtype), mp->scaler.scale(), mp->scaler.skipped_steps(),
-                             steps - first_step));
-  }
-  if (checkpoints_saved > 0) {
-    const Checkpointer::SaveStats last = checkpointer->last_save();
-    rep.Line(absl::StrFormat(
-        "braid: checkpoints: %d saved in %s (the last: %.1f MiB from this rank, written in %.0f ms); "
-        "training blocked %.0f ms per save%s",
-        checkpoints_saved, checkpoint_dir, double(last.bytes) / (1 << 20), 1e3 * last.write_s,
-        1e3 * checkpoint_blocked_s / checkpoints_saved, cfg.checkpoint().async() ? " (asynchronous)" : ""));
-  }
-  // What the strategy held of the model's state on this rank (ZeRO's sharding shows here).
-  if (auto peaks = strategy->ModelStatePeaks(); !peaks.empty()) {
-    std::string line = "braid: model state per rank (peak):";
-    int64_t sum = 0;
-    for (auto& [kind, bytes] : peaks) {
-      absl::StrAppend(&line, " ", kind, " ", absl::StrFormat("%.2f MiB", double(bytes) / (1 << 20)), ",");
-      sum += bytes;
-    }
-    line.back() = ';';
-    absl::StrAppend(&line, absl::StrFormat(" sum of peaks %.2f MiB", double(sum) / (1 << 20)));
-    rep.Line(line);
-  }
-  auto per_device = AllMemoryStats();
-  if (per_device.size() > 1) {
-    std::string line = "       peak tensor memory per device:";
-    for (auto& [d, m] : per_device) {
-      absl::StrAppend(&line, " ", d.ToString(), " ",
-                      absl::StrFormat("%.1f MiB", double(m.peak_bytes) / (1 << 20)));
-    }
-    rep.Line(line);
-  }
-  if (comm_bytes > 0) {
-    rep.Line(absl::StrFormat(
-        "       overlap: %.1f MiB of gradients reduced per step, %.0f%% of the reduction time "
-        "hidden behind backward; %.1f ms per step spent waiting after backward",
-        double(comm_bytes) / steps / (1 << 20), 100.0 * double(comm_overlapped) / double(comm_bytes),
-        1e3 * comm / steps));
-  }
+  RunSummaryInputs summary;
+  summary.steps = steps;
+  summary.first_step = first_step;
+  summary.tokens_per_step = tokens_per_step;
+  summary.unit = unit;
+  summary.device = device;
+  summary.start = start;
+  summary.strategy = strategy.get();
+  summary.mp = mp.get();
+  summary.checkpointer = checkpointer.get();
+  summary.checkpoints_saved = checkpoints_saved;
+  summary.checkpoint_dir = checkpoint_dir;
+  summary.checkpoint_blocked_s = checkpoint_blocked_s;
+  summary.checkpoint_async = cfg.checkpoint().async();
+  const RunEnd end = ReportRunSummary(rep, summary, totals, result);
   std::string eval;
   if (source->has_evaluation()) {
     BRAID_RETURN_IF_ERROR(strategy->Evaluate([&](Module& m) { eval = source->Evaluate(m); }));
   }
   if (!eval.empty()) rep.Line("braid: " + eval);
-  rep.Metric(absl::StrFormat(
-      "{\"summary\": true, \"eval\": \"%s\", \"steps\": %d, \"first_loss\": %.6f, \"final_loss\": %.6f, "
-      "\"median_tokens_per_s\": %.1f, \"peak_bytes\": %d, \"peak_rss_bytes\": %d, "
-      "\"wall_s\": %.3f%s}",
-      eval, steps, result.first_loss, result.final_loss, result.median_tokens_per_s,
-      result.peak_bytes, peak_rss, wall,
-      mp == nullptr ? std::string()
-                    : absl::StrFormat(", \"precision\": \"%s\", \"loss_scale\": %g, \"skipped_steps\": %d",
-                                      DTypeName(mp->dtype), mp->scaler.scale(), mp->scaler.skipped_steps())));
+  rep.Metric(SummaryMetricJson(eval, steps, result, end, mp.get()));
 
   if (!cfg.save_to().empty()) {
     // Collective for sharded strategies: every rank gathers, rank 0 writes.

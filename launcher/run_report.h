@@ -1,0 +1,124 @@
+// How a training run reports itself: the console and train.log (Reporter), the metrics file's
+// JSON lines, and the end-of-run summary. Split from trainer.cc, which keeps what the run does;
+// internal to //launcher:trainer.
+#ifndef BRAID_LAUNCHER_RUN_REPORT_H_
+#define BRAID_LAUNCHER_RUN_REPORT_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "core/checkpointer.h"
+#include "core/device.h"
+#include "core/mixed_precision.h"
+#include "core/strategy.h"
+#include "launcher/trainer.h"
+
+namespace braid::launcher {
+
+std::string FormatDuration(double s);
+
+// Rank 0 owns train.log and the metrics file; other ranks write train.rank<r>.log and
+// <metrics>.rank<r> beside them (the launcher shows rank 0's console on the terminal).
+std::string LogPath(const TrainerEnv& env);
+std::string MetricsPath(const TrainerEnv& env);
+
+// Prints to the console and appends to this rank's log.
+class Reporter {
+ public:
+  Reporter(const TrainerEnv& env) : env_(env) {
+    if (!env.log_dir.empty()) {
+      log_.open(LogPath(env), std::ios::app);
+      metrics_.open(MetricsPath(env), std::ios::trunc);
+    }
+  }
+  void Line(const std::string& s) {
+    if (!env_.quiet) {
+      if (pending_progress_) std::fputc('\n', stdout);
+      pending_progress_ = false;
+      std::fprintf(stdout, "%s\n", s.c_str());
+      std::fflush(stdout);
+    }
+    if (log_.is_open()) log_ << s << "\n" << std::flush;
+  }
+  void Progress(const std::string& s, bool keep) {
+    if (!env_.quiet) {
+      if (env_.interactive) {
+        std::fprintf(stdout, "\r%s\033[K", s.c_str());
+        pending_progress_ = true;
+        if (keep) {
+          std::fputc('\n', stdout);
+          pending_progress_ = false;
+        }
+      } else if (keep) {
+        std::fprintf(stdout, "%s\n", s.c_str());
+      }
+      std::fflush(stdout);
+    }
+    if (keep && log_.is_open()) log_ << s << "\n" << std::flush;
+  }
+  void Metric(const std::string& json) {
+    if (metrics_.is_open()) metrics_ << json << "\n" << std::flush;
+  }
+  // For train.log only: facts for whoever debugs a run, not for the console.
+  void Note(const std::string& s) {
+    if (log_.is_open()) log_ << s << "\n" << std::flush;
+  }
+  bool ok() const { return env_.log_dir.empty() || (log_.is_open() && metrics_.is_open()); }
+
+ private:
+  const TrainerEnv& env_;
+  std::ofstream log_, metrics_;
+  bool pending_progress_ = false;
+};
+
+// What the step loop adds up over the run, for the summary.
+struct StepTotals {
+  std::vector<double> step_times;
+  double fwd = 0, bwd = 0, comm = 0, opt = 0, total = 0;
+  int64_t comm_bytes = 0, comm_overlapped = 0;
+
+  void Add(double dt, const StepStats& st);
+};
+
+// One step's line in the metrics file. `mp` is null without mixed precision.
+std::string StepMetricJson(int step, const StepStats& st, float lr, double dt, double tps,
+                           int64_t peak_bytes, const MixedPrecision* mp);
+
+// What the end-of-run summary describes beyond the step totals.
+struct RunSummaryInputs {
+  int steps = 0, first_step = 0;
+  int64_t tokens_per_step = 0;
+  const char* unit = "";  // "tok" or "samples"
+  Device device;
+  absl::Time start;  // when the steps began
+  const Strategy* strategy = nullptr;
+  const MixedPrecision* mp = nullptr;  // null without mixed precision
+  // The checkpoints this run saved (checkpointer is null without a checkpoint section).
+  const Checkpointer* checkpointer = nullptr;
+  int checkpoints_saved = 0;
+  std::string checkpoint_dir;
+  double checkpoint_blocked_s = 0;
+  bool checkpoint_async = false;
+};
+
+// Figures the summary lines measured that the summary metric repeats.
+struct RunEnd {
+  int64_t peak_rss = 0;  // bytes
+  double wall = 0;       // seconds since RunSummaryInputs::start
+};
+
+// Fills `result`'s steady-state throughput and peak memory, then prints the summary lines.
+RunEnd ReportRunSummary(Reporter& rep, const RunSummaryInputs& in, const StepTotals& totals,
+                        TrainResult& result);
+
+// The metrics file's last line. `eval` is the evaluation's summary fragment ("" for none).
+std::string SummaryMetricJson(const std::string& eval, int steps, const TrainResult& result,
+                              const RunEnd& end, const MixedPrecision* mp);
+
+}  // namespace braid::launcher
+
+#endif  // BRAID_LAUNCHER_RUN_REPORT_H_
