@@ -93,7 +93,9 @@ TEST_P(OptimizerTest, SgdMatchesReferenceInEveryMode) {
       std::string what = "momentum=" + std::to_string(mode.momentum) +
                          " nesterov=" + std::to_string(mode.nesterov) + " n=" + std::to_string(n);
       EXPECT_TRUE(AllClose(w, rw, 1e-6f, 1e-5f)) << what;
-      if (mode.momentum != 0.0f) EXPECT_TRUE(AllClose(buf, rbuf, 1e-6f, 1e-5f)) << what;
+      if (mode.momentum != 0.0f) {
+        EXPECT_TRUE(AllClose(buf, rbuf, 1e-6f, 1e-5f)) << what;
+      }
     }
   }
 }

@@ -82,7 +82,9 @@ TEST(SgdMath, BitIdenticalToCpuPortablePathForEveryVariant) {
         }
       }
       EXPECT_TRUE(BitEqual(mw, w)) << "momentum=" << momentum << " nesterov=" << nesterov;
-      if (momentum != 0.f) EXPECT_TRUE(BitEqual(mbuf, buf)) << "nesterov=" << nesterov;
+      if (momentum != 0.f) {
+        EXPECT_TRUE(BitEqual(mbuf, buf)) << "nesterov=" << nesterov;
+      }
     }
   }
   cpu::SetSimdEnabled(true);
