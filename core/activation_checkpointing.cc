@@ -32,10 +32,6 @@ CheckpointRngState CurrentRngState() {
 
 // Modules checkpointed together, and what each computed before it was checkpointed.
 struct Segment {
-  // Keep what the ops save instead of recomputing it (the policy's last segment, where backward
-  // starts): the run still hands each saved tensor over when backward unpacks it, so it is freed
-  // as soon as its node ran, as the engine frees every node's saved tensors.
-  bool keep = false;
   std::vector<std::string> names;
   std::vector<Module*> modules;
   std::vector<Module::ForwardFn> previous;  // the replaced forward before; null: Forward
@@ -67,7 +63,6 @@ class Run {
 
   size_t AddPlaceholder(const Tensor& t) {
     metas_.push_back({t.shape(), t.dtype()});
-    if (seg_->keep) recomputed_.push_back(t);  // handed over as it is, not recomputed
     ++g_stats.placeholders;
     return metas_.size() - 1;
   }
@@ -198,7 +193,7 @@ struct CheckpointedForward {
       CheckpointRngState rng = CurrentRngState();
       run = std::make_shared<Run>(seg, index, x.defined() ? x.Detach() : x,
                                   rng.save ? rng.save() : nullptr);
-      ++(seg->keep ? g_stats.kept_forwards : g_stats.forwards);
+      ++g_stats.forwards;
     }
     Tensor out;
     {
@@ -234,10 +229,6 @@ bool Contains(Module& outer, const Module* inner) {
 std::string KindName(CheckpointPolicy::Kind kind) {
   return CheckpointPolicyNames()[size_t(kind)];
 }
-
-// CheckpointSegment, or with `keep` a segment that keeps its saved tensors (Segment::keep).
-absl::Status CheckpointSegmentAs(const std::vector<std::pair<std::string, Module*>>& modules,
-                                 bool keep);
 
 }  // namespace
 
@@ -321,7 +312,7 @@ std::vector<std::vector<int>> PlanCheckpointSegments(int num_blocks,
   }
   // Backward begins in the last block, right after the forward: a segment ending there would be
   // recomputed at once, rebuilding what its forward had just dropped, so recomputing it lowers no
-  // peak and costs a forward of its blocks (EnableActivationCheckpointing keeps it instead). (every_k's last segment may end earlier: blocks after
+  // peak and costs a forward of its blocks (EnableActivationCheckpointing leaves it as it is). (every_k's last segment may end earlier: blocks after
   // it keep their activations until backward passes them, and its recompute comes later, when
   // those are freed, so it still lowers the peak and stays.)
   if (!policy.checkpoint_last_segment && !plan.empty() && plan.back().back() == num_blocks - 1) {
@@ -351,15 +342,8 @@ std::string CheckpointingSummary::ToString() const {
 bool IsActivationCheckpointed(const Module& m) { return Checkpointed(m) != nullptr; }
 
 absl::Status CheckpointSegment(const std::vector<std::pair<std::string, Module*>>& modules) {
-  return CheckpointSegmentAs(modules, /*keep=*/false);
-}
-
-namespace {
-absl::Status CheckpointSegmentAs(const std::vector<std::pair<std::string, Module*>>& modules,
-                                 bool keep) {
   if (modules.empty()) return absl::InvalidArgumentError("CheckpointSegment: no modules given");
   auto seg = std::make_shared<Segment>();
-  seg->keep = keep;
   for (const auto& [name, m] : modules) {
     if (m == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("CheckpointSegment: module '", name, "' is null"));
@@ -385,7 +369,6 @@ absl::Status CheckpointSegmentAs(const std::vector<std::pair<std::string, Module
   }
   return absl::OkStatus();
 }
-}  // namespace
 
 absl::StatusOr<CheckpointingSummary> EnableActivationCheckpointing(Module& model,
                                                                    const CheckpointPolicy& policy) {
@@ -400,8 +383,8 @@ absl::StatusOr<CheckpointingSummary> EnableActivationCheckpointing(Module& model
     return absl::InvalidArgumentError(absl::StrCat("activation_checkpointing.every_k (",
                                                    policy.every_k, ") must be >= 1"));
   }
-  // Every segment of the policy; the last one is kept rather than recomputed when
-  // PlanCheckpointSegments leaves it out.
+  // Every segment of the policy; the last one is left as it is (its saved tensors kept, each
+  // freed by the engine once its node ran) when PlanCheckpointSegments leaves it out.
   CheckpointPolicy all = policy;
   all.checkpoint_last_segment = true;
   const std::vector<std::vector<int>> plan = PlanCheckpointSegments(int(blocks.size()), all);
@@ -467,7 +450,7 @@ absl::StatusOr<CheckpointingSummary> EnableActivationCheckpointing(Module& model
   summary.blocks = int(blocks.size());
   for (size_t i = 0; i < segments.size(); ++i) {
     const bool keep = keep_last && i + 1 == segments.size();
-    BRAID_RETURN_IF_ERROR(CheckpointSegmentAs(segments[i], keep));
+    if (!keep) BRAID_RETURN_IF_ERROR(CheckpointSegment(segments[i]));
     summary.modules += int(segments[i].size());
     if (keep) {
       summary.last_kept = int(segments[i].size());

@@ -65,10 +65,10 @@ struct CheckpointPolicy {
   // Whether the last segment is recomputed when it ends at the model's last block. By default it
   // is not (Megatron and DeepSpeed skip it too): backward starts there right after the forward,
   // so recomputing it would rebuild at once what the forward had just dropped, for one more
-  // forward of those blocks. It is kept instead: its saved tensors are held and handed to
-  // backward one by one, each freed once its node ran, as recomputed ones are. The peak is the
-  // same, or higher by at most the kept segment's saved tensors where the loss and head's
-  // backward is the peak (selective attention: one attention's, in the unit test). True
+  // forward of those blocks. It is left as it is instead: its ops' saved tensors stay, and the
+  // engine frees each once its node ran, as it frees recomputed ones. The peak is the same, or
+  // higher by at most that segment's saved tensors where the loss and head's backward is the
+  // peak (selective attention: one attention's, in the unit test). True
   // where backward does not follow the forward at once (a GPipe schedule's last stage runs every
   // micro-batch's forward first), and in tests of the recompute on one-block models.
   bool checkpoint_last_segment = false;
@@ -129,7 +129,6 @@ struct ActivationCheckpointStats {
   int64_t forwards = 0;      // segment forwards that kept only their input (grad mode on)
   int64_t recomputes = 0;    // segment forwards run again during backward
   int64_t placeholders = 0;  // saved tensors replaced by placeholders
-  int64_t kept_forwards = 0;  // forwards of a kept last segment (saved tensors held, handed over)
 };
 ActivationCheckpointStats GetActivationCheckpointStats();
 void ResetActivationCheckpointStats();
