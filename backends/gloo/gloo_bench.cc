@@ -1,5 +1,7 @@
 // Bus bandwidth of the Gloo communicator's all-reduce, reduce-scatter and all-gather between
-// local processes over loopback, with memcpy bandwidth of the same buffer for scale:
+// local processes over loopback, with memcpy bandwidth of the same buffer for scale; and, with
+// --ops=sendrecv, a point-to-point ping-pong between ranks 0 and 1 (what a pipeline's stages
+// exchange): median_us is then one way (half the round trip), busbw the bytes over it:
 //
 //   bazel run //backends/gloo:gloo_bench -- --ranks=2 --min_bytes=4096 --max_bytes=67108864
 //
@@ -24,7 +26,8 @@
 ABSL_FLAG(int, ranks, 2, "processes");
 ABSL_FLAG(int64_t, min_bytes, 4096, "smallest buffer");
 ABSL_FLAG(int64_t, max_bytes, 64 << 20, "largest buffer (sizes go up by 4x)");
-ABSL_FLAG(std::string, ops, "allreduce,reduce_scatter,allgather", "operations to time");
+ABSL_FLAG(std::string, ops, "allreduce,reduce_scatter,allgather",
+          "operations to time: allreduce, reduce_scatter, allgather, sendrecv");
 ABSL_FLAG(std::string, allreduce_algorithm, "auto", "auto, ring, bcube or direct");
 ABSL_FLAG(int64_t, segment_bytes, 4 << 20, "pipelining segment of the ring algorithms");
 ABSL_FLAG(std::string, dtype, "f32", "element type");
@@ -76,6 +79,14 @@ int Main() {
               if (op == "allreduce") st = c.AllReduce(full, ReduceOp::kSum)->Wait();
               if (op == "reduce_scatter") st = c.ReduceScatter(full, block, ReduceOp::kSum)->Wait();
               if (op == "allgather") st = c.AllGather(block, full)->Wait();
+              // Ping-pong: rank 0 sends and waits for the message back; rank 1 echoes it.
+              if (op == "sendrecv" && rank == 0) {
+                st = c.Send(full, 1, 0)->Wait();
+                if (st.ok()) st = c.Recv(full, 1, 0)->Wait();
+              } else if (op == "sendrecv" && rank == 1) {
+                st = c.Recv(full, 0, 0)->Wait();
+                if (st.ok()) st = c.Send(full, 0, 0)->Wait();
+              }
               if (!st.ok()) {
                 std::fprintf(stderr, "rank %d: %s\n", rank, st.ToString().c_str());
                 ::_exit(1);
@@ -95,6 +106,10 @@ int Main() {
             std::sort(times.begin(), times.end());
             double seconds = times[times.size() / 2];
             double factor = op == "allreduce" ? 2.0 * (n - 1) / n : double(n - 1) / n;
+            if (op == "sendrecv") {
+              seconds /= 2;  // one way
+              factor = 1;
+            }
             double nbytes = double(count) * double(elem);
             if (rank == 0) {
               std::printf("%-15s %12.0f %12.1f %12.3f %12.2f\n", op.c_str(), nbytes, seconds * 1e6,
