@@ -223,7 +223,7 @@ absl::Status Core::P2pFailed(const std::string& what, int peer, const std::strin
                    timed_out ? " (timed out: the peer has not posted the matching "
                                "operation)"
                              : "",
-                   ": peer ", group.Rank(peer), ": ", peer_state, ". Gloo: ", FirstLine(error),
+                   ": peer ", group.Rank(peer), ": ", peer_state, ". ", FirstLine(error),
                    ". Recent operations on this rank, oldest first: ", journal.Recent());
   return timed_out ? absl::DeadlineExceededError(msg) : absl::UnavailableError(msg);
 }

@@ -13,6 +13,7 @@
 #include <gloo/types.h>
 #include <netdb.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -27,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -35,6 +37,8 @@
 #include "backends/gloo/collectives.h"
 #include "backends/gloo/core_state.h"
 #include "backends/gloo/settings.h"
+#include "backends/gloo/shm_link.h"
+#include "backends/gloo/shm_ring.h"
 #include "backends/gloo/slots.h"
 #include "backends/gloo/store_adapter.h"
 #include "backends/gloo/threads.h"
@@ -50,12 +54,14 @@ using internal::Core;
 using internal::GlooWork;
 using internal::GroupInfo;
 using internal::kP2pSlotPrefix;
+using internal::Flight;
 using internal::Ms;
 using internal::P2pOp;
 using internal::P2pWork;
 using internal::ParseSettings;
 using internal::SerialThread;
 using internal::Settings;
+using internal::ShmLink;
 
 std::string Elements(const Tensor& t) {
   return absl::StrCat(DTypeName(t.dtype()), ", ", t.numel(), " elements");
@@ -80,6 +86,12 @@ class GlooCommunicator final : public Communicator {
       std::shared_ptr<::gloo::transport::Device> device, absl::Duration timeout,
       const std::string& join_value) {
     BRAID_RETURN_IF_ERROR(Join(g, store, timeout, join_value));
+    // Read by a peer at its first Send or Recv with this rank (after the barrier below): equal
+    // identities mean the pair talks through shared memory. Empty: never.
+    const std::string identity = settings.shm ? internal::ShmHostIdentity() : "";
+    BRAID_RETURN_IF_ERROR(store->Set(
+        ShmLink::HostKey(g, g.rank),
+        identity.empty() ? std::string() : absl::StrCat(identity, "|", getpid())));
     auto context = std::make_shared<::gloo::rendezvous::Context>(g.rank, g.size);
     context->setTimeout(Ms(timeout));
     try {
@@ -417,6 +429,15 @@ class GlooCommunicator final : public Communicator {
     // Send and a Recv issued by both sides in any order always meet. The wait is the caller's
     // (P2pOp), so Works may be waited in any order: a pipeline's stages exchange in both
     // directions and wait for what they need next.
+    absl::StatusOr<std::shared_ptr<ShmLink>> link = LinkTo(peer);
+    if (!link.ok()) {
+      core_->journal.Finish(id, false);
+      work->Finish(link.status());
+      return work;
+    }
+    if (*link != nullptr) {
+      return Track((*link)->Post(send, t, tag, what, id, timeout), timeout);
+    }
     std::unique_ptr<::gloo::transport::UnboundBuffer> buf;
     absl::Time posted = absl::Now();
     try {
@@ -429,16 +450,50 @@ class GlooCommunicator final : public Communicator {
       }
     } catch (const std::exception& e) {
       core_->journal.Finish(id, false);
-      work->Finish(core_->P2pFailed(what, peer, e.what(), absl::Now() - posted, timeout));
+      work->Finish(core_->P2pFailed(what, peer, absl::StrCat("Gloo: ", e.what()), absl::Now() - posted,
+                                    timeout));
       return work;
     }
-    auto flight = std::make_shared<P2pOp>(core_, std::move(buf), t, send, peer, what, id, timeout);
+    return Track(std::make_shared<P2pOp>(core_, std::move(buf), t, send, peer, what, id, timeout),
+                 timeout);
+  }
+
+  // Remembered so that the destructor can wait for it.
+  std::shared_ptr<Work> Track(std::shared_ptr<Flight> flight, absl::Duration timeout) {
     absl::MutexLock lock(&p2p_mu_);
     p2p_ops_.erase(std::remove_if(p2p_ops_.begin(), p2p_ops_.end(),
-                                  [](const std::weak_ptr<P2pOp>& w) { return w.expired(); }),
+                                  [](const std::weak_ptr<Flight>& w) { return w.expired(); }),
                    p2p_ops_.end());
     p2p_ops_.push_back(flight);
     return std::make_shared<P2pWork>(std::move(flight), timeout + WaitGrace());
+  }
+
+  // The shared-memory link to `peer` if both ranks published the same host identity, nullptr
+  // for TCP. Decided at the first Send or Recv with the peer, and kept.
+  absl::StatusOr<std::shared_ptr<ShmLink>> LinkTo(int peer) {
+    absl::MutexLock lock(&links_mu_);
+    auto it = links_.find(peer);
+    if (it != links_.end()) return it->second;
+    const GroupInfo& g = core_->group;
+    std::shared_ptr<ShmLink> link;
+    absl::StatusOr<std::string> mine = core_->store->Get(ShmLink::HostKey(g, g.rank), timeout());
+    absl::StatusOr<std::string> theirs = core_->store->Get(ShmLink::HostKey(g, peer), timeout());
+    if (!mine.ok() || !theirs.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("gloo communicator ", g.Rank(rank()), " of ", g.Describe(),
+                       ": cannot read the host identities from the store: ",
+                       (mine.ok() ? theirs : mine).status().message()));
+    }
+    const size_t bar = theirs->rfind('|');
+    if (!mine->empty() && bar != std::string::npos &&
+        mine->substr(0, mine->rfind('|')) == theirs->substr(0, bar)) {
+      int64_t pid = 0;
+      if (absl::SimpleAtoi(theirs->substr(bar + 1), &pid)) {
+        link = std::make_shared<ShmLink>(core_, peer, pid_t(pid), core_->settings.shm_ring_bytes);
+      }
+    }
+    links_[peer] = link;
+    return link;
   }
 
   // ---- Argument checks (same rules as the in-process communicator) ------------------------
@@ -496,7 +551,10 @@ class GlooCommunicator final : public Communicator {
   std::unique_ptr<SerialThread> worker_;
   absl::Mutex p2p_mu_;
   // GUARDED_BY(p2p_mu_): the Sends and Recvs posted whose Works may still be alive.
-  std::vector<std::weak_ptr<P2pOp>> p2p_ops_;
+  std::vector<std::weak_ptr<Flight>> p2p_ops_;
+  absl::Mutex links_mu_;
+  // GUARDED_BY(links_mu_): per peer, its shared-memory link or nullptr (TCP), once decided.
+  std::map<int, std::shared_ptr<ShmLink>> links_;
 
   std::thread heartbeat_;
 };

@@ -1,5 +1,5 @@
 // The Gloo communicator plugin: braid::Communicator over Gloo's TCP transport, for tensors on
-// CPU devices. Registered as "gloo" by libbraid_gloo.so (plugin.cc); a program builds one with
+// CPU devices; Send/Recv between ranks of one host go through shared memory instead. Registered as "gloo" by libbraid_gloo.so (plugin.cc); a program builds one with
 //
 //   CommunicatorOptions o;  // rank, size, store (the job's rendezvous store), timeout
 //   o.options["hostname"] = "10.0.0.1";  // this host's address as peers reach it
@@ -21,12 +21,22 @@
 //   bcube_max_bytes      see above (default 4 MiB)
 //   segment_bytes        pipelining unit of the ring algorithms (default 4 MiB: on loopback
 //                        fewer, larger messages beat Gloo's 1 MiB)
+//   shm                  on | off (default on): Send/Recv between ranks of one host through
+//                        shared-memory rings (shm_link.h); the trainer sets it from
+//                        $BRAID_GLOO_SHM
+//   shm_ring_bytes       each ring's size (default 4 MiB; one ring per direction of a pair
+//                        that exchanges messages, reserved in /dev/shm when first used)
 //
 // Execution. Every call returns a Work at once. Collectives run one at a time, in issue order,
 // on the communicator's own worker thread: every rank must issue the same collectives in the same
 // order (calls from several threads are safe, but then their interleaving is that order).
 // Send/Recv are posted to the transport on the caller's thread (posting never blocks, so Sends
-// and Recvs issued by both sides in any order always meet) and completed on a second thread.
+// and Recvs issued by both sides in any order always meet) and completed by the thread that
+// waits for them (a thread of their own only when polled or dropped unwaited). Between two ranks
+// of one host (same boot, same /dev/shm, same pid namespace, as each rank publishes when the
+// communicator is made) they go through a pair of shared-memory rings: the sender copies the
+// message in when it posts it, the receiver copies it out when it waits, and no transport thread
+// takes a core from a computing rank (issue 11's pipeline bubble). Otherwise over Gloo's TCP.
 // Until its Work is done, a call's output must not be read and its input not written. The
 // communicator keeps the tensors alive meanwhile; destroying it waits for the queued work.
 //

@@ -249,5 +249,40 @@ TEST(GlooFailureTest, RecvWithoutASenderTimesOut) {
   });
 }
 
+// Between ranks of one host, Send and Recv go through shared memory, where no connection breaks
+// when a peer goes: the waits look at the peer's process and at its end of the ring instead.
+// Rank 1 is killed (or destroys its communicator) after one message; rank 0's next Recv from it
+// fails long before the 20 s timeout, naming the peer and why.
+TEST(GlooFailureTest, SharedMemoryPeerThatDiesOrLeavesIsNamedWithoutWaitingForTheTimeout) {
+  for (bool kill : {true, false}) {
+    SCOPED_TRACE(kill ? "killed" : "left");
+    FileStore store(FreshDir(kill ? "killed" : "left"));
+    std::vector<ChildExit> exits = ForkRanks(2, [&](int rank) {
+      auto comm = MakeGloo(rank, 2, &store, absl::Seconds(20));
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      Tensor x = Tensor::Full({64}, 1.0f);
+      if (rank == 1) {
+        ASSERT_TRUE((*comm)->Send(x, 0, 1)->Wait().ok());
+        if (kill) ::raise(SIGKILL);
+        comm->reset();
+        absl::SleepFor(absl::Seconds(4));  // alive, but gone from the group
+        return;
+      }
+      ASSERT_TRUE((*comm)->Recv(x, 1, 1)->Wait().ok());
+      absl::Time t0 = absl::Now();
+      absl::Status st = (*comm)->Recv(x, 1, 2)->Wait();
+      std::printf("rank 0's error, for the log: %s\n", st.ToString().c_str());
+      EXPECT_LT(absl::Now() - t0, absl::Seconds(10));
+      EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+      EXPECT_THAT(Message(st),
+                  AllOf(HasSubstr("Recv #1 from rank 1 (tag 2"), HasSubstr("Shared memory: "),
+                        HasSubstr(kill ? "has exited" : "destroyed its communicator")))
+          << st;
+    });
+    ASSERT_EQ(exits.size(), 2u);
+    EXPECT_TRUE(exits[0].exited && exits[0].code == 0) << exits[0].Describe();
+  }
+}
+
 }  // namespace
 }  // namespace braid::gloo_test

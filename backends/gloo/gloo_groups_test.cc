@@ -1,8 +1,7 @@
 // The Gloo communicator beyond single collectives: loading and registration, sub-groups,
-// point-to-point messages with tags, asynchronous operation and overlap.
+// asynchronous operation and overlap (point-to-point messages: gloo_p2p_test).
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -57,6 +56,10 @@ TEST(GlooPluginTest, BadOptionsAreRefusedByName) {
   auto algo = MakeGloo(0, 1, &store, absl::Seconds(5), {{"allreduce_algorithm", "tree"}});
   ASSERT_FALSE(algo.ok());
   EXPECT_THAT(std::string(algo.status().message()), HasSubstr("allreduce_algorithm='tree'"));
+  auto shm = MakeGloo(0, 1, &store, absl::Seconds(5), {{"shm", "maybe"}});
+  EXPECT_THAT(std::string(shm.status().message()), HasSubstr("shm='maybe': use on or off"));
+  auto ring = MakeGloo(0, 1, &store, absl::Seconds(5), {{"shm_ring_bytes", "8"}});
+  EXPECT_THAT(std::string(ring.status().message()), HasSubstr("shm_ring_bytes='8' must be"));
   auto both =
       MakeGloo(0, 1, &store, absl::Seconds(5), {{"hostname", "127.0.0.1"}, {"iface", "lo"}});
   EXPECT_EQ(both.status().code(), absl::StatusCode::kInvalidArgument);
@@ -180,136 +183,6 @@ TEST(GroupsTest2, MembersDisagreeingOnTheListAreTold) {
       EXPECT_THAT(std::string(sub.status().message()), HasSubstr("ranks=0,1"));
       EXPECT_THAT(std::string(sub.status().message()), HasSubstr("ranks=0,1,2"));
     }
-  });
-}
-
-// A Send and a Recv posted by both sides in either order meet; messages with one tag arrive in
-// order; a Recv posted for a later tag does not take an earlier tag's message.
-TEST_P(GroupsTest, SendRecvMatchByPeerAndTagInOrder) {
-  const int n = world();
-  FileStore store(FreshDir());
-  RunRanks(n, [&](int rank) {
-    auto comm = MakeGloo(rank, n, &store);
-    ASSERT_TRUE(comm.ok()) << comm.status();
-    Communicator& c = **comm;
-    const int right = (rank + 1) % n, left = (rank + n - 1) % n;
-    // Every rank sends first, then receives (would deadlock if Send blocked until matched).
-    std::vector<std::shared_ptr<Work>> works;
-    std::vector<Tensor> sent, got;
-    for (int k = 0; k < 3; ++k) {  // three messages on tag 7, then one on tag 9
-      sent.push_back(Input(DType::kF32, rank, 100 + k, 20 + k));
-      works.push_back(c.Send(sent.back(), right, 7));
-    }
-    sent.push_back(Input(DType::kI64, rank, 64, 30));
-    works.push_back(c.Send(sent.back(), right, 9));
-    // Receive tag 9 first: it must not take a tag-7 message.
-    Tensor t9 = Tensor::Zeros({64}, DType::kI64);
-    works.push_back(c.Recv(t9, left, 9));
-    for (int k = 0; k < 3; ++k) {
-      got.push_back(Tensor::Zeros({100 + k}, DType::kF32));
-      works.push_back(c.Recv(got.back(), left, 7));
-    }
-    // A large message and an empty one, the other way round the ring.
-    Tensor big = Input(DType::kU8, rank, 3 << 20, 40);
-    Tensor big_in = Tensor::Zeros({3 << 20}, DType::kU8);
-    Tensor empty = Tensor::Zeros({0}, DType::kF32);
-    works.push_back(c.Recv(big_in, right, 11));
-    works.push_back(c.Send(big, left, 11));
-    works.push_back(c.Send(empty, left, 12));
-    works.push_back(c.Recv(empty, right, 12));
-    for (auto& w : works) ASSERT_TRUE(w->Wait().ok());
-    EXPECT_TRUE(SameValues(t9, Input(DType::kI64, left, 64, 30)));
-    for (int k = 0; k < 3; ++k) {
-      EXPECT_TRUE(SameValues(got[k], Input(DType::kF32, left, 100 + k, 20 + k))) << "message " << k;
-    }
-    EXPECT_TRUE(SameValues(big_in, Input(DType::kU8, right, 3 << 20, 40)));
-  });
-}
-
-// Each point-to-point operation completes on its own, not in issue order: rank 1 sends A, then
-// receives C and waits for it; rank 0 posts its receive of A only after a message D that rank 1
-// sends once C has arrived. Were C's completion queued behind A's (which waits for rank 0's
-// receive), both ranks would wait for each other until the timeout (as two pipeline stages
-// exchanging activations and gradients did).
-TEST(PointToPoint, OperationsCompleteIndependently) {
-  FileStore store(FreshDir());
-  RunRanks(2, [&](int rank) {
-    auto comm = MakeGloo(rank, 2, &store);
-    ASSERT_TRUE(comm.ok()) << comm.status();
-    Communicator& c = **comm;
-    c.set_timeout(absl::Seconds(20));
-    Tensor a = Tensor::Full({1000}, 1.0f), cc = Tensor::Full({10}, 3.0f), d = Tensor::Full({10}, 4.0f);
-    if (rank == 1) {
-      auto send_a = c.Send(a, 0, 1);
-      Tensor got_c = Tensor::Zeros({10});
-      ASSERT_TRUE(c.Recv(got_c, 0, 3)->Wait().ok());
-      EXPECT_EQ(got_c.ToFloatVector(), cc.ToFloatVector());
-      ASSERT_TRUE(c.Send(d, 0, 4)->Wait().ok());
-      ASSERT_TRUE(send_a->Wait().ok());
-    } else {
-      auto send_c = c.Send(cc, 1, 3);
-      Tensor got_d = Tensor::Zeros({10}), got_a = Tensor::Zeros({1000});
-      ASSERT_TRUE(c.Recv(got_d, 1, 4)->Wait().ok());
-      ASSERT_TRUE(c.Recv(got_a, 1, 1)->Wait().ok());
-      EXPECT_EQ(got_a.ToFloatVector(), a.ToFloatVector());
-      EXPECT_EQ(got_d.ToFloatVector(), d.ToFloatVector());
-      ASSERT_TRUE(send_c->Wait().ok());
-    }
-  });
-}
-
-// A Send or Recv whose Work the caller drops still completes, into and from memory the
-// communicator keeps alive (the sender's freed block is reused and overwritten at once); a
-// Recv polled with IsCompleted finishes without a Wait. The Works are waited for on the
-// caller's thread when waited, so these are the paths that need a thread of their own.
-TEST(PointToPoint, DroppedAndPolledWorksComplete) {
-  FileStore store(FreshDir());
-  RunRanks(2, [&](int rank) {
-    auto comm = MakeGloo(rank, 2, &store);
-    ASSERT_TRUE(comm.ok()) << comm.status();
-    Communicator& c = **comm;
-    c.set_timeout(absl::Seconds(20));
-    const int64_t n = 1 << 16;
-    if (rank == 0) {
-      {
-        Tensor x = Tensor::Full({n}, 5.0f);
-        (void)c.Send(x, 1, 1);
-      }
-      Tensor reuse = Tensor::Full({n}, -1.0f);  // the block x had, were it freed
-      {
-        Tensor y = Tensor::Zeros({n});
-        (void)c.Recv(y, 1, 2);
-      }
-      Tensor z = Tensor::Zeros({4});
-      auto w = c.Recv(z, 1, 3);
-      while (!w->IsCompleted()) std::this_thread::yield();  // rank 1 sends it unconditionally
-      EXPECT_EQ(z.ToFloatVector(), std::vector<float>(4, 7.0f));
-      EXPECT_TRUE(w->Wait().ok());
-      EXPECT_EQ(reuse.ToFloatVector()[0], -1.0f);
-      ASSERT_TRUE(c.Barrier()->Wait().ok());
-    } else {
-      Tensor got = Tensor::Zeros({n});
-      ASSERT_TRUE(c.Recv(got, 0, 1)->Wait().ok());
-      EXPECT_EQ(got.ToFloatVector(), std::vector<float>(size_t(n), 5.0f));
-      ASSERT_TRUE(c.Send(Tensor::Full({n}, 6.0f), 0, 2)->Wait().ok());
-      ASSERT_TRUE(c.Send(Tensor::Full({4}, 7.0f), 0, 3)->Wait().ok());
-      ASSERT_TRUE(c.Barrier()->Wait().ok());
-    }
-  });
-}
-
-TEST_P(GroupsTest, PointToPointArgumentsAreChecked) {
-  const int n = world();
-  FileStore store(FreshDir());
-  RunRanks(n, [&](int rank) {
-    auto comm = MakeGloo(rank, n, &store);
-    ASSERT_TRUE(comm.ok()) << comm.status();
-    Tensor x = Tensor::Zeros({4}, DType::kF32);
-    absl::Status self = (*comm)->Send(x, rank, 0)->Wait();
-    EXPECT_EQ(self.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(self.message()), HasSubstr("is this rank"));
-    absl::Status range = (*comm)->Recv(x, n, 0)->Wait();
-    EXPECT_EQ(range.code(), absl::StatusCode::kInvalidArgument);
   });
 }
 

@@ -62,11 +62,24 @@ absl::StatusOr<Settings> ParseSettings(const std::map<std::string, std::string>&
     } else if (key == "segment_bytes") {
       BRAID_RETURN_IF_ERROR(ParseSize(key, value, 64, &n));
       s.segment_bytes = size_t(n);
+    } else if (key == "shm") {
+      if (value == "on" || value == "1") {
+        s.shm = true;
+      } else if (value == "off" || value == "0") {
+        s.shm = false;
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("gloo communicator option shm='", value, "': use on or off"));
+      }
+    } else if (key == "shm_ring_bytes") {
+      BRAID_RETURN_IF_ERROR(ParseSize(key, value, 64, &n));
+      s.shm_ring_bytes = size_t(n);
     } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown gloo communicator option '", key,
-                       "' (known: hostname, iface, group_name, store_prefix, heartbeat_ms, "
-                       "allreduce_algorithm, direct_max_bytes, bcube_max_bytes, segment_bytes)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown gloo communicator option '", key,
+          "' (known: hostname, iface, group_name, store_prefix, heartbeat_ms, "
+          "allreduce_algorithm, direct_max_bytes, bcube_max_bytes, segment_bytes, shm, "
+          "shm_ring_bytes)"));
     }
   }
   if (hostname_given && !s.iface.empty()) {

@@ -29,6 +29,10 @@ struct Settings {
   // its ring (many segments, which pipelines the reduction with the transfer) above it.
   size_t bcube_max_bytes = 4 << 20;
   size_t segment_bytes = 4 << 20;
+  // Send/Recv between ranks of one host through shared-memory rings (shm_link.h), each ring
+  // (one per direction of a pair that exchanges messages) this large.
+  bool shm = true;
+  size_t shm_ring_bytes = 4 << 20;
 };
 
 // Unknown keys and malformed values are InvalidArgument.

@@ -77,7 +77,8 @@ absl::Status P2pOp::Block() {
       buf_->waitRecv(Ms(timeout_));
     }
   } catch (const std::exception& e) {
-    st = core_->P2pFailed(what_, peer_, e.what(), absl::Now() - start, timeout_);
+    st = core_->P2pFailed(what_, peer_, absl::StrCat("Gloo: ", e.what()), absl::Now() - start,
+                          timeout_);
   }
   core_->journal.Finish(id_, st.ok());
   absl::MutexLock lock(&mu_);

@@ -47,6 +47,19 @@ class GlooWork final : public Work {
 
 // ---- Send and Recv in flight -----------------------------------------------------------------
 
+// A posted Send or Recv, over TCP (P2pOp) or shared memory (ShmOp, shm_link.h).
+class Flight {
+ public:
+  virtual ~Flight() = default;
+  virtual absl::Status Wait(absl::Duration budget) = 0;
+  virtual bool IsCompleted() = 0;
+  // The Work was dropped: the operation must still complete, and its memory outlive it.
+  virtual void Release() = 0;
+  // For the communicator's destructor: every operation ends (by its timeout at the latest)
+  // before the connections close.
+  virtual void Drain() = 0;
+};
+
 // One Send or Recv after it was posted. Whoever first waits for it blocks on the transport's
 // buffer itself, so the transport's thread wakes that caller directly when the message is in.
 // (It used to be a thread per operation, waiting from the start: a second wake-up per message.
@@ -55,23 +68,17 @@ class GlooWork final : public Work {
 // trace, issue 11.) A thread waits instead only when the result is polled (IsCompleted) or the
 // Work is dropped unwaited: the transport still reads from or writes into the tensor's memory,
 // which `keep` holds until then.
-class P2pOp : public std::enable_shared_from_this<P2pOp> {
+class P2pOp final : public Flight, public std::enable_shared_from_this<P2pOp> {
  public:
   P2pOp(std::shared_ptr<Core> core, std::unique_ptr<::gloo::transport::UnboundBuffer> buf,
         Tensor keep, bool send, int peer, std::string what, uint64_t id, absl::Duration timeout)
       : core_(std::move(core)), buf_(std::move(buf)), keep_(std::move(keep)), send_(send),
         peer_(peer), what_(std::move(what)), id_(id), timeout_(timeout) {}
 
-  absl::Status Wait(absl::Duration budget);
-
-  bool IsCompleted();
-
-  // The Work was dropped: the memory must outlive the transfer.
-  void Release();
-
-  // For the communicator's destructor: every operation ends (by its timeout at the latest)
-  // before the connections close.
-  void Drain() { (void)Wait(timeout_ + absl::Seconds(5)); }
+  absl::Status Wait(absl::Duration budget) override;
+  bool IsCompleted() override;
+  void Release() override;
+  void Drain() override { (void)Wait(timeout_ + absl::Seconds(5)); }
 
  private:
   // Called holding mu_.
@@ -97,13 +104,13 @@ class P2pOp : public std::enable_shared_from_this<P2pOp> {
 
 class P2pWork final : public Work {
  public:
-  P2pWork(std::shared_ptr<P2pOp> op, absl::Duration budget) : op_(std::move(op)), budget_(budget) {}
+  P2pWork(std::shared_ptr<Flight> op, absl::Duration budget) : op_(std::move(op)), budget_(budget) {}
   ~P2pWork() override { op_->Release(); }
   absl::Status Wait() override { return op_->Wait(budget_); }
   bool IsCompleted() override { return op_->IsCompleted(); }
 
  private:
-  std::shared_ptr<P2pOp> op_;
+  std::shared_ptr<Flight> op_;
   const absl::Duration budget_;
 };
 
