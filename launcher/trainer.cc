@@ -153,6 +153,11 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
       } else {
         co.options["hostname"] = LocalAddressToward(master ? master : "127.0.0.1");
       }
+      // Send/Recv between ranks of one host go through shared memory unless BRAID_GLOO_SHM=0
+      // (for a /dev/shm too small to hold the rings, or to compare with TCP).
+      if (const char* shm = std::getenv("BRAID_GLOO_SHM"); shm != nullptr && *shm) {
+        co.options["shm"] = shm;
+      }
     }
     BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world,
                            Registry::Get().MakeCommunicator(cfg.communicator(), co));
