@@ -31,6 +31,8 @@ ABSL_FLAG(std::string, ops, "allreduce,reduce_scatter,allgather",
 ABSL_FLAG(std::string, allreduce_algorithm, "auto", "auto, ring, bcube or direct");
 ABSL_FLAG(int64_t, segment_bytes, 4 << 20, "pipelining segment of the ring algorithms");
 ABSL_FLAG(std::string, dtype, "f32", "element type");
+ABSL_FLAG(std::string, shm, "on",
+          "sendrecv between ranks of this host over shared memory (on) or TCP (off)");
 
 namespace braid::gloo_test {
 namespace {
@@ -53,9 +55,11 @@ int Main() {
   FileStore store(absl::StrCat("/tmp/gloo_bench_", ::getpid()));
   std::map<std::string, std::string> options = {
       {"allreduce_algorithm", absl::GetFlag(FLAGS_allreduce_algorithm)},
-      {"segment_bytes", std::to_string(absl::GetFlag(FLAGS_segment_bytes))}};
-  std::printf("%d ranks, %s, allreduce_algorithm=%s, segment_bytes=%ld\n", n, DTypeName(dtype),
-              options["allreduce_algorithm"].c_str(), long(absl::GetFlag(FLAGS_segment_bytes)));
+      {"segment_bytes", std::to_string(absl::GetFlag(FLAGS_segment_bytes))},
+      {"shm", absl::GetFlag(FLAGS_shm)}};
+  std::printf("%d ranks, %s, allreduce_algorithm=%s, segment_bytes=%ld, shm=%s\n", n,
+              DTypeName(dtype), options["allreduce_algorithm"].c_str(),
+              long(absl::GetFlag(FLAGS_segment_bytes)), options["shm"].c_str());
   std::printf("%-15s %12s %12s %12s %12s\n", "op", "bytes", "median_us", "busbw_GB/s",
               "memcpy_GB/s");
   std::fflush(stdout);

@@ -13,7 +13,6 @@
 #include <gloo/types.h>
 #include <netdb.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -28,7 +27,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
@@ -38,7 +36,6 @@
 #include "backends/gloo/core_state.h"
 #include "backends/gloo/settings.h"
 #include "backends/gloo/shm_link.h"
-#include "backends/gloo/shm_ring.h"
 #include "backends/gloo/slots.h"
 #include "backends/gloo/store_adapter.h"
 #include "backends/gloo/threads.h"
@@ -51,10 +48,10 @@ namespace {
 
 using internal::Collectives;
 using internal::Core;
+using internal::Flight;
 using internal::GlooWork;
 using internal::GroupInfo;
 using internal::kP2pSlotPrefix;
-using internal::Flight;
 using internal::Ms;
 using internal::P2pOp;
 using internal::P2pWork;
@@ -86,12 +83,8 @@ class GlooCommunicator final : public Communicator {
       std::shared_ptr<::gloo::transport::Device> device, absl::Duration timeout,
       const std::string& join_value) {
     BRAID_RETURN_IF_ERROR(Join(g, store, timeout, join_value));
-    // Read by a peer at its first Send or Recv with this rank (after the barrier below): equal
-    // identities mean the pair talks through shared memory. Empty: never.
-    const std::string identity = settings.shm ? internal::ShmHostIdentity() : "";
-    BRAID_RETURN_IF_ERROR(store->Set(
-        ShmLink::HostKey(g, g.rank),
-        identity.empty() ? std::string() : absl::StrCat(identity, "|", getpid())));
+    // Read by a peer at its first Send or Recv with this rank, after the barrier below.
+    BRAID_RETURN_IF_ERROR(ShmLink::Publish(store, g, settings.shm));
     auto context = std::make_shared<::gloo::rendezvous::Context>(g.rank, g.size);
     context->setTimeout(Ms(timeout));
     try {
@@ -450,8 +443,8 @@ class GlooCommunicator final : public Communicator {
       }
     } catch (const std::exception& e) {
       core_->journal.Finish(id, false);
-      work->Finish(core_->P2pFailed(what, peer, absl::StrCat("Gloo: ", e.what()), absl::Now() - posted,
-                                    timeout));
+      work->Finish(core_->P2pFailed(what, peer, absl::StrCat("Gloo: ", e.what()),
+                                    absl::Now() - posted, timeout));
       return work;
     }
     return Track(std::make_shared<P2pOp>(core_, std::move(buf), t, send, peer, what, id, timeout),
@@ -468,30 +461,13 @@ class GlooCommunicator final : public Communicator {
     return std::make_shared<P2pWork>(std::move(flight), timeout + WaitGrace());
   }
 
-  // The shared-memory link to `peer` if both ranks published the same host identity, nullptr
-  // for TCP. Decided at the first Send or Recv with the peer, and kept.
+  // The shared-memory link to `peer`, or nullptr for TCP: decided at the first Send or Recv
+  // with the peer, and kept.
   absl::StatusOr<std::shared_ptr<ShmLink>> LinkTo(int peer) {
     absl::MutexLock lock(&links_mu_);
     auto it = links_.find(peer);
     if (it != links_.end()) return it->second;
-    const GroupInfo& g = core_->group;
-    std::shared_ptr<ShmLink> link;
-    absl::StatusOr<std::string> mine = core_->store->Get(ShmLink::HostKey(g, g.rank), timeout());
-    absl::StatusOr<std::string> theirs = core_->store->Get(ShmLink::HostKey(g, peer), timeout());
-    if (!mine.ok() || !theirs.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("gloo communicator ", g.Rank(rank()), " of ", g.Describe(),
-                       ": cannot read the host identities from the store: ",
-                       (mine.ok() ? theirs : mine).status().message()));
-    }
-    const size_t bar = theirs->rfind('|');
-    if (!mine->empty() && bar != std::string::npos &&
-        mine->substr(0, mine->rfind('|')) == theirs->substr(0, bar)) {
-      int64_t pid = 0;
-      if (absl::SimpleAtoi(theirs->substr(bar + 1), &pid)) {
-        link = std::make_shared<ShmLink>(core_, peer, pid_t(pid), core_->settings.shm_ring_bytes);
-      }
-    }
+    BRAID_ASSIGN_OR_RETURN(std::shared_ptr<ShmLink> link, ShmLink::ForPeer(core_, peer, timeout()));
     links_[peer] = link;
     return link;
   }

@@ -1,5 +1,6 @@
 // The Gloo communicator plugin: braid::Communicator over Gloo's TCP transport, for tensors on
-// CPU devices; Send/Recv between ranks of one host go through shared memory instead. Registered as "gloo" by libbraid_gloo.so (plugin.cc); a program builds one with
+// CPU devices (Send/Recv between ranks of one host through shared memory instead). Registered
+// as "gloo" by libbraid_gloo.so (plugin.cc); a program builds one with
 //
 //   CommunicatorOptions o;  // rank, size, store (the job's rendezvous store), timeout
 //   o.options["hostname"] = "10.0.0.1";  // this host's address as peers reach it

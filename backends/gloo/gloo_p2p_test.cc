@@ -128,7 +128,8 @@ TEST_P(P2p, ManyMessagesBothWaysWaitingForSendsFirst) {
     for (auto& w : sends) ASSERT_TRUE(w->Wait().ok());
     for (auto& w : recvs) ASSERT_TRUE(w->Wait().ok());
     for (int k = 0; k < kMessages; ++k) {
-      EXPECT_TRUE(SameValues(in[k], Input(DType::kF32, peer, 1000 + 997 * k, k))) << "message " << k;
+      EXPECT_TRUE(SameValues(in[k], Input(DType::kF32, peer, 1000 + 997 * k, k)))
+          << "message " << k;
     }
   });
 }
@@ -141,7 +142,8 @@ TEST_P(P2p, ManyMessagesBothWaysWaitingForSendsFirst) {
 TEST_P(P2p, OperationsCompleteIndependently) {
   if (world() != 2) GTEST_SKIP() << "a two-rank exchange";
   OnEachRank(absl::Seconds(20), [&](int rank, Communicator& c) {
-    Tensor a = Tensor::Full({1000}, 1.0f), cc = Tensor::Full({10}, 3.0f), d = Tensor::Full({10}, 4.0f);
+    Tensor a = Tensor::Full({1000}, 1.0f), cc = Tensor::Full({10}, 3.0f);
+    Tensor d = Tensor::Full({10}, 4.0f);
     if (rank == 1) {
       auto send_a = c.Send(a, 0, 1);
       Tensor got_c = Tensor::Zeros({10});

@@ -3,6 +3,7 @@
 #include "backends/gloo/shm_link.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -10,6 +11,7 @@
 #include <fstream>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -33,8 +35,41 @@ std::string ShmLink::RingKey(const GroupInfo& g, int src, int dst) {
   return absl::StrCat(g.prefix, "/shm/", src, "-", dst);
 }
 
-std::string ShmLink::HostKey(const GroupInfo& g, int rank) {
+namespace {
+
+std::string HostKey(const GroupInfo& g, int rank) {
   return absl::StrCat(g.prefix, "/shm_host/", rank);
+}
+
+}  // namespace
+
+absl::Status ShmLink::Publish(braid::Store* store, const GroupInfo& g, bool shm) {
+  const std::string identity = shm ? ShmHostIdentity() : "";
+  return store->Set(HostKey(g, g.rank),
+                    identity.empty() ? std::string() : absl::StrCat(identity, "|", getpid()));
+}
+
+absl::StatusOr<std::shared_ptr<ShmLink>> ShmLink::ForPeer(std::shared_ptr<Core> core, int peer,
+                                                          absl::Duration timeout) {
+  const GroupInfo& g = core->group;
+  absl::StatusOr<std::string> mine = core->store->Get(HostKey(g, g.rank), timeout);
+  absl::StatusOr<std::string> theirs = core->store->Get(HostKey(g, peer), timeout);
+  if (!mine.ok() || !theirs.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "gloo communicator ", g.Rank(g.rank), " of ", g.Describe(),
+        ": cannot read the host identities from the store: ",
+        (mine.ok() ? theirs : mine).status().message()));
+  }
+  // "<identity>|<pid>"; an empty value never matches.
+  const size_t bar = theirs->rfind('|');
+  int64_t pid = 0;
+  if (mine->empty() || bar == std::string::npos ||
+      mine->substr(0, mine->rfind('|')) != theirs->substr(0, bar) ||
+      !absl::SimpleAtoi(theirs->substr(bar + 1), &pid)) {
+    return std::shared_ptr<ShmLink>();
+  }
+  const size_t ring_bytes = core->settings.shm_ring_bytes;
+  return std::make_shared<ShmLink>(std::move(core), peer, pid_t(pid), ring_bytes);
 }
 
 ShmLink::~ShmLink() {
@@ -111,7 +146,8 @@ std::shared_ptr<Flight> ShmLink::Post(bool send, const Tensor& t, int tag, std::
     doorbell_ = std::thread([this, in = in_.get()] { AnswerDoorbell(in); });
   }
   // The oldest message kept aside with this tag is this Recv's.
-  auto early = std::find_if(early_.begin(), early_.end(), [&](const Early& e) { return e.tag == tag; });
+  auto early =
+      std::find_if(early_.begin(), early_.end(), [&](const Early& e) { return e.tag == tag; });
   if (early == early_.end()) {
     posted_.push_back(op);
   } else if (early->data.size() != op->bytes_) {
@@ -149,7 +185,9 @@ bool ShmLink::OpenOut(absl::Duration wait) {
                                    core_->group.Rank(peer_), " made for this rank: ",
                                    ring.status().message());
     core_->Break(why);
-    for (auto& op : sending_) op->Finish(absl::UnavailableError(absl::StrCat(op->what_, ": ", why)));
+    for (auto& op : sending_) {
+      op->Finish(absl::UnavailableError(absl::StrCat(op->what_, ": ", why)));
+    }
     sending_.clear();
     return false;
   }

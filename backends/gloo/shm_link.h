@@ -36,11 +36,13 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "backends/gloo/core_state.h"
 #include "backends/gloo/shm_ring.h"
 #include "backends/gloo/work.h"
+#include "core/store.h"
 #include "core/tensor.h"
 
 namespace braid::gloo_backend::internal {
@@ -59,9 +61,16 @@ class ShmLink : public std::enable_shared_from_this<ShmLink> {
   std::shared_ptr<Flight> Post(bool send, const Tensor& t, int tag, std::string what,
                                uint64_t journal_id, absl::Duration timeout);
 
-  // The keys the rings' names travel under.
+  // When the communicator is made: this rank's host identity (ShmHostIdentity and the pid), or
+  // nothing if `shm` is off or the host has no /dev/shm, which keeps every pair with it on TCP.
+  static absl::Status Publish(braid::Store* store, const GroupInfo& g, bool shm);
+  // At the first Send or Recv with `peer`: a link if both published the same identity, else
+  // nullptr (TCP).
+  static absl::StatusOr<std::shared_ptr<ShmLink>> ForPeer(std::shared_ptr<Core> core, int peer,
+                                                          absl::Duration timeout);
+
+  // The key a ring's name travels under.
   static std::string RingKey(const GroupInfo& g, int src, int dst);
-  static std::string HostKey(const GroupInfo& g, int rank);
 
  private:
   friend class ShmOp;

@@ -104,7 +104,8 @@ class P2pOp final : public Flight, public std::enable_shared_from_this<P2pOp> {
 
 class P2pWork final : public Work {
  public:
-  P2pWork(std::shared_ptr<Flight> op, absl::Duration budget) : op_(std::move(op)), budget_(budget) {}
+  P2pWork(std::shared_ptr<Flight> op, absl::Duration budget)
+      : op_(std::move(op)), budget_(budget) {}
   ~P2pWork() override { op_->Release(); }
   absl::Status Wait() override { return op_->Wait(budget_); }
   bool IsCompleted() override { return op_->IsCompleted(); }

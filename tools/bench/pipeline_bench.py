@@ -20,7 +20,8 @@ From each run's last-step trace (one file per stage) the bench also reports the 
 latency on the critical path: for every wait for a message, the part of the wait after the
 sender had finished computing it (ms per step, both stages). Near zero means messages arrive as
 soon as they are made; the rest of the bubble is then the schedule's own plus stage imbalance.
-Prints one JSON object per run and a summary table.
+Prints one JSON object per run and a summary table. --tcp_too adds each pipeline config with its
+messages over loopback TCP (BRAID_GLOO_SHM=0) beside the default shared-memory rings.
 """
 import argparse
 import json
@@ -122,7 +123,7 @@ def trace_figures(trace_prefix, schedule, micro_batches):
             "bubble_at_stage_times": round(bubble_with_stage_times(schedule, micro_batches, times), 4)}
 
 
-def run(tmp, tag, cfg_text, steps, trace):
+def run(tmp, tag, cfg_text, steps, trace, env):
     cfg = os.path.join(tmp, tag + ".pbtxt")
     with open(cfg, "w") as f:
         f.write(cfg_text.replace("TRACE", os.path.join(tmp, tag + "-trace")))
@@ -130,7 +131,7 @@ def run(tmp, tag, cfg_text, steps, trace):
     cmd = [os.path.join(ROOT, "bazel-bin/launcher/launcher"), "--nproc_per_node=2",
            f"--log_dir={out}-workers", "--", f"--config={cfg}", f"--steps={steps}", f"--log_dir={out}"]
     load = round(os.getloadavg()[0], 2)  # other work on the machine shows here
-    r = subprocess.run(cmd, env=ENV1, capture_output=True, text=True, cwd=ROOT)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     if r.returncode != 0:
         sys.exit(f"{tag} failed: {r.stdout[-2000:]} {r.stderr[-2000:]}")
     recs = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl"))]
@@ -161,6 +162,9 @@ def main():
     p.add_argument("--micro_batches", default="4,8,16")
     p.add_argument("--schedules", default="1f1b,gpipe")
     p.add_argument("--no_ddp", action="store_true", help="pipeline runs only")
+    p.add_argument("--tcp_too", action="store_true",
+                   help="also run each pipeline config with its messages over loopback TCP "
+                        "(BRAID_GLOO_SHM=0: the transport before shared memory), alternated with the default")
     p.add_argument("--in_place_too", action="store_true",
                    help="also run each pipeline config with receives posted in place (receives_ahead 0: "
                         "the executor before issue 11's fix), alternated with the default")
@@ -171,9 +175,10 @@ def main():
                                      'options { key: "bucket_cap_mb" value: "1" } }')
     for m in (int(x) for x in a.micro_batches.split(",")):
         for sched in a.schedules.split(","):
-            for ahead in ([None, 0] if a.in_place_too else [None]):
-                extra = "" if ahead is None else f'options {{ key: "receives_ahead" value: "{ahead}" }} '
-                configs[f"pipe_{sched}_m{m}" + ("" if ahead is None else "_inplace")] = BASE.format(
+            variants = [""] + (["_inplace"] if a.in_place_too else []) + (["_tcp"] if a.tcp_too else [])
+            for variant in variants:
+                extra = 'options { key: "receives_ahead" value: "0" } ' if variant == "_inplace" else ""
+                configs[f"pipe_{sched}_m{m}{variant}"] = BASE.format(
                     micro=16 // m, accum=m,
                     strategy=f'strategy {{ name: "pipeline" options {{ key: "stages" value: "2" }} '
                              f'options {{ key: "schedule" value: "{sched}" }} '
@@ -185,7 +190,8 @@ def main():
             # Reversed every other round, so that no configuration always follows the same one.
             order = list(configs.items()) if r % 2 == 0 else list(reversed(configs.items()))
             for tag, text in order:
-                res = run(tmp, f"{tag}-{r}", text, a.steps, trace=tag != "ddp")
+                env = dict(ENV1, BRAID_GLOO_SHM="0") if tag.endswith("_tcp") else ENV1
+                res = run(tmp, f"{tag}-{r}", text, a.steps, trace=tag != "ddp", env=env)
                 results[tag].append(res)
                 print(json.dumps({"round": r, **res}), flush=True)
     ddp = statistics.median(x["tokens_per_s"] for x in results["ddp"]) if "ddp" in results else None
