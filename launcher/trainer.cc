@@ -158,6 +158,9 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
       if (const char* shm = std::getenv("BRAID_GLOO_SHM"); shm != nullptr && *shm) {
         co.options["shm"] = shm;
       }
+      if (const char* spin = std::getenv("BRAID_GLOO_SHM_SPIN_US"); spin != nullptr && *spin) {
+        co.options["shm_spin_us"] = spin;
+      }
     }
     BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> world,
                            Registry::Get().MakeCommunicator(cfg.communicator(), co));

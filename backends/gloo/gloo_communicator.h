@@ -27,6 +27,9 @@
 //                        $BRAID_GLOO_SHM
 //   shm_ring_bytes       each ring's size (default 4 MiB; one ring per direction of a pair
 //                        that exchanges messages, reserved in /dev/shm when first used)
+//   shm_spin_us          how long a Recv polls before it sleeps (default: 2000 if this host
+//                        has a CPU for each of its $LOCAL_WORLD_SIZE ranks, else 0); the
+//                        trainer sets it from $BRAID_GLOO_SHM_SPIN_US
 //
 // Execution. Every call returns a Work at once. Collectives run one at a time, in issue order,
 // on the communicator's own worker thread: every rank must issue the same collectives in the same

@@ -1,6 +1,7 @@
 // The Gloo communicator's Send and Recv, over each of its transports between ranks of one host:
 // shared-memory rings (the default), rings smaller than the messages (every message streams
-// through, with the doorbell thread and the background sends at work), and TCP (shm off).
+// through, with the doorbell thread and the background sends at work), rings whose readers poll
+// before they sleep, and TCP (shm off).
 #include <functional>
 #include <map>
 #include <memory>
@@ -23,7 +24,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-enum class Transport { kShm, kSmallRing, kTcp };
+enum class Transport { kShm, kSmallRing, kPolling, kTcp };
 
 std::map<std::string, std::string> Options(Transport t) {
   switch (t) {
@@ -31,6 +32,8 @@ std::map<std::string, std::string> Options(Transport t) {
       return {};
     case Transport::kSmallRing:
       return {{"shm_ring_bytes", "4096"}};
+    case Transport::kPolling:
+      return {{"shm_spin_us", "2000"}};
     case Transport::kTcp:
       return {{"shm", "off"}};
   }
@@ -43,6 +46,8 @@ std::string Name(Transport t) {
       return "shm";
     case Transport::kSmallRing:
       return "shm4k";
+    case Transport::kPolling:
+      return "shmpoll";
     case Transport::kTcp:
       return "tcp";
   }
@@ -250,7 +255,8 @@ TEST_P(P2p, SharedMemoryCarriesTheMessagesOfOneHost) {
 INSTANTIATE_TEST_SUITE_P(
     RanksAndTransports, P2p,
     ::testing::Combine(::testing::Values(2, 3),
-                       ::testing::Values(Transport::kShm, Transport::kSmallRing, Transport::kTcp)),
+                       ::testing::Values(Transport::kShm, Transport::kSmallRing,
+                                         Transport::kPolling, Transport::kTcp)),
     [](const ::testing::TestParamInfo<std::tuple<int, Transport>>& info) {
       return absl::StrCat(std::get<0>(info.param), "ranks_", Name(std::get<1>(info.param)));
     });

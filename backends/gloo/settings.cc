@@ -71,6 +71,9 @@ absl::StatusOr<Settings> ParseSettings(const std::map<std::string, std::string>&
         return absl::InvalidArgumentError(
             absl::StrCat("gloo communicator option shm='", value, "': use on or off"));
       }
+    } else if (key == "shm_spin_us") {
+      BRAID_RETURN_IF_ERROR(ParseSize(key, value, 0, &n));
+      s.shm_spin_us = n;
     } else if (key == "shm_ring_bytes") {
       BRAID_RETURN_IF_ERROR(ParseSize(key, value, 64, &n));
       s.shm_ring_bytes = size_t(n);
@@ -79,7 +82,7 @@ absl::StatusOr<Settings> ParseSettings(const std::map<std::string, std::string>&
           "unknown gloo communicator option '", key,
           "' (known: hostname, iface, group_name, store_prefix, heartbeat_ms, "
           "allreduce_algorithm, direct_max_bytes, bcube_max_bytes, segment_bytes, shm, "
-          "shm_ring_bytes)"));
+          "shm_ring_bytes, shm_spin_us)"));
     }
   }
   if (hostname_given && !s.iface.empty()) {

@@ -33,6 +33,8 @@ struct Settings {
   // (one per direction of a pair that exchanges messages) this large.
   bool shm = true;
   size_t shm_ring_bytes = 4 << 20;
+  // How long a Recv's wait polls the ring before it sleeps; -1: ShmSpinAuto.
+  int64_t shm_spin_us = -1;
 };
 
 // Unknown keys and malformed values are InvalidArgument.

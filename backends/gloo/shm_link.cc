@@ -28,8 +28,13 @@ constexpr absl::Duration kSlice = absl::Milliseconds(100);
 
 // ---- ShmLink -----------------------------------------------------------------------------------
 
-ShmLink::ShmLink(std::shared_ptr<Core> core, int peer, pid_t peer_pid, size_t ring_bytes)
-    : core_(std::move(core)), peer_(peer), peer_pid_(peer_pid), ring_bytes_(ring_bytes) {}
+ShmLink::ShmLink(std::shared_ptr<Core> core, int peer, pid_t peer_pid, size_t ring_bytes,
+                 absl::Duration spin)
+    : core_(std::move(core)),
+      peer_(peer),
+      peer_pid_(peer_pid),
+      ring_bytes_(ring_bytes),
+      spin_(spin) {}
 
 std::string ShmLink::RingKey(const GroupInfo& g, int src, int dst) {
   return absl::StrCat(g.prefix, "/shm/", src, "-", dst);
@@ -68,8 +73,11 @@ absl::StatusOr<std::shared_ptr<ShmLink>> ShmLink::ForPeer(std::shared_ptr<Core> 
       !absl::SimpleAtoi(theirs->substr(bar + 1), &pid)) {
     return std::shared_ptr<ShmLink>();
   }
-  const size_t ring_bytes = core->settings.shm_ring_bytes;
-  return std::make_shared<ShmLink>(std::move(core), peer, pid_t(pid), ring_bytes);
+  const Settings& s = core->settings;
+  const size_t ring_bytes = s.shm_ring_bytes;
+  const absl::Duration spin =
+      s.shm_spin_us >= 0 ? absl::Microseconds(s.shm_spin_us) : ShmSpinAuto();
+  return std::make_shared<ShmLink>(std::move(core), peer, pid_t(pid), ring_bytes, spin);
 }
 
 ShmLink::~ShmLink() {
@@ -331,6 +339,7 @@ absl::Status ShmOp::Wait(absl::Duration budget) {
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + std::min(budget, timeout_);
   absl::Time check_peer = start + kSlice;  // a process check costs a few syscalls: not each time
+  absl::Duration spin = link_->spin_;     // the first sleep only
   absl::Status st;
   for (;;) {
     if (Poll(&st)) return st;
@@ -360,7 +369,8 @@ absl::Status ShmOp::Wait(absl::Duration budget) {
     }
     const absl::Duration slice = std::min(kSlice, deadline - now);
     if (!send_) {
-      ring->WaitReadable(slice);
+      ring->WaitReadable(slice, spin);
+      spin = absl::ZeroDuration();
     } else if (ring != nullptr) {
       ring->WaitWritable(slice);
     } else {

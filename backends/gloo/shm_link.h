@@ -52,7 +52,8 @@ class ShmOp;
 class ShmLink : public std::enable_shared_from_this<ShmLink> {
  public:
   // `peer` is a rank of core's group on this host, whose process is `peer_pid`.
-  ShmLink(std::shared_ptr<Core> core, int peer, pid_t peer_pid, size_t ring_bytes);
+  ShmLink(std::shared_ptr<Core> core, int peer, pid_t peer_pid, size_t ring_bytes,
+          absl::Duration spin);
   ~ShmLink();
 
   // Posts a Send (`send`) or Recv of `t`; the returned operation keeps `t` until it is done.
@@ -119,6 +120,7 @@ class ShmLink : public std::enable_shared_from_this<ShmLink> {
   const int peer_;
   const pid_t peer_pid_;
   const size_t ring_bytes_;
+  const absl::Duration spin_;  // a Recv's poll before it sleeps (ShmRing::WaitReadable)
 
   absl::Mutex send_mu_;
   std::unique_ptr<ShmRing> out_ ABSL_GUARDED_BY(send_mu_);

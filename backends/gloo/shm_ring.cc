@@ -3,6 +3,7 @@
 #include "backends/gloo/shm_ring.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -13,6 +14,7 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -20,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 
 namespace braid::gloo_backend::internal {
 
@@ -72,10 +75,17 @@ void FutexWakeAll(Word* word) {
 // consistent): either the check sees the new bytes or the other side sees the sleeper and wakes
 // it, and a wake that comes before the sleep changes `seq`, so the futex does not sleep.
 template <typename Ready, typename BeforeSleep>
-void SleepUnless(Word* seq, Word* waiting, absl::Duration slice, Ready ready,
+void SleepUnless(Word* seq, Word* waiting, absl::Duration slice, absl::Duration spin, Ready ready,
                  BeforeSleep before_sleep) {
   const uint32_t before = seq->load();
   if (ready()) return;
+  if (spin > absl::ZeroDuration()) {
+    const absl::Time until = absl::Now() + spin;
+    do {
+      for (int i = 0; i < 8; ++i) __builtin_ia32_pause();
+      if (ready()) return;
+    } while (absl::Now() < until);
+  }
   waiting->fetch_add(1);
   if (!ready()) {
     before_sleep();
@@ -194,15 +204,15 @@ size_t ShmRing::Read(void* out, size_t n) {
   return n;
 }
 
-void ShmRing::WaitReadable(absl::Duration slice) {
+void ShmRing::WaitReadable(absl::Duration slice, absl::Duration spin) {
   SleepUnless(
-      &header_->data_seq, &header_->readers_waiting, slice, [this] { return Readable() > 0; },
-      [] {});
+      &header_->data_seq, &header_->readers_waiting, slice, spin,
+      [this] { return Readable() > 0; }, [] {});
 }
 
 void ShmRing::WaitWritable(absl::Duration slice) {
   SleepUnless(
-      &header_->room_seq, &header_->writers_waiting, slice,
+      &header_->room_seq, &header_->writers_waiting, slice, absl::ZeroDuration(),
       [this] { return header_->written.load() - header_->read.load() < capacity_; },
       [this] { RingDoorbell(); });
 }
@@ -227,6 +237,16 @@ bool ShmRing::PeerClosed() const {
 void ShmRing::RingDoorbell() {
   header_->doorbell.fetch_add(1);
   FutexWakeAll(&header_->doorbell);
+}
+
+absl::Duration ShmSpinAuto() {
+  const char* ranks = std::getenv("LOCAL_WORLD_SIZE");
+  cpu_set_t cpus;
+  if (ranks == nullptr || sched_getaffinity(0, sizeof(cpus), &cpus) != 0) {
+    return absl::ZeroDuration();
+  }
+  const int local = std::atoi(ranks);
+  return local > 0 && CPU_COUNT(&cpus) >= local ? absl::Milliseconds(2) : absl::ZeroDuration();
 }
 
 std::string ShmHostIdentity() {

@@ -52,8 +52,11 @@ class ShmRing {
   size_t Read(void* out, size_t n);
 
   // Sleep until the other side publishes (data for the reader, room for the writer) or `slice`
-  // passes; return at once if there is already something. Spurious returns are allowed.
-  void WaitReadable(absl::Duration slice);
+  // passes; return at once if there is already something. Spurious returns are allowed. The
+  // reader may first poll for up to `spin`: waking a thread from a futex costs tens of
+  // microseconds when its core has gone idle (more on a VM), once per message a pipeline stage
+  // waits for.
+  void WaitReadable(absl::Duration slice, absl::Duration spin = absl::ZeroDuration());
   // Before the writer sleeps for room, it rings the reader's doorbell (below).
   void WaitWritable(absl::Duration slice);
 
@@ -85,6 +88,11 @@ class ShmRing {
 // What makes two processes able to share a ring: the same kernel boot, the same /dev/shm mount
 // and the same pid namespace (so a peer's pid can be checked). Empty if /dev/shm is missing.
 std::string ShmHostIdentity();
+
+// The default poll before a Recv sleeps: 2 ms while this host has a CPU for each of its ranks
+// (the CPUs this process may use against $LOCAL_WORLD_SIZE, which the launcher sets), so that a
+// polling rank takes no CPU another rank needs; none when that is unknown or not so.
+absl::Duration ShmSpinAuto();
 
 }  // namespace braid::gloo_backend::internal
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <thread>
@@ -119,6 +120,31 @@ TEST(ShmRing, AFullRingRingsTheDoorbellAndCloseIsSeenByThePeer) {
   (*writer)->Close();
   EXPECT_TRUE((*reader)->PeerClosed());
   EXPECT_FALSE((*writer)->PeerClosed());
+}
+
+// A reader that polls before it sleeps returns as soon as the bytes are there, not at the end of
+// its poll (an hour here: a poll that ignored the data would hang the test).
+TEST(ShmRing, APollingReaderReturnsWhenTheBytesCome) {
+  std::string name;
+  auto reader = ShmRing::Create(4096, &name);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  auto writer = ShmRing::Open(name);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  std::thread w([&] { EXPECT_EQ((*writer)->Write("x", 1), 1u); });
+  while ((*reader)->Readable() == 0) (*reader)->WaitReadable(absl::Hours(1), absl::Hours(1));
+  w.join();
+  EXPECT_EQ((*reader)->Readable(), 1u);
+}
+
+// The default poll: only with a CPU for each of the host's ranks, as the launcher tells them.
+TEST(ShmRing, SpinsByDefaultOnlyWithACpuForEachLocalRank) {
+  unsetenv("LOCAL_WORLD_SIZE");
+  EXPECT_EQ(ShmSpinAuto(), absl::ZeroDuration());
+  setenv("LOCAL_WORLD_SIZE", "1", 1);
+  EXPECT_EQ(ShmSpinAuto(), absl::Milliseconds(2));
+  setenv("LOCAL_WORLD_SIZE", "100000", 1);
+  EXPECT_EQ(ShmSpinAuto(), absl::ZeroDuration());
+  unsetenv("LOCAL_WORLD_SIZE");
 }
 
 TEST(ShmRing, HostIdentityNamesBootShmMountAndPidNamespace) {

@@ -165,6 +165,9 @@ def main():
     p.add_argument("--tcp_too", action="store_true",
                    help="also run each pipeline config with its messages over loopback TCP "
                         "(BRAID_GLOO_SHM=0: the transport before shared memory), alternated with the default")
+    p.add_argument("--nospin_too", action="store_true",
+                   help="also run each pipeline config with waits that sleep at once (BRAID_GLOO_SHM_SPIN_US=0) "
+                        "instead of polling the ring first")
     p.add_argument("--in_place_too", action="store_true",
                    help="also run each pipeline config with receives posted in place (receives_ahead 0: "
                         "the executor before issue 11's fix), alternated with the default")
@@ -175,7 +178,8 @@ def main():
                                      'options { key: "bucket_cap_mb" value: "1" } }')
     for m in (int(x) for x in a.micro_batches.split(",")):
         for sched in a.schedules.split(","):
-            variants = [""] + (["_inplace"] if a.in_place_too else []) + (["_tcp"] if a.tcp_too else [])
+            variants = ([""] + (["_inplace"] if a.in_place_too else []) + (["_tcp"] if a.tcp_too else [])
+                        + (["_nospin"] if a.nospin_too else []))
             for variant in variants:
                 extra = 'options { key: "receives_ahead" value: "0" } ' if variant == "_inplace" else ""
                 configs[f"pipe_{sched}_m{m}{variant}"] = BASE.format(
@@ -190,7 +194,8 @@ def main():
             # Reversed every other round, so that no configuration always follows the same one.
             order = list(configs.items()) if r % 2 == 0 else list(reversed(configs.items()))
             for tag, text in order:
-                env = dict(ENV1, BRAID_GLOO_SHM="0") if tag.endswith("_tcp") else ENV1
+                env = dict(ENV1, BRAID_GLOO_SHM="0") if tag.endswith("_tcp") else \
+                    dict(ENV1, BRAID_GLOO_SHM_SPIN_US="0") if tag.endswith("_nospin") else ENV1
                 res = run(tmp, f"{tag}-{r}", text, a.steps, trace=tag != "ddp", env=env)
                 results[tag].append(res)
                 print(json.dumps({"round": r, **res}), flush=True)
