@@ -2,8 +2,10 @@
 // operation, its sequence number, the group and which ranks did not arrive, plus this rank's
 // recent operations. Ranks that hang, die, never start or disagree are all simulated here.
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -282,6 +284,29 @@ TEST(GlooFailureTest, SharedMemoryPeerThatDiesOrLeavesIsNamedWithoutWaitingForTh
     ASSERT_EQ(exits.size(), 2u);
     EXPECT_TRUE(exits[0].exited && exits[0].code == 0) << exits[0].Describe();
   }
+}
+
+// A ring /dev/shm cannot hold (twice its size) is refused when it is made, by name and with what
+// to do, instead of a SIGBUS at the first copy that finds no page.
+TEST(GlooFailureTest, SharedMemoryThatDoesNotFitIsRefusedByName) {
+  struct statvfs fs;
+  ASSERT_EQ(statvfs("/dev/shm", &fs), 0);
+  // An unlimited tmpfs would try to reserve it page by page; a limited one refuses at once.
+  if (fs.f_blocks == 0) GTEST_SKIP() << "/dev/shm has no size limit";
+  const uint64_t too_big = 2 * uint64_t(fs.f_blocks) * fs.f_frsize;
+  FileStore store(FreshDir());
+  RunRanks(2, [&](int rank) {
+    auto comm = MakeGloo(rank, 2, &store, absl::Seconds(20),
+                         {{"shm_ring_bytes", std::to_string(too_big)}});
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    Tensor x = Tensor::Zeros({8}, DType::kF32);
+    absl::Status st = (*comm)->Recv(x, 1 - rank, 0)->Wait();
+    std::printf("rank %d's error, for the log: %s\n", rank, st.ToString().c_str());
+    EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+    EXPECT_THAT(Message(st), AllOf(HasSubstr("cannot set up shared memory with rank"),
+                                   HasSubstr("in /dev/shm"), HasSubstr("BRAID_GLOO_SHM=0")))
+        << st;
+  });
 }
 
 }  // namespace

@@ -144,8 +144,10 @@ std::shared_ptr<Flight> ShmLink::Post(bool send, const Tensor& t, int tag, std::
     absl::Status st = ring.status();
     if (st.ok()) st = core_->store->Set(RingKey(core_->group, peer_, core_->group.rank), name);
     if (!st.ok()) {
-      std::string why = absl::StrCat(op->what_, ": cannot set up shared memory with ",
-                                     core_->group.Rank(peer_), ": ", st.message());
+      std::string why = absl::StrCat(
+          "gloo ", op->what_, " in ", core_->group.Describe(), " on ",
+          core_->group.Rank(core_->group.rank), ": cannot set up shared memory with ",
+          core_->group.Rank(peer_), ": ", st.message());
       core_->Break(why);
       op->Finish(absl::Status(st.code(), why));
       return op;
