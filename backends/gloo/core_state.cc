@@ -1,9 +1,11 @@
 // Core's progress publishing (the heartbeat) and the failure diagnosis built from the progress
-// every rank publishes; the group's descriptions used in every message.
+// every rank publishes; the group's descriptions used in every message; joining a group.
 #include "backends/gloo/core_state.h"
 
 #include <algorithm>
 #include <chrono>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
@@ -12,6 +14,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "backends/gloo/store_adapter.h"
+#include "core/check.h"
 
 namespace braid::gloo_backend::internal {
 
@@ -233,6 +237,39 @@ absl::Status Core::BrokenError(const std::string& what) {
       absl::StrCat("gloo ", what, " in ", group.Describe(), " on ", group.Rank(group.rank),
                    ": this communicator is unusable since an earlier operation failed (", Broken(),
                    "); make a new communicator"));
+}
+
+absl::Status JoinGroup(const GroupInfo& g, braid::Store* store, absl::Duration timeout,
+                     const std::string& join_value) {
+  auto key = [&](int r) { return absl::StrCat(g.prefix, "/join/", r); };
+  BRAID_RETURN_IF_ERROR(store->Set(key(g.rank), join_value));
+  std::vector<std::string> keys;
+  for (int r = 0; r < g.size; ++r) keys.push_back(key(r));
+  absl::Status waited = WaitInSlices(store, keys, timeout);
+  std::vector<int> missing, joined;
+  for (int r = 0; r < g.size; ++r) {
+    absl::StatusOr<std::string> v =
+        store->Get(key(r), waited.ok() ? absl::Seconds(10) : absl::Milliseconds(10));
+    if (!v.ok()) {
+      missing.push_back(r);
+      continue;
+    }
+    joined.push_back(r);
+    if (*v != join_value) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gloo communicator ", g.Rank(g.rank), " of ", g.Describe(), ": ",
+                       g.Rank(r), " joined with ", *v, " but this rank has ", join_value,
+                       "; every rank must pass the same group (world size or member list)"));
+    }
+  }
+  if (!missing.empty()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "gloo communicator ", g.Rank(g.rank), " of ", g.Describe(), ": rank(s) ",
+        absl::StrJoin(missing, ","), " did not join within ", absl::FormatDuration(timeout),
+        " (joined: ", absl::StrJoin(joined, ","), "; store keys '", g.prefix, "/join/<rank>')",
+        waited.ok() ? "" : absl::StrCat(": ", waited.message())));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace braid::gloo_backend::internal

@@ -43,6 +43,11 @@ struct GroupInfo {
   std::string Rank(int r) const;
 };
 
+// Writes "join/<rank>" and waits for every rank's; names the ranks that did not come and
+// refuses a group whose members disagree on `join_value` (world size, member list).
+absl::Status JoinGroup(const GroupInfo& g, braid::Store* store, absl::Duration timeout,
+                       const std::string& join_value);
+
 // ---- Progress records: what each rank publishes on its heartbeat -----------------------------
 
 struct Progress {

@@ -82,7 +82,7 @@ class GlooCommunicator final : public Communicator {
       GroupInfo g, Settings settings, braid::Store* store,
       std::shared_ptr<::gloo::transport::Device> device, absl::Duration timeout,
       const std::string& join_value) {
-    BRAID_RETURN_IF_ERROR(Join(g, store, timeout, join_value));
+    BRAID_RETURN_IF_ERROR(internal::JoinGroup(g, store, timeout, join_value));
     // Read by a peer at its first Send or Recv with this rank, after the barrier below.
     BRAID_RETURN_IF_ERROR(ShmLink::Publish(store, g, settings.shm));
     auto context = std::make_shared<::gloo::rendezvous::Context>(g.rank, g.size);
@@ -124,6 +124,14 @@ class GlooCommunicator final : public Communicator {
       p2p_ops_.clear();
     }
     core_->p2p_threads.JoinAll();
+    {
+      // A Work the caller still holds keeps its link alive; the peer must see the rings close
+      // now, not when that Work goes.
+      absl::MutexLock lock(&links_mu_);
+      for (auto& [peer, link] : links_) {
+        if (link != nullptr) link->Shutdown();
+      }
+    }
     core_->StopHeartbeat();
     heartbeat_.join();
     {
@@ -284,41 +292,6 @@ class GlooCommunicator final : public Communicator {
     worker_ = std::make_unique<SerialThread>();
     core_->PublishProgress();
     heartbeat_ = std::thread([core = core_] { core->HeartbeatLoop(); });
-  }
-
-  // Writes "join/<rank>" and waits for every rank's; names the ranks that did not come and
-  // refuses a group whose members disagree on `join_value` (world size, member list).
-  static absl::Status Join(const GroupInfo& g, braid::Store* store, absl::Duration timeout,
-                           const std::string& join_value) {
-    auto key = [&](int r) { return absl::StrCat(g.prefix, "/join/", r); };
-    BRAID_RETURN_IF_ERROR(store->Set(key(g.rank), join_value));
-    std::vector<std::string> keys;
-    for (int r = 0; r < g.size; ++r) keys.push_back(key(r));
-    absl::Status waited = WaitInSlices(store, keys, timeout);
-    std::vector<int> missing, joined;
-    for (int r = 0; r < g.size; ++r) {
-      absl::StatusOr<std::string> v =
-          store->Get(key(r), waited.ok() ? absl::Seconds(10) : absl::Milliseconds(10));
-      if (!v.ok()) {
-        missing.push_back(r);
-        continue;
-      }
-      joined.push_back(r);
-      if (*v != join_value) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("gloo communicator ", g.Rank(g.rank), " of ", g.Describe(), ": ",
-                         g.Rank(r), " joined with ", *v, " but this rank has ", join_value,
-                         "; every rank must pass the same group (world size or member list)"));
-      }
-    }
-    if (!missing.empty()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "gloo communicator ", g.Rank(g.rank), " of ", g.Describe(), ": rank(s) ",
-          absl::StrJoin(missing, ","), " did not join within ", absl::FormatDuration(timeout),
-          " (joined: ", absl::StrJoin(joined, ","), "; store keys '", g.prefix, "/join/<rank>')",
-          waited.ok() ? "" : absl::StrCat(": ", waited.message())));
-    }
-    return absl::OkStatus();
   }
 
   absl::Duration WaitGrace() const {

@@ -186,6 +186,7 @@ TEST_P(P2p, DroppedAndPolledWorksComplete) {
         Tensor y = Tensor::Zeros({n});
         (void)c.Recv(y, 1, 2);
       }
+      Tensor reuse_y = Tensor::Full({n}, -2.0f);  // the block y had, were it freed
       Tensor z = Tensor::Zeros({4});
       auto w = c.Recv(z, 1, 3);
       while (!w->IsCompleted()) std::this_thread::yield();  // rank 1 sends it unconditionally
@@ -193,6 +194,8 @@ TEST_P(P2p, DroppedAndPolledWorksComplete) {
       EXPECT_TRUE(w->Wait().ok());
       EXPECT_EQ(reuse.ToFloatVector()[0], -1.0f);
       ASSERT_TRUE(c.Barrier()->Wait().ok());
+      // y's message (6.0) went before z's on the same ring: it has landed, in y's kept memory.
+      EXPECT_EQ(reuse_y.ToFloatVector(), std::vector<float>(size_t(n), -2.0f));
     } else {
       Tensor got = Tensor::Zeros({n});
       ASSERT_TRUE(c.Recv(got, 0, 1)->Wait().ok());

@@ -80,21 +80,25 @@ absl::StatusOr<std::shared_ptr<ShmLink>> ShmLink::ForPeer(std::shared_ptr<Core> 
   return std::make_shared<ShmLink>(std::move(core), peer, pid_t(pid), ring_bytes, spin);
 }
 
-ShmLink::~ShmLink() {
+ShmLink::~ShmLink() { Shutdown(); }
+
+void ShmLink::Shutdown() {
+  if (stop_.exchange(true)) return;
+  std::thread opener;
   {
     absl::MutexLock lock(&send_mu_);
     if (out_ != nullptr) out_->Close();
+    opener = std::move(opener_);
   }
-  if (doorbell_.joinable()) {
-    stop_.store(true);
-    {
-      absl::MutexLock lock(&recv_mu_);
-      in_->RingDoorbell();
+  {
+    absl::MutexLock lock(&recv_mu_);
+    if (in_ != nullptr) {
+      in_->Close();
+      in_->RingDoorbell();  // wakes the doorbell thread, which sees stop_
     }
-    doorbell_.join();
   }
-  absl::MutexLock lock(&recv_mu_);
-  if (in_ != nullptr) in_->Close();
+  if (doorbell_.joinable()) doorbell_.join();
+  if (opener.joinable()) opener.join();  // within one store wait (100 ms)
 }
 
 void ShmLink::AnswerDoorbell(ShmRing* in) {
@@ -128,6 +132,11 @@ std::shared_ptr<Flight> ShmLink::Post(bool send, const Tensor& t, int tag, std::
     bool done;
     {
       absl::MutexLock lock(&send_mu_);
+      if (!out_lost_.empty()) {
+        op->Finish(absl::UnavailableError(absl::StrCat(op->what_, ": ", out_lost_)));
+        return op;
+      }
+      if (out_ == nullptr && !opener_.joinable()) opener_ = std::thread([this] { OpenOut(); });
       sending_.push_back(op);
       ProgressSend();
       done = op->done_;
@@ -137,76 +146,100 @@ std::shared_ptr<Flight> ShmLink::Post(bool send, const Tensor& t, int tag, std::
     if (!done) op->WaitInBackground();
     return op;
   }
-  absl::MutexLock lock(&recv_mu_);
-  if (in_ == nullptr) {
-    std::string name;
-    absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::Create(ring_bytes_, &name);
-    absl::Status st = ring.status();
-    if (st.ok()) st = core_->store->Set(RingKey(core_->group, peer_, core_->group.rank), name);
-    if (!st.ok()) {
-      std::string why = absl::StrCat(
-          "gloo ", op->what_, " in ", core_->group.Describe(), " on ",
-          core_->group.Rank(core_->group.rank), ": cannot set up shared memory with ",
-          core_->group.Rank(peer_), ": ", st.message());
-      core_->Break(why);
-      op->Finish(absl::Status(st.code(), why));
-      return op;
-    }
-    in_ = std::move(*ring);
-    doorbell_ = std::thread([this, in = in_.get()] { AnswerDoorbell(in); });
+  if (absl::Status st = MakeIn(op->what_); !st.ok()) {
+    absl::MutexLock lock(&recv_mu_);
+    op->Finish(st);
+    return op;
   }
+  absl::MutexLock lock(&recv_mu_);
   // The oldest message kept aside with this tag is this Recv's.
   auto early =
       std::find_if(early_.begin(), early_.end(), [&](const Early& e) { return e.tag == tag; });
   if (early == early_.end()) {
     posted_.push_back(op);
-  } else if (early->data.size() != op->bytes_) {
+    ProgressRecv();
+    return op;
+  }
+  const bool being_read = incoming_.active && incoming_.early == &*early;
+  if (early->data.size() != op->bytes_) {
     op->Finish(absl::InvalidArgumentError(
         absl::StrCat(op->what_, ": the message from ", core_->group.Rank(peer_), " with tag ", tag,
                      " has ", early->data.size(), " bytes, this Recv's tensor ", op->bytes_)));
-    if (early->complete) {
-      early_.erase(early);
-    } else {  // it is being read: drop the rest of it
-      incoming_.early = nullptr;
-      early_.erase(early);
-    }
+    if (being_read) incoming_.early = nullptr;  // skip the rest of it
+  } else if (being_read) {  // the rest goes straight into the tensor
+    std::memcpy(op->data_, early->data.data(), incoming_.got);
+    incoming_.early = nullptr;
+    incoming_.op = op;
   } else {
-    std::memcpy(op->data_, early->data.data(), early->complete ? op->bytes_ : incoming_.got);
-    if (early->complete) {
-      op->Finish(absl::OkStatus());
-    } else {  // it is being read: the rest goes straight into the tensor
-      incoming_.early = nullptr;
-      incoming_.op = op;
-    }
-    early_.erase(early);
+    std::memcpy(op->data_, early->data.data(), op->bytes_);
+    op->Finish(absl::OkStatus());
   }
+  early_.erase(early);
   ProgressRecv();
   return op;
 }
 
-bool ShmLink::OpenOut(absl::Duration wait) {
-  if (out_ != nullptr) return true;
-  absl::StatusOr<std::string> name = core_->store->Get(RingKey(core_->group, core_->group.rank,
-                                                                peer_), wait);
-  if (!name.ok()) return false;
-  absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::Open(*name);
-  if (!ring.ok()) {
-    std::string why = absl::StrCat("cannot map the shared memory ",
-                                   core_->group.Rank(peer_), " made for this rank: ",
-                                   ring.status().message());
-    core_->Break(why);
-    for (auto& op : sending_) {
-      op->Finish(absl::UnavailableError(absl::StrCat(op->what_, ": ", why)));
-    }
-    sending_.clear();
-    return false;
+absl::Status ShmLink::MakeIn(const std::string& what) {
+  absl::MutexLock make(&make_in_mu_);
+  {
+    absl::MutexLock lock(&recv_mu_);
+    if (in_ != nullptr) return absl::OkStatus();
   }
-  out_ = std::move(*ring);
-  return true;
+  std::string name;
+  absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::Create(ring_bytes_, &name);
+  absl::Status st = ring.status();
+  if (st.ok()) st = core_->store->Set(RingKey(core_->group, peer_, core_->group.rank), name);
+  if (!st.ok()) {
+    std::string why = absl::StrCat("gloo ", what, " in ", core_->group.Describe(), " on ",
+                                   core_->group.Rank(core_->group.rank),
+                                   ": cannot set up shared memory with ", core_->group.Rank(peer_),
+                                   ": ", st.message());
+    core_->Break(why);
+    return absl::Status(st.code(), why);
+  }
+  absl::MutexLock lock(&recv_mu_);
+  in_ = std::move(*ring);
+  doorbell_ = std::thread([this, in = in_.get()] { AnswerDoorbell(in); });
+  return absl::OkStatus();
+}
+
+void ShmLink::OpenOut() {
+  const std::string key = RingKey(core_->group, core_->group.rank, peer_);
+  while (!stop_.load()) {
+    // In slices: the store's client may serialize its requests.
+    absl::StatusOr<std::string> name = core_->store->Get(key, absl::Milliseconds(100));
+    if (!name.ok()) continue;  // not there yet (the Sends' own waits bound how long)
+    absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::Open(*name);
+    absl::MutexLock lock(&send_mu_);
+    if (!ring.ok()) {
+      std::string why = absl::StrCat("cannot map the shared memory ", core_->group.Rank(peer_),
+                                     " made for this rank: ", ring.status().message());
+      core_->Break(why);
+      out_lost_ = why;
+      for (auto& op : sending_) {
+        op->Finish(absl::UnavailableError(absl::StrCat(op->what_, ": ", why)));
+      }
+      sending_.clear();
+      return;
+    }
+    out_ = std::move(*ring);
+    ProgressSend();
+    return;
+  }
+}
+
+void ShmLink::AbandonOut(const absl::Status& st) {
+  out_lost_ = absl::StrCat("an earlier Send to ", core_->group.Rank(peer_),
+                           " ended part-way through its message (", st.message(), ")");
+  if (out_ != nullptr) out_->Close();
+  for (auto& op : sending_) {
+    op->Finish(absl::UnavailableError(absl::StrCat(op->what_, ": ", out_lost_)));
+  }
+  sending_.clear();
 }
 
 void ShmLink::ProgressSend() {
-  if (sending_.empty() || !OpenOut(absl::ZeroDuration())) return;
+  if (out_ == nullptr || !out_lost_.empty()) return;
   while (!sending_.empty()) {
     ShmOp& op = *sending_.front();
     if (op.moved_ < sizeof(Frame)) {
@@ -230,7 +263,9 @@ void ShmLink::Corrupt(const std::string& why) {
   if (incoming_.op) incoming_.op->Finish(absl::InternalError(msg));
   for (auto& op : posted_) op->Finish(absl::InternalError(absl::StrCat(op->what_, ": ", msg)));
   posted_.clear();
+  early_.clear();
   incoming_ = Incoming();
+  corrupt_ = true;  // nothing more is read
 }
 
 void ShmLink::Match(const std::shared_ptr<ShmOp>& op, const Frame& frame) {
@@ -245,12 +280,14 @@ void ShmLink::Match(const std::shared_ptr<ShmOp>& op, const Frame& frame) {
 }
 
 void ShmLink::ProgressRecv() {
-  if (in_ == nullptr) return;
+  if (in_ == nullptr || corrupt_) return;
   for (;;) {
     if (!incoming_.active) {
-      if (in_->Readable() < sizeof(Frame)) return;
+      incoming_.frame_got += in_->Read(incoming_.frame_bytes + incoming_.frame_got,
+                                       sizeof(Frame) - incoming_.frame_got);
+      if (incoming_.frame_got < sizeof(Frame)) return;
       Frame f;
-      in_->Read(&f, sizeof(f));
+      std::memcpy(&f, incoming_.frame_bytes, sizeof(f));
       if (f.check != kFrameCheck) return Corrupt("a frame without its check word");
       incoming_ = Incoming();
       incoming_.active = true;
@@ -304,6 +341,16 @@ void ShmOp::Finish(absl::Status st) {
   done_ = true;
   keep_ = Tensor();
   data_ = nullptr;
+  // Its waiter may be asleep on the ring while another thread (the doorbell's, a background
+  // wait's) finished it.
+  finished_.store(true);
+  ShmRing* ring = send_ ? link_->out_.get() : link_->in_.get();
+  if (ring == nullptr) return;
+  if (send_) {
+    ring->WakeWriters();
+  } else {
+    ring->WakeReaders();
+  }
 }
 
 bool ShmOp::Poll(absl::Status* st) {
@@ -327,14 +374,45 @@ absl::Status ShmOp::Fail(const std::string& error, absl::Duration elapsed) {
 absl::Status ShmOp::End(absl::Status st) {
   absl::MutexLock lock(&mu());
   if (done_) return status_;
-  // Out of the link's queues: nothing will write into or read from its tensor any more.
-  auto& queue = send_ ? link_->sending_ : link_->posted_;
-  queue.erase(std::remove_if(queue.begin(), queue.end(),
-                             [&](const auto& o) { return o.get() == this; }),
-              queue.end());
-  if (!send_ && link_->incoming_.op.get() == this) link_->incoming_.op = nullptr;  // skip the rest
+  if (send_) {
+    if (moved_ > 0) {
+      link_->AbandonOut(st);  // finishes this one too
+      return status_;
+    }
+    auto& q = link_->sending_;
+    q.erase(std::remove_if(q.begin(), q.end(), [&](const auto& o) { return o.get() == this; }),
+            q.end());
+  } else {
+    // Out of the queue: nothing will write into its tensor any more.
+    auto& q = link_->posted_;
+    q.erase(std::remove_if(q.begin(), q.end(), [&](const auto& o) { return o.get() == this; }),
+            q.end());
+    if (link_->incoming_.op.get() == this) link_->incoming_.op = nullptr;  // skip the rest
+  }
   Finish(st);
   return st;
+}
+
+void ShmOp::Sleep(absl::Duration slice, absl::Duration spin) {
+  ShmRing* ring;  // lives as long as the link
+  {
+    absl::MutexLock lock(&mu());
+    if (done_) return;
+    ring = send_ ? link_->out_.get() : link_->in_.get();
+    if (ring == nullptr) {
+      // A Send before the peer's ring is known: the opener thread maps it (or fails the Send).
+      auto mapped = [](ShmOp* op) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return op->done_ || op->link_->out_ != nullptr;
+      };
+      mu().AwaitWithTimeout(absl::Condition(+mapped, this), slice);
+      return;
+    }
+  }
+  if (send_) {
+    ring->WaitWritable(slice, &finished_);
+  } else {
+    ring->WaitReadable(slice, spin, &finished_);
+  }
 }
 
 absl::Status ShmOp::Wait(absl::Duration budget) {
@@ -348,39 +426,30 @@ absl::Status ShmOp::Wait(absl::Duration budget) {
     // Another operation failed meanwhile: the stream may be cut mid-message.
     if (!link_->core_->Broken().empty()) return End(link_->core_->BrokenError(what_));
     const absl::Time now = absl::Now();
-    if (now >= deadline) {
-      return Fail("Timed out waiting for the peer's message or room", now - start);
-    }
-    ShmRing* ring;  // lives as long as the link
-    {
-      absl::MutexLock lock(&mu());
-      ring = send_ ? link_->out_.get() : link_->in_.get();
-    }
     std::string gone;
-    if (ring != nullptr && ring->PeerClosed()) {
-      gone = "it closed its end (it destroyed its communicator)";
-    } else if (now >= check_peer) {
-      check_peer = now + kSlice;
-      if (!link_->PeerAlive()) {
-        gone = absl::StrCat("its process (pid ", link_->peer_pid_, ") has exited");
+    if (now >= deadline) {
+      gone = "Timed out waiting for the peer's message or room";
+    } else {
+      ShmRing* ring;
+      {
+        absl::MutexLock lock(&mu());
+        ring = send_ ? link_->out_.get() : link_->in_.get();
+      }
+      if (ring != nullptr && ring->PeerClosed()) {
+        gone = "it closed its end (its communicator was destroyed, or broke mid-message)";
+      } else if (now >= check_peer) {
+        check_peer = now + kSlice;
+        if (!link_->PeerAlive()) {
+          gone = absl::StrCat("its process (pid ", link_->peer_pid_, ") has exited");
+        }
       }
     }
     if (!gone.empty()) {
-      if (Poll(&st)) return st;  // what it wrote before it went
+      if (Poll(&st)) return st;  // done meanwhile, or what the peer wrote before it went
       return Fail(gone, now - start);
     }
-    const absl::Duration slice = std::min(kSlice, deadline - now);
-    if (!send_) {
-      ring->WaitReadable(slice, spin);
-      spin = absl::ZeroDuration();
-    } else if (ring != nullptr) {
-      ring->WaitWritable(slice);
-    } else {
-      // The peer has not posted a Recv from this rank yet: wait for its ring's name.
-      absl::StatusOr<std::string> name = link_->core_->store->Get(
-          ShmLink::RingKey(link_->core_->group, link_->core_->group.rank, link_->peer_), slice);
-      (void)name;  // Poll maps it
-    }
+    Sleep(std::min(kSlice, deadline - now), spin);
+    spin = absl::ZeroDuration();
   }
 }
 

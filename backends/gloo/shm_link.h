@@ -54,13 +54,17 @@ class ShmLink : public std::enable_shared_from_this<ShmLink> {
   // `peer` is a rank of core's group on this host, whose process is `peer_pid`.
   ShmLink(std::shared_ptr<Core> core, int peer, pid_t peer_pid, size_t ring_bytes,
           absl::Duration spin);
-  ~ShmLink();
+  ~ShmLink();  // Shutdown()
 
   // Posts a Send (`send`) or Recv of `t`; the returned operation keeps `t` until it is done.
   // Fails (the operation is returned already failed) only if the ring cannot be made. A Send
   // that does not fit in the ring is finished by a thread of its own.
   std::shared_ptr<Flight> Post(bool send, const Tensor& t, int tag, std::string what,
                                uint64_t journal_id, absl::Duration timeout);
+
+  // The communicator is gone: close both rings (the peer's waits on them end at once) and stop
+  // this link's threads. Every operation must be done. Idempotent.
+  void Shutdown();
 
   // When the communicator is made: this rank's host identity (ShmHostIdentity and the pid), or
   // nothing if `shm` is off or the host has no /dev/shm, which keeps every pair with it on TCP.
@@ -90,9 +94,12 @@ class ShmLink : public std::enable_shared_from_this<ShmLink> {
     bool complete = false;
   };
 
-  // The message being read from the ring (between frames, `active` is false).
+  // The message being read from the ring. Between messages `active` is false and the next
+  // frame's bytes gather in `frame_bytes` (a writer may have put only part of it in so far).
   struct Incoming {
     bool active = false;
+    unsigned char frame_bytes[sizeof(Frame)] = {};
+    size_t frame_got = 0;
     Frame frame{};
     uint64_t got = 0;
     std::shared_ptr<ShmOp> op;  // its Recv, or
@@ -102,9 +109,16 @@ class ShmLink : public std::enable_shared_from_this<ShmLink> {
   // Move what can move now; never block. Call holding the direction's mutex.
   void ProgressSend() ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
   void ProgressRecv() ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv_mu_);
-  // Maps the peer's ring once its name is in the store (waiting up to `wait`); false if not yet.
-  bool OpenOut(absl::Duration wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
-  // Gives `op` the message `frame` (its size must match) with `got` bytes already at `early`.
+  // Makes the inbound ring and publishes its name (once; not holding recv_mu_, since the store
+  // may take a while).
+  absl::Status MakeIn(const std::string& what);
+  // The thread that maps the peer's ring once its name is in the store.
+  void OpenOut();
+  // A Send ended part-way through its message: nothing more may go into the ring, or the
+  // reader would take the next frame for the rest of this message. Closes the ring (the peer's
+  // Recv fails at once) and fails every queued Send with `st`.
+  void AbandonOut(const absl::Status& st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
+  // Gives `op` the message `frame` (its size must match).
   void Match(const std::shared_ptr<ShmOp>& op, const Frame& frame)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(recv_mu_);
   // A frame that is not one: the stream is lost, and so is the communicator.
@@ -125,17 +139,23 @@ class ShmLink : public std::enable_shared_from_this<ShmLink> {
   absl::Mutex send_mu_;
   std::unique_ptr<ShmRing> out_ ABSL_GUARDED_BY(send_mu_);
   std::deque<std::shared_ptr<ShmOp>> sending_ ABSL_GUARDED_BY(send_mu_);  // front: in the ring
+  std::string out_lost_ ABSL_GUARDED_BY(send_mu_);  // why nothing more may be written
+  std::thread opener_ ABSL_GUARDED_BY(send_mu_);    // started by the first Send
 
+  absl::Mutex make_in_mu_;  // one MakeIn at a time
   absl::Mutex recv_mu_;
   std::unique_ptr<ShmRing> in_ ABSL_GUARDED_BY(recv_mu_);
   std::deque<std::shared_ptr<ShmOp>> posted_ ABSL_GUARDED_BY(recv_mu_);  // Recvs not matched
   std::list<Early> early_ ABSL_GUARDED_BY(recv_mu_);
   Incoming incoming_ ABSL_GUARDED_BY(recv_mu_);
-  std::atomic<bool> stop_{false};
+  bool corrupt_ ABSL_GUARDED_BY(recv_mu_) = false;
   std::thread doorbell_;  // started with in_
+
+  std::atomic<bool> stop_{false};
 };
 
-// One posted Send or Recv over a ShmLink. Its state is guarded by its direction's mutex.
+// One posted Send or Recv over a ShmLink. Its state is guarded by its direction's mutex, except
+// `finished_`, which a waiter's sleep watches (ShmRing::WaitReadable).
 class ShmOp final : public Flight, public std::enable_shared_from_this<ShmOp> {
  public:
   ShmOp(std::shared_ptr<ShmLink> link, bool send, const Tensor& t, int tag, std::string what,
@@ -150,7 +170,8 @@ class ShmOp final : public Flight, public std::enable_shared_from_this<ShmOp> {
   friend class ShmLink;
 
   absl::Mutex& mu() const;
-  // Ends the operation (holding mu()): records the status and lets go of the tensor.
+  // Ends the operation (holding mu()): records the status, lets go of the tensor and wakes
+  // whoever sleeps waiting for it.
   void Finish(absl::Status st);
   // Fails it and the communicator (not holding mu()).
   absl::Status Fail(const std::string& error, absl::Duration elapsed);
@@ -158,6 +179,8 @@ class ShmOp final : public Flight, public std::enable_shared_from_this<ShmOp> {
   absl::Status End(absl::Status st);
   // Progress under the lock; true once done (then *st is its status).
   bool Poll(absl::Status* st);
+  // Sleeps up to `slice` for something that may let it progress.
+  void Sleep(absl::Duration slice, absl::Duration spin);
   void WaitInBackground();
 
   const std::shared_ptr<ShmLink> link_;
@@ -169,8 +192,9 @@ class ShmOp final : public Flight, public std::enable_shared_from_this<ShmOp> {
   const std::string what_;
   const uint64_t journal_id_;
   const absl::Duration timeout_;
-  uint64_t moved_ = 0;     // Send: frame and data bytes written so far
+  uint64_t moved_ = 0;  // Send: frame and data bytes written so far
   bool done_ = false;
+  std::atomic<bool> finished_{false};  // done_, for sleepers that do not hold the lock
   absl::Status status_;
   bool background_ = false;  // a thread is waiting for it (polled or dropped)
 };

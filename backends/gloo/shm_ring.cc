@@ -204,16 +204,33 @@ size_t ShmRing::Read(void* out, size_t n) {
   return n;
 }
 
-void ShmRing::WaitReadable(absl::Duration slice, absl::Duration spin) {
+void ShmRing::WaitReadable(absl::Duration slice, absl::Duration spin,
+                           const std::atomic<bool>* done) {
   SleepUnless(
-      &header_->data_seq, &header_->readers_waiting, slice, spin,
-      [this] { return Readable() > 0; }, [] {});
+      &header_->data_seq, &header_->readers_waiting, slice, std::min(spin, slice),
+      [this, done] { return Readable() > 0 || PeerClosed() || (done != nullptr && done->load()); },
+      [] {});
 }
 
-void ShmRing::WaitWritable(absl::Duration slice) {
+void ShmRing::WakeReaders() {
+  if (header_->readers_waiting.load() == 0) return;
+  header_->data_seq.fetch_add(1);
+  FutexWakeAll(&header_->data_seq);
+}
+
+void ShmRing::WakeWriters() {
+  if (header_->writers_waiting.load() == 0) return;
+  header_->room_seq.fetch_add(1);
+  FutexWakeAll(&header_->room_seq);
+}
+
+void ShmRing::WaitWritable(absl::Duration slice, const std::atomic<bool>* done) {
   SleepUnless(
       &header_->room_seq, &header_->writers_waiting, slice, absl::ZeroDuration(),
-      [this] { return header_->written.load() - header_->read.load() < capacity_; },
+      [this, done] {
+        return header_->written.load() - header_->read.load() < capacity_ || PeerClosed() ||
+               (done != nullptr && done->load());
+      },
       [this] { RingDoorbell(); });
 }
 

@@ -11,6 +11,7 @@
 #ifndef BRAID_BACKENDS_GLOO_SHM_RING_H_
 #define BRAID_BACKENDS_GLOO_SHM_RING_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -51,14 +52,19 @@ class ShmRing {
   // Reader: copies up to `n` readable bytes to `out` (nullptr: skips them) and frees their room.
   size_t Read(void* out, size_t n);
 
-  // Sleep until the other side publishes (data for the reader, room for the writer) or `slice`
-  // passes; return at once if there is already something. Spurious returns are allowed. The
-  // reader may first poll for up to `spin`: waking a thread from a futex costs tens of
-  // microseconds when its core has gone idle (more on a VM), once per message a pipeline stage
-  // waits for.
-  void WaitReadable(absl::Duration slice, absl::Duration spin = absl::ZeroDuration());
+  // Sleep until the other side publishes (data for the reader, room for the writer), closes its
+  // end, `*done` turns true (an operation another thread of this side finished, which then
+  // calls WakeReaders / WakeWriters) or `slice` passes; return at once if one holds already.
+  // Spurious returns are allowed. The reader may first poll for up to `spin`: waking a thread
+  // from a futex costs tens of microseconds when its core has gone idle (more on a VM), once
+  // per message a pipeline stage waits for.
+  void WaitReadable(absl::Duration slice, absl::Duration spin = absl::ZeroDuration(),
+                    const std::atomic<bool>* done = nullptr);
   // Before the writer sleeps for room, it rings the reader's doorbell (below).
-  void WaitWritable(absl::Duration slice);
+  void WaitWritable(absl::Duration slice, const std::atomic<bool>* done = nullptr);
+  // Wake this side's sleepers in WaitReadable / WaitWritable (cheap when none sleeps).
+  void WakeReaders();
+  void WakeWriters();
 
   // Reader: the doorbell a writer rings when it finds the ring full. A reader that is not
   // waiting for this ring's messages (its thread waits for another peer's, or computes) still
