@@ -124,6 +124,9 @@ class TcpStoreClient final : public Store {
     // How long any send or receive may stall before the connection is declared dead; a Get or
     // Wait gets its own timeout on top of this.
     absl::Duration io_timeout = absl::Minutes(2);
+    // Called after each failed attempt, before the back-off (attempt number from 1, the error):
+    // for a "still waiting for the master" message, and how a test knows the client is retrying.
+    std::function<void(int attempt, const std::string& error)> on_retry;
   };
 
   // Connects (retrying until connect_timeout) and authenticates. Errors name host:port and say

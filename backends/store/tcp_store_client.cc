@@ -272,6 +272,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(Options 
     }
     Deadline now = Clock::now();
     if (now >= deadline) break;
+    if (options.on_retry) options.on_retry(attempts, last_error);
     std::this_thread::sleep_for(std::min(backoff, deadline - now));
     backoff = std::min(backoff * 2, std::chrono::duration_cast<Clock::duration>(kMaxBackoff));
   }
