@@ -20,7 +20,9 @@ From each run's last-step trace (one file per stage) the bench also reports the 
 latency on the critical path: for every wait for a message, the part of the wait after the
 sender had finished computing it (ms per step, both stages). Near zero means messages arrive as
 soon as they are made; the rest of the bubble is then the schedule's own plus stage imbalance.
-Prints one JSON object per run and a summary table. --tcp_too adds each pipeline config with its
+@own replays the schedule with each forward's and backward's own time from the trace and instant
+messages (stage imbalance plus compute jitter), so bubble - @own is what messages and the executor
+add. Prints one JSON object per run and a summary table. --tcp_too adds each pipeline config with its
 messages over loopback TCP (BRAID_GLOO_SHM=0) beside the default shared-memory rings.
 """
 import argparse
@@ -75,8 +77,10 @@ def order(schedule, stage, m):
 
 def bubble_with_stage_times(schedule, m, times):
     """The bubble the schedule would have with these per-stage forward and backward times
-    (times[stage] = (forward_ms, backward_ms)) and messages that take no time: the formula's
-    schedule, plus the stages' imbalance, minus nothing else."""
+    (times[stage] = (forward_ms, backward_ms), or a function (stage, kind, k) -> ms for each
+    compute's own time) and messages that take no time: the formula's schedule, plus the stages'
+    imbalance (and, with each compute's own time, its jitter), minus nothing else."""
+    duration = times if callable(times) else (lambda s, kind, k: times[s][0 if kind == "F" else 1])
     done, clock, pc = {}, [0.0, 0.0], [0, 0]
     lists = [order(schedule, s, m) for s in (0, 1)]
     while pc[0] < len(lists[0]) or pc[1] < len(lists[1]):
@@ -88,13 +92,13 @@ def bubble_with_stage_times(schedule, m, times):
                 if dep and dep not in done:
                     break
                 start = max(clock[s], done[dep] if dep else 0.0)
-                clock[s] = start + times[s][0 if kind == "F" else 1]
+                clock[s] = start + duration(s, kind, k)
                 done[(s, kind, k)] = clock[s]
                 pc[s] += 1
                 progressed = True
         assert progressed, "schedule stuck"
     span = done[(0, "B", m - 1)]
-    busy = sum(m * (times[s][0] + times[s][1]) for s in (0, 1))
+    busy = sum(duration(s, kind, k) for s in (0, 1) for kind in "FB" for k in range(m))
     return 1 - busy / (2 * span)
 
 
@@ -118,7 +122,9 @@ def trace_figures(trace_prefix, schedule, micro_batches):
         made = events.get((1 - stage, ("F" if m.group(1) == "activation" else "B") + m.group(2)))
         if made:
             late += max(0.0, end - max(start, made[1]))
+    own = lambda s, kind, k: (lambda e: (e[1] - e[0]) / 1000)(events[(s, f"{kind}{k}")])
     return {"comm_latency_ms": round(late / 1000, 2),
+            "bubble_at_own_times": round(bubble_with_stage_times(schedule, micro_batches, own), 4),
             "f_b_ms_stage0": [round(x, 2) for x in times[0]], "f_b_ms_stage1": [round(x, 2) for x in times[1]],
             "bubble_at_stage_times": round(bubble_with_stage_times(schedule, micro_batches, times), 4)}
 
@@ -205,7 +211,8 @@ def main():
         row = {"config": tag, "tokens_per_s": statistics.median(x["tokens_per_s"] for x in runs)}
         if ddp:
             row["vs_ddp"] = round(row["tokens_per_s"] / ddp, 3)
-        for key in ("bubble", "bubble_formula", "bubble_at_stage_times", "idle_stage0", "idle_stage1",
+        for key in ("bubble", "bubble_formula", "bubble_at_stage_times", "bubble_at_own_times",
+                    "idle_stage0", "idle_stage1",
                     "outside_stage0", "comm_latency_ms", "activations_mib_stage0", "activations_mib_stage1"):
             vals = [x[key] for x in runs if key in x]
             if vals:
@@ -222,13 +229,13 @@ def main():
           f"{min(x['load1_before'] for v in results.values() for x in v)}-"
           f"{max(x['load1_before'] for v in results.values() for x in v)}")
     print(f"{'config':20} {'tok/s':>7} {'vs DDP':>6} {'bubble':>7} {'formula':>7} {'diff':>6} {'<=2pt':>5} "
-          f"{'@times':>7} {'idle s0':>7} {'idle s1':>7} {'outside':>7} {'lat ms':>6} {'act s0':>7} {'act s1':>7}")
+          f"{'@times':>7} {'@own':>6} {'idle s0':>7} {'idle s1':>7} {'outside':>7} {'lat ms':>6} {'act s0':>7} {'act s1':>7}")
     for row in rows:
         f = lambda k, scale=1, fmt="{:.1f}": fmt.format(row[k] * scale) if k in row else "-"
         ok = "-" if "within_2_points" not in row else ("yes" if row["within_2_points"] else "NO")
         print(f"{row['config']:20} {row['tokens_per_s']:7.0f} {f('vs_ddp', 1, '{:.2f}'):>6} "
               f"{f('bubble', 100):>7} {f('bubble_formula', 100):>7} {f('bubble_points_over_formula'):>6} "
-              f"{ok:>5} {f('bubble_at_stage_times', 100):>7} {f('idle_stage0', 100):>7} {f('idle_stage1', 100):>7} {f('outside_stage0', 100):>7} "
+              f"{ok:>5} {f('bubble_at_stage_times', 100):>7} {f('bubble_at_own_times', 100):>6} {f('idle_stage0', 100):>7} {f('idle_stage1', 100):>7} {f('outside_stage0', 100):>7} "
               f"{f('comm_latency_ms'):>6} {f('activations_mib_stage0'):>7} {f('activations_mib_stage1'):>7}")
     for row in rows:
         if "cut" in row:
@@ -236,7 +243,8 @@ def main():
             break
     print("bubble: measured (the strategy's summary); formula: (p-1)/(m+p-1); diff: points over it; "
           "@times: the bubble this schedule has with the stages' measured forward/backward times "
-          "(last step's trace) and instant messages, i.e. formula + stage imbalance; lat ms: per step, "
+          "(last step's trace) and instant messages, i.e. formula + stage imbalance; @own: the same with each "
+          "forward's and backward's own time (imbalance + jitter); lat ms: per step, "
           "waits for messages after they were made (critical-path communication latency); outside: "
           "share of the step outside the schedule's span (not counted in the bubble)")
 
