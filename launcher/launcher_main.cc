@@ -230,6 +230,20 @@ void Launcher::ServeAndConnect() {
   c.port = plan_.master_port;
   c.token = token_;
   c.connect_timeout = absl::Seconds(flags_.connect_timeout_s);
+  // Nodes rarely start together: say what this one waits for (after 1 s, then every 30 s)
+  // instead of staying silent up to the connect timeout.
+  const absl::Time connecting = absl::Now();
+  auto next_note = std::make_shared<absl::Time>(connecting + absl::Seconds(1));
+  c.on_retry = [label = Label(), address = absl::StrCat(c.host, ":", c.port), connecting,
+                next_note](int attempt, const std::string& error) {
+    const absl::Time now = absl::Now();
+    if (now < *next_note) return;
+    *next_note = now + absl::Seconds(30);
+    Say(absl::StrCat(label, " is waiting for the rendezvous store at ", address,
+                     " (node 0's launcher serves it): ",
+                     absl::FormatDuration(absl::Trunc(now - connecting, absl::Seconds(1))),
+                     " so far, ", attempt, " attempt(s), last error: ", error));
+  };
   auto client = WhileWatchingSignals<absl::StatusOr<std::unique_ptr<TcpStoreClient>>>(
       signals_, "connecting to the rendezvous store",
       [c] { return TcpStoreClient::Connect(c); });

@@ -267,6 +267,8 @@ expect_rc unreachable 2 $rc
 # and no hang.
 [ $took -ge 2900 ] && [ $took -lt 30000 ] && ok "unreachable: gave up in ${took} ms" || fail "unreachable: took ${took} ms"
 expect_grep unreachable "node 1 cannot use the rendezvous store at 127.0.0.1:$port: could not connect to the Braid store at 127.0.0.1:$port within 3s" "$d/stderr"
+# Meanwhile it said what it was waiting for (after 1 s; the attempts come at about 1.3 and 2.3 s).
+expect_grep unreachable "node 1 is waiting for the rendezvous store at 127.0.0.1:$port \(node 0's launcher serves it\): [0-9]+s so far, [0-9]+ attempt\(s\), last error: .*Connection refused" "$d/stderr"
 
 # Node 0 on a port that is taken.
 d=$(case_dir port_in_use)
