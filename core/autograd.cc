@@ -15,6 +15,7 @@ thread_local bool g_grad_enabled = true;
 thread_local std::vector<SavedTensorHooks> g_saved_hooks;
 thread_local int g_backward_depth = 0;
 thread_local std::vector<std::function<void()>> g_queued_callbacks;
+thread_local WeightGradQueue* g_weight_grad_queue = nullptr;
 std::atomic<uint64_t> g_next_sequence{0};
 constexpr uint64_t kAccumulatorPriority = uint64_t{1} << 63;
 thread_local std::vector<std::function<void()>> g_post_backward_callbacks;
@@ -70,6 +71,25 @@ std::vector<Tensor> AccumulateGrad::Apply(std::vector<Tensor>&& grads) {
   auto hooks = impl->post_accumulate_hooks;
   for (auto& [id, hook] : hooks) hook(var);
   return {};
+}
+
+WeightGradQueue::~WeightGradQueue() {
+  BRAID_CHECK(work_.empty()) << work_.size()
+                             << " weight gradient(s) were put off and never computed (Run())";
+}
+
+WeightGradQueue::ActiveScope::ActiveScope(WeightGradQueue* q) : prev_(g_weight_grad_queue) {
+  g_weight_grad_queue = q;
+}
+WeightGradQueue::ActiveScope::~ActiveScope() { g_weight_grad_queue = prev_; }
+
+WeightGradQueue* WeightGradQueue::Active() { return g_weight_grad_queue; }
+
+void WeightGradQueue::Run() {
+  std::vector<std::function<void()>> work;
+  work.swap(work_);
+  NoGradGuard no_grad;  // gradients of gradients are not wanted here
+  for (auto& fn : work) fn();
 }
 
 Edge GradientEdge(const Tensor& t) {

@@ -138,6 +138,43 @@ uint64_t AddEndOfBackwardHook(std::function<void()> fn);
 void RemoveEndOfBackwardHook(uint64_t id);
 // A callback for the end of the backward pass now running only (called from inside a hook).
 void QueueEndOfBackwardCallback(std::function<void()> fn);
+
+// Weight gradients put off. A pipeline stage's backward has two parts: its input's gradient,
+// which the previous stage waits for, and its weights' gradients, which nobody waits for until
+// the optimizer step. Zero-bubble pipeline schedules send the first before computing the
+// second. While a queue is active on this thread (ActiveScope), an op that can split its
+// backward (Linear, when its weight and bias are leaves) computes only its input's gradient
+// during Backward and queues the rest; Run() computes the queued gradients and adds them into
+// the leaves' .grad exactly as Backward would have (transforms and post-accumulate hooks too).
+class WeightGradQueue {
+ public:
+  WeightGradQueue() = default;
+  ~WeightGradQueue();  // a queue dropped with work left is a bug: fails fast
+  WeightGradQueue(const WeightGradQueue&) = delete;
+  WeightGradQueue& operator=(const WeightGradQueue&) = delete;
+
+  // Makes `q` the queue ops on this thread defer into, for the scope's lifetime.
+  class ActiveScope {
+   public:
+    explicit ActiveScope(WeightGradQueue* q);
+    ~ActiveScope();
+    ActiveScope(const ActiveScope&) = delete;
+    ActiveScope& operator=(const ActiveScope&) = delete;
+
+   private:
+    WeightGradQueue* prev_;
+  };
+
+  void Run();
+  bool empty() const { return work_.empty(); }
+
+  // For ops: this thread's active queue, or nullptr.
+  static WeightGradQueue* Active();
+  void Push(std::function<void()> fn) { work_.push_back(std::move(fn)); }
+
+ private:
+  std::vector<std::function<void()>> work_;
+};
 // For Module's post-backward hooks (step 3 above) when a parameter got no gradient: runs `fn`
 // after the last node of the backward pass now running and before the end-of-backward
 // callbacks, latest queued first (a child module's before its parent's).

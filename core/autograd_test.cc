@@ -418,5 +418,66 @@ TEST(AutogradTest, AccumulatorsRunAsSoonAsTheirGradientIsReady) {
   }
 }
 
+// Put-off weight gradients (WeightGradQueue) are the ones Backward computes: a two-layer net's
+// input gradient is complete after Backward, its Linear weights and biases get nothing until
+// Run, then exactly the reference's gradients, with their hooks. A Linear whose weight is not a
+// leaf (here w3 * 1) is not put off: its graph behind the weight would be needed.
+TEST(WeightGradQueueTest, LinearWeightGradientsWaitForRunAndMatchBackward) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  auto leaf = [&](Shape shape) {
+    std::vector<float> v(size_t(NumElements(shape)));
+    for (auto& e : v) e = nd(rng);
+    Tensor t = Tensor::FromVector(v, shape);
+    t.set_requires_grad(true);
+    return t;
+  };
+  Tensor x = leaf({3, 4}), w1 = leaf({5, 4}), b1 = leaf({5}), w2 = leaf({2, 5}), b2 = leaf({2});
+  Tensor w3 = leaf({2, 2});
+  auto loss = [&] {
+    Tensor h = ops::Tanh(ops::Linear(x, w1, b1));
+    Tensor y = ops::Linear(ops::Linear(h, w2, b2), ops::Scale(w3, 1.0f), Tensor());
+    return ops::Sum(ops::Mul(y, y));
+  };
+  std::vector<Tensor> all = {x, w1, b1, w2, b2, w3};
+  loss().Backward();
+  std::vector<std::vector<float>> want;
+  for (auto& t : all) want.push_back(t.grad().ToFloatVector());
+  for (auto& t : all) t.set_grad(Tensor());
+
+  int hooked = 0;
+  uint64_t id = w1.RegisterPostAccumulateGradHook([&](Tensor&) { ++hooked; });
+  WeightGradQueue q;
+  {
+    WeightGradQueue::ActiveScope active(&q);
+    loss().Backward();
+  }
+  EXPECT_EQ(x.grad().ToFloatVector(), want[0]);
+  EXPECT_EQ(w3.grad().ToFloatVector(), want[5]);  // not a leaf weight: not put off
+  for (int i : {1, 2, 3, 4}) EXPECT_FALSE(all[size_t(i)].grad().defined()) << "input " << i;
+  EXPECT_EQ(hooked, 0);
+  EXPECT_FALSE(q.empty());
+  q.Run();
+  EXPECT_TRUE(q.empty());
+  EXPECT_EQ(hooked, 1);
+  for (int i : {1, 2, 3, 4}) {
+    EXPECT_EQ(all[size_t(i)].grad().ToFloatVector(), want[size_t(i)]) << "input " << i;
+  }
+  w1.RemoveHook(id);
+}
+
+TEST(WeightGradQueueDeathTest, AQueueDroppedWithWorkLeftDies) {
+  EXPECT_DEATH(
+      {
+        Tensor x = Leaf({1.0f, 2.0f});
+        Tensor w = Tensor::FromVector<float>({1.0f, 1.0f}, {1, 2});
+        w.set_requires_grad(true);
+        WeightGradQueue q;
+        WeightGradQueue::ActiveScope active(&q);
+        ops::Sum(ops::Linear(x, w, Tensor())).Backward();
+      },
+      HasSubstr("put off and never computed"));
+}
+
 }  // namespace
 }  // namespace braid::autograd

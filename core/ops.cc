@@ -210,24 +210,50 @@ Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   bool has_bias = bias.defined();
   std::vector<Tensor> inputs = {x, weight};
   if (has_bias) inputs.push_back(bias);
-  RecordFunction("Linear", inputs, {&out},
-                 [sx, sw, has_bias, rows, in_f, out_f](const std::vector<Tensor>& g) {
-                   Tensor X = sx.Get(), W = sw.Get();
-                   Tensor G = g[0].Reshape({rows, out_f});
-                   auto mm = kernels::matmul.Get(G.device(), G.dtype());
-                   Tensor gx = EmptyLike(X);
-                   Tensor gx2 = gx.Reshape({rows, in_f});
-                   mm(G, W, gx2, false, false, 1.0f, 0.0f);       // dX = dY W
-                   Tensor gw = EmptyLike(W);
-                   mm(G, X.Reshape({rows, in_f}), gw, true, false, 1.0f, 0.0f);  // dW = dYᵀ X
-                   std::vector<Tensor> r = {gx, gw};
-                   if (has_bias) {
-                     Tensor gb = Tensor::Empty({out_f}, G.dtype(), G.device());
-                     kernels::sum_rows.Get(G.device(), G.dtype())(G, gb, 0.0f);
-                     r.push_back(gb);
-                   }
-                   return r;
-                 });
+  // Where the weight's and bias' gradients go when they are put off (WeightGradQueue): only
+  // into leaves, whose accumulators need nothing else of the graph.
+  std::shared_ptr<autograd::Node> w_acc, b_acc;
+  if (autograd::GradEnabled()) {
+    autograd::Edge we = autograd::GradientEdge(weight);
+    autograd::Edge be = has_bias ? autograd::GradientEdge(bias) : autograd::Edge{};
+    const bool leaves = dynamic_cast<autograd::AccumulateGrad*>(we.node.get()) != nullptr &&
+                        (be.node == nullptr || dynamic_cast<autograd::AccumulateGrad*>(be.node.get()));
+    if (leaves) w_acc = we.node, b_acc = be.node;
+  }
+  RecordFunction(
+      "Linear", inputs, {&out},
+      [sx, sw, has_bias, rows, in_f, out_f, w_acc, b_acc](const std::vector<Tensor>& g) {
+        Tensor X = sx.Get(), W = sw.Get();
+        Tensor G = g[0].Reshape({rows, out_f});
+        auto mm = kernels::matmul.Get(G.device(), G.dtype());
+        Tensor gx = EmptyLike(X);
+        Tensor gx2 = gx.Reshape({rows, in_f});
+        mm(G, W, gx2, false, false, 1.0f, 0.0f);  // dX = dY W
+        auto weight_grads = [=] {
+          Tensor gw = EmptyLike(W);
+          mm(G, X.Reshape({rows, in_f}), gw, true, false, 1.0f, 0.0f);  // dW = dYᵀ X
+          Tensor gb;
+          if (has_bias) {
+            gb = Tensor::Empty({out_f}, G.dtype(), G.device());
+            kernels::sum_rows.Get(G.device(), G.dtype())(G, gb, 0.0f);
+          }
+          return std::make_pair(gw, gb);
+        };
+        if (autograd::WeightGradQueue* q = autograd::WeightGradQueue::Active(); q != nullptr && w_acc != nullptr) {
+          q->Push([weight_grads, w_acc, b_acc] {
+            auto [gw, gb] = weight_grads();
+            w_acc->Apply({gw});
+            if (b_acc != nullptr) b_acc->Apply({gb});
+          });
+          std::vector<Tensor> r = {gx, Tensor()};
+          if (has_bias) r.push_back(Tensor());
+          return r;
+        }
+        auto [gw, gb] = weight_grads();
+        std::vector<Tensor> r = {gx, gw};
+        if (has_bias) r.push_back(gb);
+        return r;
+      });
   return out;
 }
 
