@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -124,13 +126,23 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
     }
     case Op::kBackward: {
       double start = NowS();
-      if (vs == last) {
-        f.loss.Backward();
-      } else {
+      if (vs != last) {
         BRAID_RETURN_IF_ERROR(f.grad_work->Wait());
-        events_.push_back({absl::StrCat("wait gradient ", a.micro_batch), start, NowS()});
+        step_grad_in_ = NowS();
+        events_.push_back({absl::StrCat("wait gradient ", a.micro_batch), start, step_grad_in_});
         start = NowS();
-        f.output.Backward(f.recv_grad);
+      }
+      {
+        std::optional<autograd::WeightGradQueue::ActiveScope> put_off;
+        if (opts_.split_backward) {
+          f.weight_grads = std::make_unique<autograd::WeightGradQueue>();
+          put_off.emplace(f.weight_grads.get());
+        }
+        if (vs == last) {
+          f.loss.Backward();
+        } else {
+          f.output.Backward(f.recv_grad);
+        }
       }
       if (vs > 0) f.input_grad = f.input.grad();
       f.output = Tensor();
@@ -140,7 +152,23 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
       stats->backward_s += end - start;
       Computed(start, end, absl::StrCat("B", a.micro_batch, opts_.chunks > 1 ? absl::StrCat(".", a.chunk) : ""));
       // ZeRO-2: this micro-batch's gradients are complete on this rank after its lowest chunk's
-      // backward; they go into the shard now (asynchronously), not at the step's end.
+      // backward (and weight gradients); they go into the shard now (asynchronously), not at the
+      // step's end.
+      if (a.chunk == 0 && !opts_.split_backward) BRAID_RETURN_IF_ERROR(stage_opt_->ReduceMicroBatch());
+      return absl::OkStatus();
+    }
+    case Op::kWeightGrad: {
+      if (f.weight_grads == nullptr) {
+        return Error(absl::StatusCode::kInternal,
+                     absl::StrCat("weight gradients of micro-batch ", a.micro_batch,
+                                  " before its split backward"));
+      }
+      const double start = NowS();
+      f.weight_grads->Run();
+      f.weight_grads.reset();
+      const double end = NowS();
+      stats->backward_s += end - start;
+      Computed(start, end, absl::StrCat("W", a.micro_batch, opts_.chunks > 1 ? absl::StrCat(".", a.chunk) : ""));
       if (a.chunk == 0) BRAID_RETURN_IF_ERROR(stage_opt_->ReduceMicroBatch());
       return absl::OkStatus();
     }
@@ -149,10 +177,12 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
         return Error(absl::StatusCode::kInternal, absl::StrCat("no gradient reached the input of virtual stage ", vs));
       }
       sends_.push_back(pipe_->Send(f.input_grad, RankOfVirtualStage(vs - 1), Tag(1, vs - 1, a.micro_batch)));
+      step_grad_out_ = NowS();
       return absl::OkStatus();
   }
   return absl::OkStatus();
 }
+
 
 absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& micro_batches,
                                                       const LossFn&) {
@@ -160,20 +190,21 @@ absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& 
   k_ = int(micro_batches.size());
   BRAID_ASSIGN_OR_RETURN(Schedule schedule,
                          MakeSchedule(opts_.schedule, {stages_, k_, opts_.chunks}, stage_));
+  if (opts_.split_backward) schedule = SplitBackward(schedule);
   const double step_start = NowS();
   StepStats stats;
   stage_opt_->ZeroGrad();
   loss_sum_ = 0;
   flight_.clear();
   events_.clear();
-  step_busy_ = step_first_ = step_last_ = 0;
+  step_busy_ = step_first_ = step_last_ = step_grad_in_ = step_grad_out_ = 0;
   act_base_ = GetMemoryStats(device_).current_bytes;
   for (size_t i = 0; i < schedule.size(); ++i) {
     const Action& a = schedule[i];
     const double posted = NowS();
     PostReceivesAhead(schedule, i);
     absl::Status st = Run(a, micro_batches, &stats);
-    if (a.op != Op::kForward && a.op != Op::kBackward) {  // posting; the waits are in F and B
+    if (a.op != Op::kForward && a.op != Op::kBackward && a.op != Op::kWeightGrad) {  // posting
       events_.push_back({absl::StrCat(OpName(a.op), " ", a.micro_batch), posted, NowS()});
     }
     // What the step holds above its start: activations and the graph's saved tensors, in flight.
@@ -226,21 +257,32 @@ absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& 
   stats.comm_bytes = stage_opt_->comm_bytes() - comm_before;
   stats.optimizer_s = NowS() - opt_start;
   // One all-reduce over the pipeline carries what one stage alone knows, added to the others'
-  // zeros: the loss (only the last stage saw it) and the schedule's span, stage 0's first
-  // forward to its last backward (every stage's compute of the step lies inside it: each needs
-  // stage 0's forward of its micro-batch, and stage 0's backward of it needs theirs); and every
-  // stage's busy time, summed. Durations, not clock readings, so ranks need no common clock.
+  // zeros: the loss (only the last stage saw it), every stage's busy time (summed), and each
+  // stage's own timings for the span (SpanOfStep). Durations from each rank's own first compute,
+  // not clock readings, so ranks need no common clock.
   const bool last = stage_ == stages_ - 1;
-  std::vector<float> shared = {last ? float(loss_sum_ / k_) : 0.0f,
-                               stage_ == 0 ? float(step_last_ - step_first_) : 0.0f, float(step_busy_)};
-  Tensor t = Tensor::FromVector(shared, {3});
+  const size_t p = size_t(stages_);
+  std::vector<float> shared(2 + 3 * p, 0.0f);
+  shared[0] = last ? float(loss_sum_ / k_) : 0.0f;
+  shared[1] = float(step_busy_);
+  const size_t mine = 2 + 3 * size_t(stage_);
+  shared[mine] = float(step_last_ - step_first_);
+  shared[mine + 1] = float(step_grad_in_ - step_first_);
+  shared[mine + 2] = float(step_grad_out_ - step_first_);
+  Tensor t = Tensor::FromVector(shared, {int64_t(shared.size())});
   if (stages_ > 1) BRAID_RETURN_IF_ERROR(pipe_->AllReduce(t, ReduceOp::kSum)->Wait());
   shared = t.ToVector<float>();
   stats.loss = shared[0];
+  std::vector<float> e(p), r(p), s(p);
+  for (size_t k = 0; k < p; ++k) {
+    e[k] = shared[2 + 3 * k];
+    r[k] = shared[2 + 3 * k + 1];
+    s[k] = shared[2 + 3 * k + 2];
+  }
   if (steps_ > 0) {
     busy_s_ += step_busy_;
-    span_s_ += shared[1];
-    pipe_busy_s_ += shared[2];
+    span_s_ += SpanOfStep(e, r, s);
+    pipe_busy_s_ += shared[1];
     step_s_ += NowS() - step_start;
     ++measured_steps_;
   }
@@ -275,8 +317,9 @@ void PipelineStrategy::WriteTrace() const {
 }
 
 // The bubble as the formula means it: the share of the schedule's span the stages spend not
-// computing, over all stages (1 - the stages' summed forward and backward time / (P x span)),
-// the span running from stage 0's first forward to its last backward. Waiting for a message,
+// computing, over all stages (1 - the stages' summed forward, backward and weight-gradient time /
+// (P x span)), the span running from stage 0's first forward to the end of the last compute of
+// any stage (SpanOfStep). Waiting for a message,
 // posting one, and stages of unequal speed all count as bubble; the per-step work outside the
 // span (zeroing gradients, the tied-weight and data-parallel reductions, the optimizer step)
 // does not, and is reported beside it as its share of this rank's step.
@@ -286,11 +329,12 @@ std::vector<std::string> PipelineStrategy::SummaryLines() const {
   const double idle = 1 - busy_s_ / span_s_;
   const double outside = step_s_ > 0 ? 1 - span_s_ / step_s_ : 0;
   return {absl::StrFormat(
-      "pipeline (stage %d of %d, %d micro-batch(es), %s%s): bubble %.1f%% measured, bubble formula "
-      "%.1f%% (idle share of %d stages x the schedule's span, stage 0's first forward to last "
-      "backward, steps 2..%d); this stage idle %.1f%%; outside the span (gradient zeroing, "
+      "pipeline (stage %d of %d, %d micro-batch(es), %s%s%s): bubble %.1f%% measured, bubble "
+      "formula %.1f%% (idle share of %d stages x the schedule's span, stage 0's first forward to "
+      "the last compute of any stage, steps 2..%d); this stage idle %.1f%%; outside the span (gradient zeroing, "
       "reductions, optimizer) %.1f%% of the step; peak activations held %.2f MiB",
       stage_, stages_, k_, opts_.schedule, opts_.chunks > 1 ? absl::StrCat(" x", opts_.chunks).c_str() : "",
+      opts_.split_backward ? ", split backward" : "",
       100 * bubble, 100 * BubbleFormula(opts_.schedule, {stages_, k_, opts_.chunks}), stages_, steps_,
       100 * idle, 100 * outside, double(act_peak_) / (1 << 20))};
 }

@@ -35,13 +35,19 @@ absl::StatusOr<Options> ParseOptions(const std::map<std::string, std::string>& o
       o.partition = v;
     } else if (k == "trace_file") {
       o.trace_file = v;
+    } else if (k == "split_backward") {
+      if (v != "true" && v != "false") {
+        return Invalid(absl::StrCat("option split_backward='", v, "': use true or false"));
+      }
+      o.split_backward = v == "true";
     } else if (k == "receives_ahead") {
       if (!absl::SimpleAtoi(v, &o.receives_ahead) || o.receives_ahead < 0) {
         return Invalid(absl::StrCat("option receives_ahead='", v, "' is not a number >= 0"));
       }
     } else {
       return Invalid(absl::StrCat("unknown option '", k,
-                                  "' (known: stages, schedule, virtual_stages, partition, trace_file, receives_ahead)"));
+                                  "' (known: stages, schedule, virtual_stages, partition, trace_file, receives_ahead, "
+                                  "split_backward)"));
     }
   }
   if (o.stages == 0) return Invalid("option stages is missing: how many pipeline stages?");

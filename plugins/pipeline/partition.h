@@ -24,6 +24,8 @@ struct Options {
   // Receives posted this many forwards/backwards ahead of the schedule (pipeline.cc says why);
   // -1: the stage count, which suffices for every shipped schedule. 0 posts them in place.
   int receives_ahead = -1;
+  // Each backward split in its input's and its weights' gradients (SplitBackward).
+  bool split_backward = false;
 };
 
 // The strategy's options (TrainConfig's strategy.options); errors name the option and what to set.

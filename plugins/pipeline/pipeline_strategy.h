@@ -110,6 +110,7 @@ class PipelineStrategy final : public Strategy {
     Tensor input, output, loss;
     Tensor recv_act, recv_grad, input_grad;
     std::shared_ptr<Work> act_work, grad_work;
+    std::unique_ptr<autograd::WeightGradQueue> weight_grads;  // put off by a split backward
   };
   int RankOfVirtualStage(int vs) const { return vs % stages_; }  // in the pipeline group
   int Tag(int kind, int vs, int mb) const { return (kind * stages_ * opts_.chunks + vs) * 100000 + mb; }
@@ -149,11 +150,13 @@ class PipelineStrategy final : public Strategy {
   double loss_sum_ = 0;
   int k_ = 1;
   // Measured from the second step on (the first also agrees shapes): this stage's forward and
-  // backward time, the schedule's span (stage 0's first forward to its last backward, which
-  // encloses every stage's compute of the step), the sum of every stage's busy time, and the
-  // time this rank spent in TrainStep; peak activations held.
+  // backward time, the schedule's span (from stage 0's first forward to the end of the last
+  // compute of any stage, see SpanOfStep), the sum of every stage's busy time, and the time this
+  // rank spent in TrainStep; peak activations held.
   double busy_s_ = 0, span_s_ = 0, pipe_busy_s_ = 0, step_s_ = 0;
   double step_busy_ = 0, step_first_ = 0, step_last_ = 0;  // this step's, on this rank
+  // This step's last gradient received (its wait ended) and last gradient sent (posted).
+  double step_grad_in_ = 0, step_grad_out_ = 0;
   int measured_steps_ = 0, steps_ = 0;
   int64_t act_base_ = 0, act_peak_ = 0;
   struct Event {

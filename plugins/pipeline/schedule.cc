@@ -67,8 +67,24 @@ const char* OpName(Op op) {
     case Op::kRecvGrad: return "recv-grad";
     case Op::kBackward: return "backward";
     case Op::kSendGrad: return "send-grad";
+    case Op::kWeightGrad: return "weight-grad";
   }
   return "?";
+}
+
+Schedule SplitBackward(const Schedule& schedule) {
+  Schedule out;
+  for (size_t i = 0; i < schedule.size(); ++i) {
+    const Action& a = schedule[i];
+    out.push_back(a);
+    const bool sends_after = i + 1 < schedule.size() && schedule[i + 1].op == Op::kSendGrad &&
+                             schedule[i + 1].micro_batch == a.micro_batch &&
+                             schedule[i + 1].chunk == a.chunk;
+    if ((a.op == Op::kBackward && !sends_after) || a.op == Op::kSendGrad) {
+      out.push_back({Op::kWeightGrad, a.micro_batch, a.chunk});
+    }
+  }
+  return out;
 }
 
 Schedule GPipe(const ScheduleShape& s, int stage) {
@@ -137,12 +153,21 @@ double BubbleFormula(const std::string& name, const ScheduleShape& s) {
   return (p - 1) / v / (m + (p - 1) / v);
 }
 
+double SpanOfStep(const std::vector<float>& e, const std::vector<float>& r,
+                  const std::vector<float>& s) {
+  const size_t p = e.size();
+  if (p == 1) return e[0];
+  double beyond_send = e[p - 1] - s[p - 1];  // of stage p-1's end, past its last send
+  for (size_t k = p - 2; k >= 1; --k) beyond_send = std::max<double>(e[k], r[k] + beyond_send) - s[k];
+  return std::max<double>(e[0], r[0] + beyond_send);
+}
+
 std::vector<size_t> ReceivesPostedAt(const Schedule& schedule, size_t at, int ahead) {
   std::vector<size_t> out;
   int computes = 0;  // forwards and backwards in [at, j)
   for (size_t j = at; j < schedule.size() && computes <= ahead; ++j) {
     const Op op = schedule[j].op;
-    if (op == Op::kForward || op == Op::kBackward) ++computes;
+    if (op == Op::kForward || op == Op::kBackward) ++computes;  // W posts and waits for nothing
     if (op == Op::kRecvActivation || op == Op::kRecvGrad) out.push_back(j);
   }
   return out;
@@ -159,6 +184,7 @@ std::string ToString(const Schedule& schedule) {
       case Op::kRecvGrad: c = "rg"; break;
       case Op::kBackward: c = "B"; break;
       case Op::kSendGrad: c = "sg"; break;
+      case Op::kWeightGrad: c = "W"; break;
     }
     parts.push_back(a.chunk ? absl::StrCat(c, a.micro_batch, ".", a.chunk) : absl::StrCat(c, a.micro_batch));
   }

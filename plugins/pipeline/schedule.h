@@ -21,6 +21,7 @@ enum class Op {
   kRecvGrad,        // post the receive of the output's gradient from the next stage
   kBackward,        // backward of the chunk (the last stage starts from the loss)
   kSendGrad,        // send the input's gradient to the previous stage
+  kWeightGrad,      // the weights' gradients of a backward that put them off (SplitBackward)
 };
 const char* OpName(Op op);
 
@@ -49,6 +50,13 @@ Schedule OneFOneB(const ScheduleShape& s, int stage);
 // shrinks by v. Needs m to be a multiple of P.
 Schedule Interleaved(const ScheduleShape& s, int stage);
 
+// `schedule` with each backward split in two (zero-bubble schedules' B and W): the backward
+// computes only its input's gradient, and the weights' gradients (W) follow after the input's
+// gradient has been sent, or right after the backward on the first stage, which sends none. The
+// previous stage gets its gradient earlier by the weights' share of the backward, which at the
+// end of a step lets it start its last backwards that much sooner.
+Schedule SplitBackward(const Schedule& schedule);
+
 // By name ("gpipe", "1f1b", "interleaved"), checking the shape; errors say what to change.
 absl::StatusOr<Schedule> MakeSchedule(const std::string& name, const ScheduleShape& s, int stage);
 
@@ -61,6 +69,16 @@ double BubbleFormula(const std::string& name, const ScheduleShape& s);
 // receive before its message is sent lets the message move as soon as it is sent (Gloo and NCCL
 // match the two sides first). Indices into `schedule`, in order.
 std::vector<size_t> ReceivesPostedAt(const Schedule& schedule, size_t at, int ahead);
+
+// A step's span in stage 0's clock, from what each stage measured in its own (times relative to
+// its own first compute): `e` its last compute's end, `r` when its last gradient arrived, `s`
+// when it sent its last gradient. Ranks share no clock, but stage k+1's last gradient send and
+// stage k's receipt of it are one moment (give or take the message's latency, which this counts
+// as span: the bubble errs high), so stage k+1's end lies `e - s` after stage k's `r`. Without
+// split backwards every stage ends before it sends its last gradient, and this is stage 0's last
+// backward; with them a later stage's last weight gradients may end after it.
+double SpanOfStep(const std::vector<float>& e, const std::vector<float>& r,
+                  const std::vector<float>& s);
 
 std::string ToString(const Schedule& schedule);  // "F0 S0 F1 S1 R0 B0 ...", for messages
 

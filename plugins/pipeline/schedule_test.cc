@@ -191,5 +191,26 @@ TEST(Schedules, OneFOneBOnTwoStagesReadsAsExpected) {
   EXPECT_EQ(ToString(OneFOneB({2, 3, 1}, 1)), "r0 F0 B0 sg0 r1 F1 B1 sg1 r2 F2 B2 sg2");
 }
 
+// A split backward's weight gradients follow the send of its input's gradient, or the backward
+// itself on the first stage (which sends none); nothing else moves.
+TEST(Schedules, SplitBackwardPutsEachWeightGradientAfterItsSend) {
+  EXPECT_EQ(ToString(SplitBackward(OneFOneB({2, 3, 1}, 0))),
+            "F0 s0 F1 s1 rg0 B0 W0 F2 s2 rg1 B1 W1 rg2 B2 W2");
+  EXPECT_EQ(ToString(SplitBackward(OneFOneB({2, 3, 1}, 1))),
+            "r0 F0 B0 sg0 W0 r1 F1 B1 sg1 W1 r2 F2 B2 sg2 W2");
+}
+
+// The span in stage 0's clock. Unsplit, every stage's last compute ends before it sends its last
+// gradient, so the span is stage 0's own. Split, stage 2's last weight gradients end 9 after its
+// last send; stage 1 got that send at its 20 (its end 22 is 3 after its own last send at 19),
+// and stage 0 got stage 1's at its 30: stage 2 ends at 30 + (20 + 9 - 19) = 40, after stage 0's
+// 35.
+TEST(Schedules, SpanOfStepReachesTheLastComputeOfAnyStage) {
+  EXPECT_DOUBLE_EQ(SpanOfStep({35}, {0}, {0}), 35);
+  EXPECT_DOUBLE_EQ(SpanOfStep({35, 28}, {30, 0}, {0, 28}), 35);
+  EXPECT_DOUBLE_EQ(SpanOfStep({35, 22, 30}, {30, 20, 0}, {0, 19, 21}), 40);
+  EXPECT_DOUBLE_EQ(SpanOfStep({35, 33}, {30, 0}, {0, 28}), 35);  // stage 1 ends at 35: a tie
+}
+
 }  // namespace
 }  // namespace braid::pipeline

@@ -5,7 +5,8 @@
 # and weight decay (a lost 1/m, an unsummed tied gradient or a lost decay moves weights by
 # ~1e-3; rounding leaves ~1e-8), the sequential loader making replicas' rows the one process's:
 #   2 stages 1F1B and GPipe, 3 stages 1F1B, 2 stages x 2 virtual (interleaved), 2 stages x 2
-#   replicas (4 processes), and the same with ZeRO-1 and ZeRO-2 on the data axis. Tolerance 1e-7 on the weights (measured at most 1.6e-8).
+#   replicas (4 processes), and the same with ZeRO-1 and ZeRO-2 on the data axis; 2 stages 1F1B
+#   with split backwards (weight gradients after the input's gradient is sent). Tolerance 1e-7 on the weights (measured at most 1.6e-8).
 set -uo pipefail
 L="$TEST_SRCDIR/braid/launcher/launcher"
 TR="$TEST_SRCDIR/braid/launcher/train"
@@ -48,7 +49,9 @@ cfg "$T/p2v2.pbtxt" 4 4 "$(pipe 2 interleaved 2)";       run p2_interleaved 2 "$
 cfg "$T/p2d2.pbtxt" 2 4 "$(pipe 2 1f1b)";                run p2_dp2 4 "$T/p2d2.pbtxt"
 cfg "$T/p2d2z1.pbtxt" 2 4 "$(pipe 2 1f1b) zero_optimization { stage: 1 }"; run p2_dp2_zero1 4 "$T/p2d2z1.pbtxt"
 cfg "$T/p2d2z2.pbtxt" 2 4 "$(pipe 2 1f1b) zero_optimization { stage: 2 }"; run p2_dp2_zero2 4 "$T/p2d2z2.pbtxt"
-for n in p2_1f1b p2_gpipe p3_1f1b p2_interleaved p2_dp2 p2_dp2_zero1 p2_dp2_zero2; do
+cfg "$T/p2s.pbtxt" 4 4 "$(pipe 2 1f1b 1 'options { key: "split_backward" value: "true" }')"
+run p2_1f1b_split 2 "$T/p2s.pbtxt"
+for n in p2_1f1b p2_gpipe p3_1f1b p2_interleaved p2_dp2 p2_dp2_zero1 p2_dp2_zero2 p2_1f1b_split; do
   compare "$n == one process" "$T/$n.safetensors" "$T/single.safetensors" 1e-7
 done
 # The cut and the measured bubble are reported.
