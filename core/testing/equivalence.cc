@@ -1,11 +1,10 @@
 #include "core/testing/equivalence.h"
 
-#include <algorithm>
-#include <cmath>
 #include <thread>
 
 #include "absl/time/time.h"
 #include "core/in_process_communicator.h"
+#include "core/testing/compare.h"
 #include "gtest/gtest.h"
 
 namespace braid::testing {
@@ -44,14 +43,12 @@ double MaxRelativeDifference(const std::map<std::string, Tensor>& got,
     }
     std::vector<float> a = it->second.ToFloatVector(), b = w.ToFloatVector();
     EXPECT_EQ(a.size(), b.size()) << n;
-    double scale = 1;
-    for (float v : b) scale = std::max(scale, double(std::fabs(v)));
-    for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-      double d = std::fabs(double(a[i]) - double(b[i])) / scale;
-      if (d > max) {
-        max = d;
-        *worst = n;
-      }
+    // +infinity for a NaN or inf on either side (or sizes that differ), so that comparing the
+    // result with 0 or a tolerance fails on diverged weights.
+    const double d = MaxRelDiff(a, b, /*floor=*/1);
+    if (d > max) {
+      max = d;
+      *worst = n;
     }
   }
   return max;

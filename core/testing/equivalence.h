@@ -25,8 +25,9 @@ void RunRanks(int n, const std::function<void(int rank, Communicator* comm)>& bo
 // AdamW (adamw) or plain SGD, with weight decay on the parameters whose attribute asks for it.
 OptimizerFactory GroupedByWeightDecay(bool adamw, float lr, float weight_decay);
 
-// max |got - want| / max(1, max |want|) over every tensor of `want`, naming the worst tensor; a
-// name missing from `got` or a size that differs is a test failure.
+// max |got - want| / max(1, max |want|) over every tensor of `want` (compare.h's MaxRelDiff),
+// naming the worst tensor; a name missing from `got` or a size that differs is a test failure,
+// and a NaN or inf in either makes the result +infinity.
 double MaxRelativeDifference(const std::map<std::string, Tensor>& got,
                              const std::map<std::string, Tensor>& want, std::string* worst);
 
