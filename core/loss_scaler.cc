@@ -24,13 +24,19 @@ bool LossScaler::Update(bool found_inf) {
     ++state_.skipped_steps;
     state_.clean_steps = 0;
     if (!opts_.dynamic) return false;
-    if (--state_.hysteresis_left <= 0) {
+    // DeepSpeed's test, `delayed_shift == 1 or cur_hysteresis == 1`: the counter stays at 1
+    // after a halving, so the next overflow halves again.
+    if (opts_.hysteresis == 1 || state_.hysteresis_left <= 1) {
       state_.scale = std::max(state_.scale * opts_.backoff_factor, opts_.min_scale);
-      state_.hysteresis_left = opts_.hysteresis;
+    } else {
+      --state_.hysteresis_left;
     }
     return false;
   }
   if (!opts_.dynamic) return true;
+  if (opts_.consecutive_hysteresis) state_.hysteresis_left = opts_.hysteresis;
+  // clean_steps counts modulo the window: DeepSpeed grows when the clean steps since the last
+  // overflow reach a multiple of it.
   if (++state_.clean_steps >= opts_.window) {
     // Doubling is exact in binary floating point; capped so that it never reaches inf.
     const float grown = state_.scale * opts_.growth_factor;
@@ -43,7 +49,7 @@ bool LossScaler::Update(bool found_inf) {
 
 absl::Status LossScaler::SetState(const LossScalerState& s) {
   if (!(s.scale > 0) || !std::isfinite(s.scale) || (opts_.dynamic && s.scale < opts_.min_scale) ||
-      s.clean_steps < 0 || s.skipped_steps < 0 || s.hysteresis_left < 0 ||
+      s.clean_steps < 0 || s.skipped_steps < 0 || s.hysteresis_left < 1 ||
       s.hysteresis_left > opts_.hysteresis) {
     return absl::InvalidArgumentError(absl::StrCat(
         "loss scaler state (scale ", s.scale, ", clean steps ", s.clean_steps, ", hysteresis left ",

@@ -4,10 +4,17 @@
 // f16 has 5 exponent bits: gradients below 2^-24 flush to zero. Multiplying the loss by S moves
 // the whole backward pass up by log2(S) binades; the optimizer divides S out again in f32. Too
 // large an S overflows to inf, which the step detects (on any rank: the ranks agree) and skips.
-// The dynamic rule is DeepSpeed's (its fp16 section's names) and PyTorch's GradScaler's:
-//  - an overflow costs one unit of hysteresis; when none is left the scale halves (not below
-//    min_scale) and hysteresis is restored;
-//  - `window` consecutive clean steps double the scale (and restore hysteresis).
+// The dynamic rule is DeepSpeed's `DynamicLossScaler.update_scale` (its fp16 section's names;
+// Megatron's scaler does the same), exactly as ../shared/PARALLELISM.md writes it out:
+//  - a counter starts at `hysteresis`. An overflow with the counter above 1 only decrements it;
+//    an overflow with the counter at 1 halves the scale (not below min_scale) and leaves the
+//    counter at 1, so once hysteresis is used up every further overflow halves at once;
+//  - every `window` clean steps since the last overflow double the scale and (unless
+//    consecutive_hysteresis) reset the counter to `hysteresis`;
+//  - with consecutive_hysteresis every clean step resets the counter: only `hysteresis`
+//    overflows in a row shrink the scale.
+// Nothing restores the counter when the scale halves: an earlier version did, which let a run
+// that overflows steadily skip twice as many steps per halving as DeepSpeed's.
 // A static scale (loss_scale > 0 in the config) never changes; its overflows still skip.
 #ifndef BRAID_CORE_LOSS_SCALER_H_
 #define BRAID_CORE_LOSS_SCALER_H_
@@ -24,17 +31,19 @@ struct LossScalerOptions {
   bool dynamic = true;
   float initial_scale = 65536.0f;  // 2^initial_scale_power
   int window = 1000;               // clean steps before the scale doubles
-  int hysteresis = 2;              // overflows tolerated before the scale halves
+  int hysteresis = 2;              // the hysteresis-th overflow (counted as above) halves
   float min_scale = 1.0f;
   float growth_factor = 2.0f;
   float backoff_factor = 0.5f;
+  // DeepSpeed's fp16.consecutive_hysteresis: a clean step restores the whole hysteresis.
+  bool consecutive_hysteresis = false;
 };
 
 // Everything a checkpoint needs to resume the scaler exactly.
 struct LossScalerState {
   float scale = 1.0f;
   int64_t clean_steps = 0;   // since the last overflow or growth
-  int hysteresis_left = 0;
+  int hysteresis_left = 0;   // the counter: 1..hysteresis (1 once hysteresis is used up)
   int64_t skipped_steps = 0;  // over the run
 };
 
@@ -50,7 +59,8 @@ class LossScaler {
   const LossScalerOptions& options() const { return opts_; }
 
   const LossScalerState& state() const { return state_; }
-  // Refuses a state this scaler could never reach (a scale below the floor, negative counts).
+  // Refuses a state this scaler could never reach (a scale below the floor, negative counts, a
+  // counter outside 1..hysteresis).
   absl::Status SetState(const LossScalerState& s);
   std::string ToString() const;  // "scale 32768, 2 skipped"
 
