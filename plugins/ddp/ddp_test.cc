@@ -25,6 +25,7 @@
 #include "core/optimizer.h"
 #include "core/plugin.h"
 #include "core/strategy.h"
+#include "core/testing/compare.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/gpt/gpt.h"
@@ -185,12 +186,12 @@ void ExpectMatchesReference(const RunSpec& spec, const RunResult& r, float tol) 
       EXPECT_GE(st.comm_exposed_s, 0);
       EXPECT_GT(st.optimizer_s, 0);
       const double norm_diff = std::abs(st.grad_norm - want_norm) / want_norm;
-      worst_norm = std::max(worst_norm, norm_diff);
+      worst_norm = testing::Worst(worst_norm, norm_diff);  // a NaN prints as inf, not dropped
       EXPECT_LE(norm_diff, norm_rtol) << "grad_norm " << st.grad_norm << " vs " << want_norm
                                       << ", rank " << rank << " step " << step;
     }
     const double loss_diff = std::abs(mean_loss - r.reference_loss[size_t(step)]);
-    worst_loss = std::max(worst_loss, loss_diff);
+    worst_loss = testing::Worst(worst_loss, loss_diff);
     EXPECT_LE(loss_diff, loss_tol) << "step " << step;
   }
   std::printf("[ddp vs one process] max |parameter diff| %.3g (bound %.3g), max |loss diff| %.3g "
@@ -390,9 +391,8 @@ TEST_F(DdpTest, ReducedGradientIsTheGlobalBatchGradient) {
             for (int rank = 0; rank < ranks; ++rank) {
               const std::vector<float>& got = grads[size_t(rank)][n];
               ASSERT_EQ(got.size(), want.size()) << n;
-              for (size_t i = 0; i < want.size(); ++i) {
-                worst = std::max(worst, double(std::abs(got[i] - want[i]) / scale));
-              }
+              // max |got - want| / max |want|; +inf on a NaN or inf on either side.
+              worst = testing::Worst(worst, testing::MaxRelDiff(got, want, /*floor=*/0));
             }
           }
           // Measured up to 1.1e-6 (gpt, accumulation 3): f32 sums in another order. A wrong scale
@@ -508,6 +508,20 @@ TEST_F(DdpTest, ClipsTheReducedGradient) {
       EXPECT_NEAR(r.stats[size_t(rank)][size_t(step)].grad_norm, r.reference_norm[size_t(step)],
                   1e-5);
     }
+  }
+}
+
+// MaxDiff (test_util.h), which the tests above compare with 0 or a tolerance, fails on a NaN or
+// inf planted in either state dict: a diverged run must not read as "equal".
+TEST(DdpTestUtil, MaxDiffIsInfiniteOnNanOrInf) {
+  const StateDict good = Snapshot(*MakeMlp(1));
+  EXPECT_EQ(MaxDiff(good, good), 0.0f);
+  for (float v : {NAN, INFINITY}) {
+    StateDict bad = Snapshot(*MakeMlp(1));
+    bad.begin()->second.data<float>()[0] = v;
+    EXPECT_EQ(MaxDiff(bad, good), INFINITY) << v;
+    EXPECT_EQ(MaxDiff(good, bad), INFINITY) << v;
+    EXPECT_EQ(MaxDiff(bad, bad), INFINITY) << v;
   }
 }
 

@@ -47,7 +47,8 @@ std::unique_ptr<Optimizer> AdamW(const std::vector<std::pair<std::string, Tensor
 
 StateDict Snapshot(const Module& m);
 
-// Largest |a - b| over every tensor; also checks both hold the same names.
+// Largest |a - b| over every tensor, +infinity where either holds a NaN or inf (so that
+// EXPECT_EQ(MaxDiff(...), 0) fails on them); also checks both hold the same names.
 float MaxDiff(const StateDict& a, const StateDict& b);
 
 // ---- Running ranks as threads -------------------------------------------------------------------
