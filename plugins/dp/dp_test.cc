@@ -19,6 +19,7 @@
 #include "core/optimizer.h"
 #include "core/strategy.h"
 #include "core/tensor.h"
+#include "core/testing/compare.h"
 #include "gtest/gtest.h"
 #include "plugins/dp/test_util.h"
 
@@ -40,19 +41,22 @@ std::vector<Batch> Split(const Batch& full, int k) {
 
 // ---- Comparisons ----------------------------------------------------------------------------
 
-// The worst deviation seen over several comparisons, and where.
+// The worst deviation seen over several comparisons, and where. A NaN deviation counts as +inf:
+// compared as it is, it would fail `>=` and be dropped.
 struct Deviation {
   double worst = 0;
   std::string where;
   void Add(const std::pair<double, std::string>& d, const std::string& when) {
-    if (d.first >= worst) {
-      worst = d.first;
+    const double v = std::isnan(d.first) ? INFINITY : d.first;
+    if (v >= worst) {
+      worst = v;
       where = d.second + " at " + when;
     }
   }
 };
 
-// max |got - want| / max |want| over each parameter's gradient (a scale-free rounding measure).
+// max |got - want| / max |want| over each parameter's gradient (a scale-free rounding measure);
+// +inf on a NaN or inf in either.
 std::pair<double, std::string> CompareGrads(const Module& got, const Module& want) {
   Module::NamedTensors g = got.NamedParameters(), w = want.NamedParameters();
   BRAID_CHECK(g.size() == w.size());
@@ -62,18 +66,14 @@ std::pair<double, std::string> CompareGrads(const Module& got, const Module& wan
     BRAID_CHECK(g[j].second.grad().defined() && w[j].second.grad().defined()) << g[j].first;
     std::vector<float> a = g[j].second.grad().ToFloatVector();
     std::vector<float> b = w[j].second.grad().ToFloatVector();
-    double scale = 0, diff = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      scale = std::max(scale, double(std::fabs(b[i])));
-      diff = std::max(diff, double(std::fabs(a[i] - b[i])));
-    }
-    double d = scale > 0 ? diff / scale : diff;
+    const double d = testing::MaxRelDiff(a, b, /*floor=*/0);  // absolute where b is all zeros
     if (d >= worst.first) worst = {d, "grad of " + g[j].first};
   }
   return worst;
 }
 
-// max over elements of |got - want| beyond rtol * |want|, over every tensor of the state.
+// max over elements of |got - want| beyond rtol * |want|, over every tensor of the state; +inf
+// on a NaN or inf in either (a NaN excess would fail `>` and be skipped).
 std::pair<double, std::string> CompareValues(const Module& got, const Module& want, float rtol) {
   std::map<std::string, Tensor> g = got.StateDict();
   std::pair<double, std::string> worst{0, ""};
@@ -82,7 +82,9 @@ std::pair<double, std::string> CompareValues(const Module& got, const Module& wa
     std::vector<float> a = g.at(name).ToFloatVector(), b = w.ToFloatVector();
     BRAID_CHECK(a.size() == b.size()) << name;
     for (size_t i = 0; i < a.size(); ++i) {
-      double d = std::fabs(a[i] - b[i]) - rtol * std::fabs(b[i]);
+      const double d = std::isfinite(a[i]) && std::isfinite(b[i])
+                           ? std::fabs(a[i] - b[i]) - rtol * std::fabs(b[i])
+                           : INFINITY;
       if (d > worst.first) {
         worst = {d, name + "[" + std::to_string(i) + "] " + std::to_string(a[i]) + " vs " +
                         std::to_string(b[i])};
@@ -101,6 +103,33 @@ void ExpectClose(const Module& got, const Module& want, double atol, float rtol,
 void CopyValues(const Module& from, Module* to) {
   absl::Status s = to->LoadStateDict(from.StateDict());
   BRAID_CHECK(s.ok()) << s;
+}
+
+// The comparisons above, which the tests below hold to tolerances, fail on a NaN or inf planted
+// in either model's values or gradients, and a NaN deviation is the worst one.
+TEST(DpComparisons, NanOrInfIsTheWorstDeviation) {
+  for (float v : {NAN, INFINITY}) {
+    std::unique_ptr<Module> good = MakeModel(Kind::kMlp, Device::CPU(0), 1);
+    std::unique_ptr<Module> bad = MakeModel(Kind::kMlp, Device::CPU(0), 1);
+    for (Module* m : {good.get(), bad.get()}) {
+      CrossEntropyLoss(*m, MakeBatch(Kind::kMlp, 0, 4)).Backward();
+    }
+    EXPECT_EQ(CompareValues(*good, *bad, 1e-3f).first, 0.0);
+    EXPECT_EQ(CompareGrads(*good, *bad).first, 0.0);
+    Tensor p = bad->Parameters()[0];
+    p.data<float>()[1] = v;
+    p.grad().data<float>()[1] = v;
+    EXPECT_EQ(CompareValues(*bad, *good, 1e-3f).first, INFINITY) << v << " in got";
+    EXPECT_EQ(CompareValues(*good, *bad, 1e-3f).first, INFINITY) << v << " in want";
+    EXPECT_EQ(CompareGrads(*bad, *good).first, INFINITY) << v << " in got";
+    EXPECT_EQ(CompareGrads(*good, *bad).first, INFINITY) << v << " in want";
+  }
+  Deviation d;
+  d.Add({1.0, "one"}, "step 0");
+  d.Add({NAN, "nan"}, "step 1");
+  d.Add({2.0, "two"}, "step 2");
+  EXPECT_EQ(d.worst, INFINITY);
+  EXPECT_EQ(d.where, "nan at step 1");
 }
 
 // ---- Equivalence with single-device training ------------------------------------------------

@@ -22,6 +22,7 @@
 #include "core/plugin.h"
 #include "core/registry.h"
 #include "core/strategy.h"
+#include "core/testing/compare.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "plugins/paramserver/paramserver_stats.h"
@@ -215,8 +216,8 @@ TEST_P(SyncTest, EqualsSingleProcessOnTheWorkersConcatenatedBatch) {
       ASSERT_TRUE(probe.LoadStateDict(reference.StateDict()).ok());
       MseLoss(probe, Rows(step, 4 * w, 4)).Backward();
       const float want = ClipGradNorm(probe.Parameters(), 0.0f);
-      worst_worker_norm =
-          std::max(worst_worker_norm, std::fabs(double(reported[r][step].grad_norm) - want) / want);
+      worst_worker_norm = testing::Worst(
+          worst_worker_norm, std::fabs(double(reported[r][step].grad_norm) - want) / want);
     }
     opt->SetLearningRate(lr_at(step));
     opt->ZeroGrad();
@@ -226,15 +227,18 @@ TEST_P(SyncTest, EqualsSingleProcessOnTheWorkersConcatenatedBatch) {
     const float norm = ClipGradNorm(reference.Parameters(), c.max_grad_norm);
     ASSERT_GT(norm, 0.0f);
     clipped += c.max_grad_norm > 0 && norm > c.max_grad_norm;
-    worst_norm =
-        std::max(worst_norm, std::fabs(double(reported[server][step].grad_norm) - norm) / norm);
+    worst_norm = testing::Worst(
+        worst_norm, std::fabs(double(reported[server][step].grad_norm) - norm) / norm);
     opt->Step();
-    worst_loss = std::max(worst_loss, std::fabs(double(reported[server][step].loss) - loss.item()));
+    worst_loss =
+        testing::Worst(worst_loss, std::fabs(double(reported[server][step].loss) - loss.item()));
     std::vector<float> want = Flat(reference.StateDict());
     ASSERT_EQ(params[server][step].size(), want.size());
+    // testing::Worst, not std::max: a NaN (a NaN or inf on either side) must not be dropped.
     for (size_t i = 0; i < want.size(); ++i) {
-      worst_param = std::max(worst_param, double(std::fabs(params[server][step][i] - want[i]) /
-                                                     std::max(1.0f, std::fabs(want[i]))));
+      const double d =
+          std::fabs(params[server][step][i] - want[i]) / std::max(1.0f, std::fabs(want[i]));
+      worst_param = testing::Worst(worst_param, d);
     }
     // A worker holds exactly the server's parameters once its step returns.
     for (int r = 0; r < world; ++r) {

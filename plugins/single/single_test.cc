@@ -13,6 +13,7 @@
 #include "core/plugin.h"
 #include "core/registry.h"
 #include "core/strategy.h"
+#include "core/testing/compare.h"
 #include "core/testing/reference_kernels.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -154,7 +155,7 @@ TEST_F(SingleStrategyTest, AccumulationWithSgdEqualsOneStepOnTheConcatenation) {
       // Clipping is off, yet the norm of the gradient that was stepped is reported.
       const float norm = ClipGradNorm(reference_model.Parameters(), 0.0f);
       ASSERT_GT(norm, 0.1f);
-      worst_norm = std::max(worst_norm, std::abs(double(stats->grad_norm) - norm) / norm);
+      worst_norm = testing::Worst(worst_norm, std::abs(double(stats->grad_norm) - norm) / norm);
       reference_opt->Step();
 
       // The strategy leaves the step's gradient in .grad (zeroed at the next step's start).
@@ -167,10 +168,9 @@ TEST_F(SingleStrategyTest, AccumulationWithSgdEqualsOneStepOnTheConcatenation) {
         std::vector<float> p = mine[t].second.ToFloatVector();
         std::vector<float> q = want[t].second.ToFloatVector();
         ASSERT_EQ(g.size(), w.size());
-        for (size_t i = 0; i < w.size(); ++i) {
-          worst_grad = std::max(worst_grad, double(std::abs(g[i] - w[i])));
-          worst_param = std::max(worst_param, double(std::abs(p[i] - q[i])));
-        }
+        // +inf on a NaN or inf on either side (std::max over elements would drop a NaN).
+        worst_grad = testing::Worst(worst_grad, testing::MaxAbsDiff(g, w));
+        worst_param = testing::Worst(worst_param, testing::MaxAbsDiff(p, q));
       }
     }
   }
