@@ -38,7 +38,8 @@ inline Tensor RandomIds(int64_t n, int64_t v, std::mt19937& rng, int ignore_ever
 }
 
 // |got - want| <= atol + rtol |want| element-wise; reports the worst element. Non-finite
-// values must match exactly (NaN matches NaN).
+// values must match exactly (NaN matches NaN): kernels are checked on inf and NaN inputs against
+// the reference kernels, where a NaN out is the right answer; a NaN or inf on one side only fails.
 inline ::testing::AssertionResult AllClose(const Tensor& got, const Tensor& want, float atol,
                                            float rtol) {
   if (got.numel() != want.numel()) {
@@ -149,13 +150,16 @@ inline double WeightedSum(const Tensor& t, const Tensor& w) {
   return s;
 }
 
+// |analytic - numeric| <= atol + rtol |numeric| element-wise, and both finite: `>` is false for
+// a NaN, and an infinite numeric would make the tolerance infinite.
 inline ::testing::AssertionResult GradClose(const Tensor& analytic,
                                             const std::vector<double>& numeric, double atol,
                                             double rtol) {
   std::vector<float> a = analytic.ToFloatVector();
   if (a.size() != numeric.size()) return ::testing::AssertionFailure() << "size mismatch";
   for (size_t i = 0; i < a.size(); ++i) {
-    if (std::fabs(a[i] - numeric[i]) > atol + rtol * std::fabs(numeric[i])) {
+    if (!std::isfinite(a[i]) || !std::isfinite(numeric[i]) ||
+        !(std::fabs(a[i] - numeric[i]) <= atol + rtol * std::fabs(numeric[i]))) {
       return ::testing::AssertionFailure() << "gradient element " << i << ": analytic " << a[i]
                                            << ", finite differences " << numeric[i];
     }
