@@ -238,6 +238,7 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
       so.initial_scale = so.dynamic ? std::ldexp(1.0f, f.initial_scale_power()) : float(f.loss_scale());
       so.window = f.loss_scale_window();
       so.hysteresis = f.hysteresis();
+      so.consecutive_hysteresis = f.consecutive_hysteresis();
       so.min_scale = float(f.min_loss_scale());
       mp->scaler = LossScaler(so);
     } else {

@@ -101,6 +101,7 @@ void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog)
     if (!f->has_loss_scale_window()) f->set_loss_scale_window(1000);
     if (!f->has_hysteresis()) f->set_hysteresis(2);
     if (!f->has_min_loss_scale()) f->set_min_loss_scale(1);
+    if (!f->has_consecutive_hysteresis()) f->set_consecutive_hysteresis(false);
   }
   if (cfg->bf16().enabled()) features.Require("bf16", kFeatureBf16);
   if (cfg->fp16().enabled() && cfg->bf16().enabled()) {

@@ -282,6 +282,15 @@ TEST(ConfigValidate, FeatureSectionsNeedAStrategyThatProvidesThem) {
   ASSERT_TRUE(ValidateConfig(&cfg, 1, {kFeatureFp16}).ok());
   EXPECT_EQ(cfg.fp16().initial_scale_power(), 12);
   EXPECT_DOUBLE_EQ(cfg.fp16().loss_scale(), 0.0);  // dynamic, DeepSpeed's default
+  EXPECT_EQ(cfg.fp16().hysteresis(), 2);
+  EXPECT_TRUE(cfg.fp16().has_consecutive_hysteresis());  // filled in: false, DeepSpeed's default
+  EXPECT_FALSE(cfg.fp16().consecutive_hysteresis());
+  auto json = ParseJsonConfig(R"({"fp16": {"enabled": true, "loss_scale": 0, "hysteresis": 3,
+      "consecutive_hysteresis": true, "min_loss_scale": 1}})", "ds.json");
+  ASSERT_TRUE(json.ok()) << json.status();
+  ASSERT_TRUE(ValidateConfig(&*json, 1, {kFeatureFp16}).ok());
+  EXPECT_TRUE(json->fp16().consecutive_hysteresis());
+  EXPECT_EQ(json->fp16().hysteresis(), 3);
 }
 
 TEST(ConfigValidate, RequestedFeatures) {
