@@ -150,6 +150,13 @@ void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog)
                            "\" is unknown; known: \"none\", \"cpu\"",
                            d == "nvme" ? " (Braid has no NVMe offload)" : ""));
     }
+    // Parsed so DeepSpeed configs load, but nothing reads it: refused rather than ignored, so
+    // that a run is not believed to copy through page-locked buffers when it does not.
+    if (off->pin_memory()) {
+      c.Error(absl::StrCat("zero_optimization.", field, ".pin_memory: true is not implemented: "
+                           "Braid keeps offloaded state in ordinary (pageable) host memory; set "
+                           "it false or remove it"));
+    }
   }
 }
 

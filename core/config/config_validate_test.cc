@@ -540,6 +540,30 @@ TEST(ConfigValidate, CommunicationDataType) {
               HasSubstr("implemented by strategy \"ddp\" only, not \"zero\""));
 }
 
+// DeepSpeed's offload sections: the devices Braid has, and pin_memory refused until something
+// reads it (false, as DeepSpeed configs often write it, is fine).
+TEST(ConfigValidate, ZeroOffload) {
+  for (const char* field : {"offload_optimizer", "offload_param"}) {
+    EXPECT_EQ(ValidationError(absl::StrCat("zero_optimization { ", field, " { device: \"cpu\" "
+                                           "pin_memory: false } }")),
+              "")
+        << field;
+    EXPECT_THAT(ValidationError(absl::StrCat("zero_optimization { ", field, " { device: \"cpu\" "
+                                             "pin_memory: true } }")),
+                AllOf(HasSubstr(absl::StrCat("zero_optimization.", field, ".pin_memory: true is "
+                                             "not implemented")),
+                      HasSubstr("set it false or remove it")))
+        << field;
+    EXPECT_THAT(ValidationError(absl::StrCat("zero_optimization { ", field, " { device: \"nvme\" } }")),
+                HasSubstr("(Braid has no NVMe offload)"));
+  }
+  auto json = ParseJsonConfig(R"({"zero_optimization": {"stage": 0,
+      "offload_optimizer": {"device": "cpu", "pin_memory": true}}})", "ds.json");
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_THAT(std::string(ValidateConfig(&*json, 1, {}).message()),
+              HasSubstr("zero_optimization.offload_optimizer.pin_memory: true"));
+}
+
 TEST(ConfigValidate, CheckpointSection) {
   TrainConfig cfg = Text("checkpoint { dir: \"runs/x\" }");
   ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
