@@ -3,6 +3,7 @@
 // gradients under the shipped plan, and whole training steps of the real plugin wrapped around
 // single and DDP. Multi-process runs over Gloo (TP x PP x DP) are in tests/distributed.
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <random>
@@ -335,27 +336,59 @@ struct TpRun {
   bool adamw = false;
 };
 
+OptimizerFactory TpOptim(const TpRun& run) {
+  return testing::GroupedByWeightDecay(run.adamw, run.adamw ? 1e-3f : 0.5f, 0.1f);
+}
+
+// One process on the global batch of `run`, clipping to `max_grad_norm` (0: none): each step's
+// loss and gradient norm before clipping, and the final weights.
+struct Reference {
+  std::vector<float> loss, norm;
+  StateDict state;
+};
+Reference TrainOneProcess(const TpRun& run, float max_grad_norm) {
+  Reference out;
+  models::Gpt model(SmallGpt());
+  auto opt = TpOptim(run)(model.NamedParameters());
+  for (int step = 0; step < run.steps; ++step) {
+    std::vector<Batch> mbs = {GptRows(step, 0, run.rows * run.data)};
+    opt->ZeroGrad();
+    StepStats st;
+    EXPECT_TRUE(RunMicroBatches("reference", model, mbs, CrossEntropyLoss(), &st).ok());
+    out.norm.push_back(ClipGradNorm(model.Parameters(), max_grad_norm));
+    opt->Step();
+    out.loss.push_back(st.loss);
+  }
+  out.state = model.StateDict();
+  return out;
+}
+
 // Trains `run` under tensor_parallel(inner) and one process on the global batch; returns the
 // largest relative difference of the final weights (every rank's FullStateDict) and checks the
 // losses and gradient norms step by step.
+//
+// With clipping on, it also checks that clipping binds, so that matching the clipped one process
+// means the strategy clipped: every step's norm before clipping exceeds max_grad_norm, and the
+// one process without clipping ends at weights more than 10x the 1e-5 tolerance away, where a
+// strategy whose clipping did nothing would end (the norm it reports is taken before clipping
+// and would not show it). Measured: SGD ~0.1 apart; AdamW, whose update divides most of the
+// gradient's scale out, ~3e-4.
 double TrainAndCompare(const TpRun& run, const std::string& inner) {
-  const float lr = run.adamw ? 1e-3f : 0.5f;
-  OptimizerFactory optim = testing::GroupedByWeightDecay(run.adamw, lr, 0.1f);
-  std::vector<float> want_loss, want_norm;
-  StateDict want;
-  {
-    models::Gpt model(SmallGpt());
-    auto opt = optim(model.NamedParameters());
+  OptimizerFactory optim = TpOptim(run);
+  const Reference ref = TrainOneProcess(run, run.max_grad_norm);
+  const std::vector<float>& want_loss = ref.loss;
+  const std::vector<float>& want_norm = ref.norm;
+  const StateDict& want = ref.state;
+  if (run.max_grad_norm > 0) {
     for (int step = 0; step < run.steps; ++step) {
-      std::vector<Batch> mbs = {GptRows(step, 0, run.rows * run.data)};
-      opt->ZeroGrad();
-      StepStats st;
-      EXPECT_TRUE(RunMicroBatches("reference", model, mbs, CrossEntropyLoss(), &st).ok());
-      want_norm.push_back(ClipGradNorm(model.Parameters(), run.max_grad_norm));
-      opt->Step();
-      want_loss.push_back(st.loss);
+      EXPECT_GT(want_norm[size_t(step)], run.max_grad_norm) << "clipping does not bind at step " << step;
     }
-    want = model.StateDict();
+    std::string worst;
+    const double apart = testing::MaxRelativeDifference(TrainOneProcess(run, 0).state, want, &worst);
+    std::printf("%s t=%d d=%d: the one process without clipping ends %.3g from the clipped one (%s)\n",
+                run.adamw ? "AdamW" : "SGD", run.tensor, run.data, apart, worst.c_str());
+    EXPECT_TRUE(std::isfinite(apart));
+    EXPECT_GT(apart, 1e-4) << "clipping barely moves the weights: a strategy that did not clip would pass";
   }
   const int world = run.tensor * run.data;
   std::vector<double> diff(size_t(world), 1.0);
@@ -397,8 +430,9 @@ double TrainAndCompare(const TpRun& run, const std::string& inner) {
   return *std::max_element(diff.begin(), diff.end());
 }
 
-// SGD with clipping that binds (the norm is ~3, clipped to 0.5): a wrong norm, or a replicated
-// parameter counted t times, changes the update. Tolerance 1e-5 relative: float32 rounding of
+// SGD with clipping that binds (the norm is 1.75, 1.0 and 0.98 in the 3 steps, clipped to 0.5;
+// TrainAndCompare checks it binds): a wrong norm, or a replicated parameter counted t times,
+// changes the update. Tolerance 1e-5 relative: float32 rounding of
 // the split sums over 3 steps (seen: about 1e-7).
 TEST_F(StrategyTest, Tp2AndTp4AroundSingleEqualOneProcess) {
   for (int t : {2, 4}) {
