@@ -5,11 +5,14 @@
 // parameters and the optimizer, and trains on no data (the micro-batches the trainer hands it
 // are ignored), so a job needs at least two ranks. Every other rank is a worker: it computes the
 // gradient of its micro-batches, pushes it to the server and gets fresh parameters back.
+// The data-parallel group is the workers alone (data_parallel_rank/size): with W workers they
+// read the data W DDP ranks would read, so a sync run equals DDP on W ranks, not on W + 1 of
+// which one stream is thrown away (and tokens/s counts only tokens that are trained on).
 //
 // Messages (point to point only, after Setup). A worker sends one push per step and the server
 // answers each push with one reply, in order:
 //   push  (worker -> server): header i64 [step, version the gradient was computed on]
-//                             payload f32 [gradient..., mean loss]
+//                             payload f32 [gradient..., mean loss, forward s, backward s]
 //   reply (server -> worker): header i64 [version, step answered (kFinal from FullStateDict)]
 //                             payload f32 [parameters...]
 // The version is the number of optimizer updates the server has applied. The server's k-th
@@ -74,6 +77,10 @@ enum Tag : int {
 };
 // The step field of the reply FullStateDict sends.
 constexpr int64_t kFinal = -1;
+// The push payload's values after the gradient: the worker's loss and the seconds its forward
+// and backward took, so that the server (which computes neither) can report the job's time
+// split instead of its own idle wait.
+constexpr int64_t kPushExtras = 3;
 
 // A worker's push the server has not answered yet. Its buffers stay untouched until the answer
 // is in: a communicator may read a send buffer, or fill a receive buffer, until its Work is done.
@@ -92,6 +99,11 @@ struct Push {
 };
 
 // The server's end of one worker: the push of the current step and the reply to it.
+// What the server adds up from the pushes of one step.
+struct PushSums {
+  double loss = 0, forward_s = 0, backward_s = 0;
+};
+
 struct Peer {
   int rank = 0;
   Tensor header, payload;             // received
@@ -122,8 +134,13 @@ class ParamServerStrategy final : public Strategy, public ParamServerIntrospecti
     // values, as they do after Setup.
     return model_->LoadStateDict(state, /*strict=*/true);
   }
-  int data_parallel_rank() const override { return comm_ ? comm_->rank() : 0; }
-  int data_parallel_size() const override { return comm_ ? comm_->size() : 1; }
+  // Workers only, in rank order. The server reads worker 0's share too and ignores it: the
+  // trainer draws a batch on every rank, and any valid place will do for one it never uses.
+  int data_parallel_rank() const override {
+    if (comm_ == nullptr || is_server()) return 0;
+    return comm_->rank() < opts_.server_rank ? comm_->rank() : comm_->rank() - 1;
+  }
+  int data_parallel_size() const override { return comm_ ? comm_->size() - 1 : 1; }
   absl::Status Evaluate(const std::function<void(Module&)>& eval) override {
     if (model_ == nullptr) return Failed(absl::StatusCode::kFailedPrecondition, "Evaluate before Setup");
     autograd::NoGradGuard no_grad;
@@ -131,6 +148,19 @@ class ParamServerStrategy final : public Strategy, public ParamServerIntrospecti
     return absl::OkStatus();
   }
   ParamServerStats Stats() const override { return stats_; }
+  // The run summary's line: what this rank did, from the counters (tests read it too).
+  std::vector<std::string> SummaryLines() const override {
+    if (comm_ == nullptr) return {};
+    if (is_server()) {
+      return {absl::StrCat("paramserver: rank ", comm_->rank(), " served ", peers_.size(),
+                           " worker(s), ", ModeName(opts_.mode), "; ", stats_.gradients_applied,
+                           " gradients applied, largest version lag ", stats_.max_version_lag,
+                           "; the time split above is the workers' mean forward and backward")};
+    }
+    return {absl::StrCat("paramserver: worker rank ", comm_->rank(), ", ", ModeName(opts_.mode),
+                         "; at most ", stats_.max_steps_ahead, " step(s) ahead of its parameters, ",
+                         stats_.waits_for_fresh, " wait(s) for fresh ones")};
+  }
 
  private:
   bool is_server() const { return comm_->rank() == opts_.server_rank; }
@@ -141,12 +171,12 @@ class ParamServerStrategy final : public Strategy, public ParamServerIntrospecti
                                        const LossFn& loss_fn);
   absl::Status ComputeGradient(const std::vector<Batch>& micro_batches, const LossFn& loss_fn,
                                StepStats* stats);
-  void SendPush(int64_t step, float loss);
+  void SendPush(int64_t step, const StepStats& stats);
   absl::Status FinishOldestPush();
 
   // Server side.
   absl::StatusOr<StepStats> ServerStep();
-  absl::StatusOr<int64_t> TakePush(Peer& peer, int64_t step, double* loss_sum);
+  absl::StatusOr<int64_t> TakePush(Peer& peer, int64_t step, PushSums* sums);
   float Apply(const Tensor& gradient, int64_t computed_on, StepStats* stats);
   void SendReply(Peer& peer, int64_t step);
   absl::Status WaitForReplies();
@@ -224,7 +254,7 @@ absl::Status ParamServerStrategy::Setup(Module& model, const OptimizerFactory& m
       if (r == opts_.server_rank) continue;
       Peer peer;
       peer.rank = r;
-      peer.payload = Tensor::Empty({layout_.numel() + 1}, DType::kF32, device_);
+      peer.payload = Tensor::Empty({layout_.numel() + kPushExtras}, DType::kF32, device_);
       peer.reply_params = Tensor::Empty({layout_.numel()}, DType::kF32, device_);
       peers_.push_back(std::move(peer));
     }
@@ -296,7 +326,7 @@ absl::StatusOr<StepStats> ParamServerStrategy::WorkerStep(const std::vector<Batc
   BRAID_RETURN_IF_ERROR(ComputeGradient(micro_batches, loss_fn, &stats));
 
   // 3. Push it. In sync mode the reply is the step's result, so wait for it here.
-  SendPush(step, stats.loss);
+  SendPush(step, stats);
   if (opts_.mode == Mode::kSync) {
     wait_start = absl::Now();
     BRAID_RETURN_IF_ERROR(FinishOldestPush());
@@ -317,18 +347,21 @@ absl::Status ParamServerStrategy::ComputeGradient(const std::vector<Batch>& micr
   return absl::OkStatus();
 }
 
-void ParamServerStrategy::SendPush(int64_t step, float loss) {
+void ParamServerStrategy::SendPush(int64_t step, const StepStats& stats) {
   Push p;
   if (!spare_.empty()) {
     p = std::move(spare_.back());
     spare_.pop_back();
   } else {
-    p.payload = Tensor::Empty({layout_.numel() + 1}, DType::kF32, device_);
+    p.payload = Tensor::Empty({layout_.numel() + kPushExtras}, DType::kF32, device_);
     p.reply_params = Tensor::Empty({layout_.numel()}, DType::kF32, device_);
   }
   p.step = step;
   layout_.CopyGradsTo(p.payload);
-  p.payload.FlatRange(layout_.numel(), 1).Fill(loss);
+  p.payload.FlatRange(layout_.numel(), kPushExtras)
+      .CopyFrom(Tensor::FromVector(
+          std::vector<float>{stats.loss, float(stats.forward_s), float(stats.backward_s)},
+          {kPushExtras}, device_));
   p.header = Tensor::FromVector(std::vector<int64_t>{step, stats_.version}, {2}, device_);
   p.reply_header = Tensor::Empty({2}, DType::kI64, device_);
   const int server = opts_.server_rank;
@@ -371,13 +404,13 @@ absl::StatusOr<StepStats> ParamServerStrategy::ServerStep() {
                   comm_->Recv(peer.payload, peer.rank, kPushPayload)};
     peer.received = false;
   }
-  double loss_sum = 0;
+  PushSums sums;
   float norm_sum = 0;
   if (opts_.mode == Mode::kSync) {
     // Wait for all, then one update with the mean gradient (summed in rank order, so the result
     // does not depend on arrival order).
     for (Peer& peer : peers_) {
-      BRAID_ASSIGN_OR_RETURN(int64_t computed_on, TakePush(peer, step, &loss_sum));
+      BRAID_ASSIGN_OR_RETURN(int64_t computed_on, TakePush(peer, step, &sums));
       if (computed_on != stats_.version) {
         return Failed(absl::StatusCode::kInternal,
                       absl::StrCat("worker rank ", peer.rank, " computed its step ", step,
@@ -408,7 +441,7 @@ absl::StatusOr<StepStats> ParamServerStrategy::ServerStep() {
         if (peer.received || !peer.recvs[0]->IsCompleted() || !peer.recvs[1]->IsCompleted()) {
           continue;
         }
-        BRAID_ASSIGN_OR_RETURN(int64_t computed_on, TakePush(peer, step, &loss_sum));
+        BRAID_ASSIGN_OR_RETURN(int64_t computed_on, TakePush(peer, step, &sums));
         norm_sum += Apply(peer.payload.FlatRange(0, layout_.numel()), computed_on, &stats);
         SendReply(peer, step);
         ++done;
@@ -437,15 +470,21 @@ absl::StatusOr<StepStats> ParamServerStrategy::ServerStep() {
   }
   BRAID_RETURN_IF_ERROR(WaitForReplies());
   const size_t updates = opts_.mode == Mode::kSync ? 1 : peers_.size();
-  stats.loss = float(loss_sum / double(peers_.size()));
+  const double workers = double(peers_.size());
+  stats.loss = float(sums.loss / workers);
   stats.grad_norm = norm_sum / float(updates);  // of the applied gradient(s), before clipping
-  stats.comm_exposed_s = std::max(0.0, Seconds(start) - stats.optimizer_s);
+  // The job's time split as seen from here: the workers' mean forward and backward, then what
+  // is left of the step besides the optimizer (transfers, waiting for the slowest worker).
+  stats.forward_s = sums.forward_s / workers;
+  stats.backward_s = sums.backward_s / workers;
+  stats.comm_exposed_s = std::max(
+      0.0, Seconds(start) - stats.optimizer_s - stats.forward_s - stats.backward_s);
   return stats;
 }
 
 // Waits for `peer`'s push (already complete in async mode), checks that it is the one due, adds
-// its loss to `loss_sum` and returns the version its gradient was computed on.
-absl::StatusOr<int64_t> ParamServerStrategy::TakePush(Peer& peer, int64_t step, double* loss_sum) {
+// its loss and times to `sums` and returns the version its gradient was computed on.
+absl::StatusOr<int64_t> ParamServerStrategy::TakePush(Peer& peer, int64_t step, PushSums* sums) {
   for (const auto& w : peer.recvs) BRAID_RETURN_IF_ERROR(w->Wait());
   peer.received = true;
   std::vector<int64_t> header = peer.header.ToVector<int64_t>();
@@ -455,7 +494,11 @@ absl::StatusOr<int64_t> ParamServerStrategy::TakePush(Peer& peer, int64_t step, 
                                " gradient during the server's step ", step,
                                "; every rank must call TrainStep the same number of times"));
   }
-  *loss_sum += peer.payload.FlatRange(layout_.numel(), 1).item();
+  const std::vector<float> extras =
+      peer.payload.FlatRange(layout_.numel(), kPushExtras).ToFloatVector();
+  sums->loss += extras[0];
+  sums->forward_s += extras[1];
+  sums->backward_s += extras[2];
   return header[1];
 }
 
