@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/barrier.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -381,11 +382,18 @@ TEST(InProcessCommunicatorTest, WorkIsAsyncUntilTheLastRankArrives) {
 TEST(InProcessCommunicatorTest, TimeoutNamesOpSequenceGroupMissingRankAndRecentOps) {
   auto comms = MakeInProcessGroup(3, "trainers");
   for (auto& c : comms) c->set_timeout(absl::Milliseconds(200));
+  // A rank arrives when it issues the collective; the timeout runs from Wait. Ranks 0 and 1
+  // both issue the all-reduce before either waits, so "arrived: 0,1" holds however slowly
+  // their threads are scheduled (a rank still on its way after the other's 200 ms would
+  // otherwise be reported missing too).
+  absl::Barrier both_issued(2);
   RunRanks(comms, [&](Communicator& c) {
     ASSERT_TRUE(c.Barrier()->Wait().ok());
     if (c.rank() == 2) return;  // never joins the all-reduce
     Tensor t = Tensor::Zeros({16});
-    absl::Status s = c.AllReduce(t, ReduceOp::kSum)->Wait();
+    std::shared_ptr<Work> w = c.AllReduce(t, ReduceOp::kSum);
+    both_issued.Block();
+    absl::Status s = w->Wait();
     EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
     EXPECT_THAT(std::string(s.message()),
                 AllOf(HasSubstr("AllReduce(sum, f32, 16 elements) #1"), HasSubstr("'trainers'"),

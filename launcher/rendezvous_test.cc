@@ -1,13 +1,17 @@
 #include "launcher/rendezvous.h"
 
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/check.h"
 
 namespace braid::launcher {
 namespace {
@@ -28,31 +32,76 @@ LauncherInfo Node(int id, int nnodes, int nproc, int max_restarts = 0) {
   return i;
 }
 
-// Checks every launcher in on its own thread (as on separate machines); returns their statuses
-// and how long the slowest took.
+// The timeout of check-ins that must end without it (they succeed, or fail on what the others
+// published): only a safety net, far longer than any scheduling delay. A launcher that waited
+// for it instead would hang the test until Bazel's timeout fails it; none of these tests
+// asserts how fast anything was.
+constexpr absl::Duration kSafetyNet = absl::Minutes(10);
+
+// Checks every launcher in on its own thread (as on separate machines); returns their statuses.
 std::vector<absl::Status> CheckInAll(const std::vector<LauncherRendezvous*>& launchers,
-                                     absl::Duration timeout, absl::Duration* took = nullptr) {
+                                     absl::Duration timeout) {
   std::vector<absl::Status> out(launchers.size());
   std::vector<std::thread> threads;
-  absl::Time t0 = absl::Now();
   for (size_t i = 0; i < launchers.size(); ++i) {
     threads.emplace_back([&, i] { out[i] = launchers[i]->CheckIn(0, timeout, nullptr); });
   }
   for (auto& t : threads) t.join();
-  if (took) *took = absl::Now() - t0;
   return out;
 }
 
 std::vector<absl::Status> CheckInAll(Store* store, const std::vector<LauncherInfo>& infos,
-                                     absl::Duration timeout, absl::Duration* took = nullptr) {
+                                     absl::Duration timeout) {
   std::vector<std::unique_ptr<LauncherRendezvous>> owned;
   std::vector<LauncherRendezvous*> ptrs;
   for (const LauncherInfo& i : infos) {
     owned.push_back(std::make_unique<LauncherRendezvous>(store, i));
     ptrs.push_back(owned.back().get());
   }
-  return CheckInAll(ptrs, timeout, took);
+  return CheckInAll(ptrs, timeout);
 }
+
+// An InMemoryStore whose Set of a launcher's info returns only once `n` launchers have set
+// theirs: every launcher then finds the others' info on its first look, before it can check
+// its deadline, however late its thread or the others' started.
+class InfoGateStore final : public Store {
+ public:
+  explicit InfoGateStore(int n) : n_(n) {}
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    BRAID_RETURN_IF_ERROR(base_.Set(key, value));
+    if (absl::StrContains(key, "/info/")) {
+      std::unique_lock<std::mutex> lock(mu_);
+      ++infos_;
+      cv_.notify_all();
+      // The safety net: a launcher that never publishes fails the test, after minutes.
+      if (!cv_.wait_for(lock, absl::ToChronoSeconds(kSafetyNet), [&] { return infos_ >= n_; })) {
+        return absl::DeadlineExceededError("InfoGateStore: the others never set their info");
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    return base_.Get(key, timeout);
+  }
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
+    return base_.Wait(keys, timeout);
+  }
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
+    return base_.Add(key, delta);
+  }
+  absl::StatusOr<std::string> CompareSet(const std::string& key, const std::string& expected,
+                                         const std::string& desired) override {
+    return base_.CompareSet(key, expected, desired);
+  }
+  absl::Status Delete(const std::string& key) override { return base_.Delete(key); }
+
+ private:
+  const int n_;
+  InMemoryStore base_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int infos_ = 0;
+};
 
 TEST(LauncherInfo, RoundTrip) {
   LauncherInfo a = Node(3, 4, 2, 1);
@@ -74,7 +123,7 @@ TEST(LauncherInfo, RoundTrip) {
 TEST(LauncherRendezvous, AgreeingLaunchersAllCheckIn) {
   InMemoryStore store;
   LauncherRendezvous a(&store, Node(0, 3, 2)), b(&store, Node(1, 3, 2)), c(&store, Node(2, 3, 2));
-  for (const auto& s : CheckInAll({&a, &b, &c}, absl::Seconds(10))) EXPECT_TRUE(s.ok()) << s;
+  for (const auto& s : CheckInAll({&a, &b, &c}, kSafetyNet)) EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(b.peers().size(), 2u);
   EXPECT_EQ(b.peers().at(2).host, "host2");
   EXPECT_EQ(b.peers().at(0).layout, "--nnodes=3 --nproc_per_node=2");
@@ -84,13 +133,12 @@ TEST(LauncherRendezvous, AgreeingLaunchersAllCheckIn) {
 
 TEST(LauncherRendezvous, WorldSizeDisagreementFailsBothSidesFastNamingBoth) {
   InMemoryStore store;
-  absl::Duration took;
   // Node 0 thinks 2 nodes, node 1 thinks 3: node 0 would never wait for node 2, node 1 would
-  // wait forever for it. Both must fail at once with both views.
-  auto st = CheckInAll(&store, {Node(0, 2, 4), Node(1, 3, 4)}, absl::Seconds(30), &took);
-  EXPECT_LT(took, absl::Seconds(5));
+  // wait forever for it. Both must fail at once with both views: with the timeout only a
+  // safety net, an error that names the disagreement (not a deadline) shows neither waited.
+  auto st = CheckInAll(&store, {Node(0, 2, 4), Node(1, 3, 4)}, kSafetyNet);
   for (const auto& s : st) {
-    EXPECT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
     EXPECT_THAT(std::string(s.message()),
                 AllOf(HasSubstr("world size disagreement"), HasSubstr("node 0 (host host0: --nnodes=2 --nproc_per_node=4)"),
                       HasSubstr("world size 8"), HasSubstr("node 1 (host host1: --nnodes=3 --nproc_per_node=4)"),
@@ -100,7 +148,7 @@ TEST(LauncherRendezvous, WorldSizeDisagreementFailsBothSidesFastNamingBoth) {
 
 TEST(LauncherRendezvous, WorkersPerNodeDisagreement) {
   InMemoryStore store;
-  auto st = CheckInAll(&store, {Node(0, 2, 2), Node(1, 2, 3)}, absl::Seconds(30));
+  auto st = CheckInAll(&store, {Node(0, 2, 2), Node(1, 2, 3)}, kSafetyNet);
   for (const auto& s : st) EXPECT_THAT(std::string(s.message()), HasSubstr("--nproc_per_node=3"));
 }
 
@@ -113,12 +161,12 @@ TEST(LauncherRendezvous, UnevenWorkersAreFineWhenTheSchedulerSaysSo) {
     l.uniform = false;
     infos.push_back(l);
   }
-  for (const auto& s : CheckInAll(&store, infos, absl::Seconds(10))) EXPECT_TRUE(s.ok()) << s;
+  for (const auto& s : CheckInAll(&store, infos, kSafetyNet)) EXPECT_TRUE(s.ok()) << s;
 }
 
 TEST(LauncherRendezvous, MaxRestartsDisagreement) {
   InMemoryStore store;
-  auto st = CheckInAll(&store, {Node(0, 2, 1, 0), Node(1, 2, 1, 2)}, absl::Seconds(30));
+  auto st = CheckInAll(&store, {Node(0, 2, 1, 0), Node(1, 2, 1, 2)}, kSafetyNet);
   for (const auto& s : st) EXPECT_THAT(std::string(s.message()), HasSubstr("--max_restarts=2"));
 }
 
@@ -126,33 +174,36 @@ TEST(LauncherRendezvous, TwoLaunchersWithTheSameNodeRank) {
   InMemoryStore store;
   LauncherInfo twin = Node(1, 3, 1);
   twin.host = "other";
-  absl::Duration took;
-  auto st = CheckInAll(&store, {Node(0, 3, 1), Node(1, 3, 1), twin}, absl::Seconds(30), &took);
-  EXPECT_LT(took, absl::Seconds(10));
+  // Node 2 never comes: every launcher ends on the twins' error, not on the safety net.
+  auto st = CheckInAll(&store, {Node(0, 3, 1), Node(1, 3, 1), twin}, kSafetyNet);
   for (const auto& s : st) {
+    EXPECT_FALSE(absl::IsDeadlineExceeded(s)) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr("two launchers claim to be node 1"));
   }
 }
 
+// Nodes 0 and 2 come, node 1 never does: both time out naming node 1 alone. The gate makes each
+// see the other before its 400 ms can run out; the message's "within 400ms" names the timeout.
 TEST(LauncherRendezvous, TimeoutNamesTheMissingNodes) {
-  InMemoryStore store;
-  absl::Duration took;
-  auto st = CheckInAll(&store, {Node(0, 3, 1), Node(2, 3, 1)}, absl::Milliseconds(400), &took);
-  EXPECT_LT(took, absl::Seconds(3));
+  InfoGateStore store(2);
+  auto st = CheckInAll(&store, {Node(0, 3, 1), Node(2, 3, 1)}, absl::Milliseconds(400));
   for (const auto& s : st) {
     EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
     EXPECT_THAT(std::string(s.message()),
-                AllOf(HasSubstr("only 2 of 3 launchers checked in"), HasSubstr("missing: node 1")));
+                AllOf(HasSubstr("only 2 of 3 launchers checked in within 400ms"),
+                      HasSubstr("missing: node 1.")));
   }
 }
 
+// The wait polls `cancelled` between its looks at the store and stops at the first true: here
+// the third poll, so the wait has gone round twice (node 1 never comes) before it is cancelled.
 TEST(LauncherRendezvous, CancelStopsTheWait) {
   InMemoryStore store;
   LauncherRendezvous r(&store, Node(0, 2, 1));
-  absl::Time t0 = absl::Now();
-  absl::Status s = r.CheckIn(0, absl::Seconds(30), [&] { return absl::Now() - t0 > absl::Milliseconds(200); });
+  int polls = 0;
+  absl::Status s = r.CheckIn(0, kSafetyNet, [&] { return ++polls == 3; });
   EXPECT_TRUE(absl::IsCancelled(s)) << s;
-  EXPECT_LT(absl::Now() - t0, absl::Seconds(3));
+  EXPECT_EQ(polls, 3) << "the wait went on after it was cancelled";
 }
 
 TEST(LauncherRendezvous, FirstFailureWinsAndEveryoneSeesIt) {
@@ -176,11 +227,13 @@ TEST(LauncherRendezvous, FirstFailureWinsAndEveryoneSeesIt) {
 TEST(LauncherRendezvous, SilentLauncherIsNoticed) {
   InMemoryStore store;
   LauncherRendezvous zero(&store, Node(0, 3, 1)), one(&store, Node(1, 3, 1)), two(&store, Node(2, 3, 1));
-  for (const auto& s : CheckInAll({&zero, &one, &two}, absl::Seconds(10))) ASSERT_TRUE(s.ok()) << s;
+  for (const auto& s : CheckInAll({&zero, &one, &two}, kSafetyNet)) ASSERT_TRUE(s.ok()) << s;
   absl::Time t0 = absl::Now();
   std::vector<LauncherInfo> silent;
-  // Node 1 keeps beating, node 2 never does.
-  while (absl::Now() - t0 < absl::Seconds(2)) {
+  // Node 1 beats before every look, so its value has always moved since the last one (silence
+  // is "no change between looks", whatever the time between them); node 2 never beats. Looks
+  // until someone is silent: node 2 must be, and only once 500 ms have passed.
+  while (absl::Now() - t0 < kSafetyNet) {
     ASSERT_TRUE(one.Heartbeat(0).ok());
     auto s = zero.SilentLaunchers(0, absl::Milliseconds(500));
     ASSERT_TRUE(s.ok());
