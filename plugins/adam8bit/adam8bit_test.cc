@@ -291,8 +291,9 @@ double Distance(const std::map<std::string, Tensor>& a, const std::map<std::stri
 
 // 200 steps of the small GPT: Adam8bit's loss curve and weights stay close to AdamW's. The yard
 // stick is AdamW itself with the learning rate 5% higher: a change nobody would call a different
-// optimizer. 8-bit states must move the weights (relative to how far training moved them) and
-// the final loss no more than that change does.
+// optimizer. 8-bit states must move the weights (relative to how far training moved them) no more
+// than that change does, and the final loss by at most 1% of AdamW's: the README's claim, as
+// stated (measured +0.01%), not widened to the yardstick's own loss change.
 TEST_F(Adam8bitTest, TracksAdamWOnASmallGpt) {
   constexpr int kSteps = 200;
   constexpr double kLr = 3e-3;
@@ -311,7 +312,7 @@ TEST_F(Adam8bitTest, TracksAdamWOnASmallGpt) {
       "loss (mean of the last 20 steps): AdamW %.4f, Adam8bit %.4f (%+.2f%%), AdamW lr+5%% "
       "%.4f (%+.2f%%); weights apart / moved: Adam8bit %.4f, AdamW lr+5%% %.4f\n",
       l32, l8, 100 * (l8 / l32 - 1), lup, 100 * (lup / l32 - 1), d8, dup);
-  EXPECT_LE(std::fabs(l8 - l32), std::max(std::fabs(lup - l32), 0.01 * l32));
+  EXPECT_LE(std::fabs(l8 - l32), 0.01 * l32);
   EXPECT_LE(d8, dup);
 }
 
