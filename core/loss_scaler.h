@@ -13,8 +13,9 @@
 //    consecutive_hysteresis) reset the counter to `hysteresis`;
 //  - with consecutive_hysteresis every clean step resets the counter: only `hysteresis`
 //    overflows in a row shrink the scale.
-// Nothing restores the counter when the scale halves: an earlier version did, which let a run
-// that overflows steadily skip twice as many steps per halving as DeepSpeed's.
+// Nothing restores the counter when the scale halves: an earlier version did, so a run that
+// overflowed steadily skipped `hysteresis` steps per halving where DeepSpeed skips one. Its
+// checkpointed states (counter 1..hysteresis) are states of this rule too and resume as such.
 // A static scale (loss_scale > 0 in the config) never changes; its overflows still skip.
 #ifndef BRAID_CORE_LOSS_SCALER_H_
 #define BRAID_CORE_LOSS_SCALER_H_
