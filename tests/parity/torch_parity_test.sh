@@ -34,12 +34,14 @@ $py "$root/tests/parity/torch_exact_losses.py" "$root/tools/bench/gpt_mini_torch
 "$root/launcher/train" --init_from="$tmp/init.safetensors" --save_to="$tmp/braid_final.safetensors" \
   --steps=$steps --log_dir="$tmp/braid" > "$tmp/braid.out" 2>&1 || { cat "$tmp/braid.out"; exit 1; }
 $py - "$tmp" <<'PY'
-import json, struct, sys
+import json, math, struct, sys
 import torch
 tmp = sys.argv[1]
 t = [json.loads(l)["loss"] for l in open(f"{tmp}/torch.jsonl") if '"step"' in l]
 b = [json.loads(l)["loss"] for l in open(f"{tmp}/braid/metrics.jsonl") if '"step"' in l]
 assert len(t) == len(b), (len(t), len(b))
+# max() below would drop a NaN difference (every comparison with NaN is false).
+assert all(math.isfinite(x) for x in t + b), f"a loss is NaN or inf: torch {t}, braid {b}"
 worst = 0.0
 for i, (x, y) in enumerate(zip(t, b)):
     print(f"step {i:2d}  torch {x:.9g}  braid {y:.9g}  diff {abs(x - y):.2e}")
