@@ -167,6 +167,8 @@ class WeightGradQueue {
 
   void Run();
   bool empty() const { return work_.empty(); }
+  // The weight gradients put off and not run yet: one per op that put its weights' off.
+  size_t size() const { return work_.size(); }
 
   // For ops: this thread's active queue, or nullptr.
   static WeightGradQueue* Active();

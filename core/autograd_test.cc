@@ -456,9 +456,10 @@ TEST(WeightGradQueueTest, LinearWeightGradientsWaitForRunAndMatchBackward) {
   EXPECT_EQ(w3.grad().ToFloatVector(), want[5]);  // not a leaf weight: not put off
   for (int i : {1, 2, 3, 4}) EXPECT_FALSE(all[size_t(i)].grad().defined()) << "input " << i;
   EXPECT_EQ(hooked, 0);
-  EXPECT_FALSE(q.empty());
+  EXPECT_EQ(q.size(), 2u);  // the two Linears on leaf weights, each its weight and bias together
   q.Run();
   EXPECT_TRUE(q.empty());
+  EXPECT_EQ(q.size(), 0u);
   EXPECT_EQ(hooked, 1);
   for (int i : {1, 2, 3, 4}) {
     EXPECT_EQ(all[size_t(i)].grad().ToFloatVector(), want[size_t(i)]) << "input " << i;
