@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -17,12 +18,21 @@
 #include "plugins/pipeline/pipeline_strategy.h"
 
 namespace braid::pipeline {
+namespace {
 
-void PipelineStrategy::Computed(double start_s, double end_s, const std::string& name) {
+// "3", or "3.1" for chunk 1 when the stage holds several: how the trace names a micro-batch.
+std::string MicroBatchName(const Action& a, int chunks) {
+  return chunks > 1 ? absl::StrCat(a.micro_batch, ".", a.chunk) : absl::StrCat(a.micro_batch);
+}
+
+}  // namespace
+
+void PipelineStrategy::Computed(double start_s, double end_s, const std::string& name,
+                                std::string args) {
   if (step_busy_ == 0) step_first_ = start_s;
   step_last_ = end_s;
   step_busy_ += end_s - start_s;
-  events_.push_back({name, start_s, end_s});
+  events_.push_back({name, start_s, end_s, std::move(args)});
 }
 
 absl::StatusOr<bool> PipelineStrategy::PostReceive(const Action& a, bool may_block) {
@@ -88,7 +98,7 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
         f.input = batch.inputs;
       } else {
         BRAID_RETURN_IF_ERROR(f.act_work->Wait());
-        events_.push_back({absl::StrCat("wait activation ", a.micro_batch), start, NowS()});
+        events_.push_back({absl::StrCat("wait activation ", MicroBatchName(a, opts_.chunks)), start, NowS()});
         start = NowS();
         f.input = f.recv_act.Detach();
         f.input.set_requires_grad(true);
@@ -103,7 +113,7 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
       }
       const double end = NowS();
       stats->forward_s += end - start;
-      Computed(start, end, absl::StrCat("F", a.micro_batch, opts_.chunks > 1 ? absl::StrCat(".", a.chunk) : ""));
+      Computed(start, end, absl::StrCat("F", MicroBatchName(a, opts_.chunks)));
       return absl::OkStatus();
     }
     case Op::kSendActivation: {
@@ -129,7 +139,7 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
       if (vs != last) {
         BRAID_RETURN_IF_ERROR(f.grad_work->Wait());
         step_grad_in_ = NowS();
-        events_.push_back({absl::StrCat("wait gradient ", a.micro_batch), start, step_grad_in_});
+        events_.push_back({absl::StrCat("wait gradient ", MicroBatchName(a, opts_.chunks)), start, step_grad_in_});
         start = NowS();
       }
       {
@@ -144,13 +154,17 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
           f.output.Backward(f.recv_grad);
         }
       }
+      // How many weight gradients the backward put off (WeightGradQueue): the trace says, so a
+      // test can tell a split backward that split nothing.
+      const size_t put_off = f.weight_grads != nullptr ? f.weight_grads->size() : 0;
       if (vs > 0) f.input_grad = f.input.grad();
       f.output = Tensor();
       f.loss = Tensor();
       f.recv_grad = Tensor();
       const double end = NowS();
       stats->backward_s += end - start;
-      Computed(start, end, absl::StrCat("B", a.micro_batch, opts_.chunks > 1 ? absl::StrCat(".", a.chunk) : ""));
+      Computed(start, end, absl::StrCat("B", MicroBatchName(a, opts_.chunks)),
+               absl::StrCat("\"weight_gradients_put_off\":", put_off));
       // ZeRO-2: this micro-batch's gradients are complete on this rank after its lowest chunk's
       // backward (and weight gradients); they go into the shard now (asynchronously), not at the
       // step's end.
@@ -163,12 +177,14 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
                      absl::StrCat("weight gradients of micro-batch ", a.micro_batch,
                                   " before its split backward"));
       }
+      const size_t computed = f.weight_grads->size();
       const double start = NowS();
       f.weight_grads->Run();
       f.weight_grads.reset();
       const double end = NowS();
       stats->backward_s += end - start;
-      Computed(start, end, absl::StrCat("W", a.micro_batch, opts_.chunks > 1 ? absl::StrCat(".", a.chunk) : ""));
+      Computed(start, end, absl::StrCat("W", MicroBatchName(a, opts_.chunks)),
+               absl::StrCat("\"weight_gradients\":", computed));
       if (a.chunk == 0) BRAID_RETURN_IF_ERROR(stage_opt_->ReduceMicroBatch());
       return absl::OkStatus();
     }
@@ -205,7 +221,7 @@ absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& 
     PostReceivesAhead(schedule, i);
     absl::Status st = Run(a, micro_batches, &stats);
     if (a.op != Op::kForward && a.op != Op::kBackward && a.op != Op::kWeightGrad) {  // posting
-      events_.push_back({absl::StrCat(OpName(a.op), " ", a.micro_batch), posted, NowS()});
+      events_.push_back({absl::StrCat(OpName(a.op), " ", MicroBatchName(a, opts_.chunks)), posted, NowS()});
     }
     // What the step holds above its start: activations and the graph's saved tensors, in flight.
     act_peak_ = std::max(act_peak_, GetMemoryStats(device_).current_bytes - act_base_);
@@ -303,9 +319,10 @@ void PipelineStrategy::WriteTrace() const {
       R"({"name":"thread_name","ph":"M","pid":%d,"tid":%d,"args":{"name":"stage %d"}})", dp_, stage_,
       stage_));
   for (const Event& e : events_) {
-    items.push_back(absl::StrFormat(R"({"name":"%s","ph":"X","pid":%d,"tid":%d,"ts":%.1f,"dur":%.1f})",
+    items.push_back(absl::StrFormat(R"({"name":"%s","ph":"X","pid":%d,"tid":%d,"ts":%.1f,"dur":%.1f%s})",
                                     e.name, dp_, stage_, e.start_s * 1e6,
-                                    std::max(0.0, e.end_s - e.start_s) * 1e6));
+                                    std::max(0.0, e.end_s - e.start_s) * 1e6,
+                                    e.args.empty() ? "" : absl::StrCat(R"(,"args":{)", e.args, "}")));
   }
   // Written whole under a temporary name, then renamed: a reader never sees half a trace.
   std::string tmp = path + ".tmp";

@@ -119,7 +119,8 @@ class PipelineStrategy final : public Strategy {
   // the buffer's shape is not known yet and `may_block` is false (the first step learns it).
   absl::StatusOr<bool> PostReceive(const Action& a, bool may_block);
   void PostReceivesAhead(const Schedule& schedule, size_t from);
-  void Computed(double start_s, double end_s, const std::string& name);
+  // A forward, backward or weight-gradient step; `args`, the body of its trace event's "args".
+  void Computed(double start_s, double end_s, const std::string& name, std::string args = "");
   Tensor ForwardChunk(const Chunk& c, const Tensor& x);
   absl::StatusOr<std::vector<int64_t>> TimeLayers(Module& model, const std::vector<PipelineLayer>& layers,
                                                   const Batch& sample, const CriterionFn& criterion);
@@ -162,6 +163,7 @@ class PipelineStrategy final : public Strategy {
   struct Event {
     std::string name;
     double start_s, end_s;
+    std::string args = "";  // the body of the trace event's "args" object, if any
   };
   std::vector<Event> events_;  // this step's forwards, backwards and waits
   void WriteTrace() const;  // device bytes above the step's start, at most

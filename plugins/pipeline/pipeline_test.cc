@@ -4,11 +4,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +28,8 @@
 #include "core/testing/compare.h"
 #include "core/testing/equivalence.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "models/gpt/gpt.h"
 #include "third_party/runfiles.h"
@@ -82,6 +88,7 @@ struct Spec {
   int zero_stage = 0;  // ZeRO on the data axis (zero_optimization.stage)
   std::string partition = "parameters";
   bool split_backward = false;
+  std::string trace_file;  // the strategy's trace_file option ("{rank}" in it), if not empty
 };
 
 struct Result {
@@ -137,6 +144,7 @@ class PipelineTest : public ::testing::Test {
       ctx.criterion = CrossEntropyCriterion();
       ctx.options["partition"] = spec.partition;
       if (spec.split_backward) ctx.options["split_backward"] = "true";
+      if (!spec.trace_file.empty()) ctx.options["trace_file"] = spec.trace_file;
       ctx.sample_batch = [] { return Rows(0, 0, 0); };
       config::TrainConfig cfg;
       cfg.mutable_zero_optimization()->set_stage(spec.zero_stage);
@@ -232,6 +240,97 @@ TEST_F(PipelineTest, SplitBackwardTrainsTheSame) {
   interleaved.schedule = "interleaved";
   interleaved.virtual_stages = 2;
   ExpectMatches(interleaved, Run(interleaved), 1e-6);
+}
+
+// One rank's trace of its last step (the trace_file option): the events in the order the rank
+// ran them, each with its name ("B3", "W3.1", "send-grad 3") and numeric args.
+struct TraceEvent {
+  std::string name;
+  std::map<std::string, double> args;
+};
+std::vector<TraceEvent> ReadTrace(const std::string& path) {
+  std::vector<TraceEvent> out;
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << path;
+  std::stringstream text;
+  text << in.rdbuf();
+  google::protobuf::Struct trace;
+  auto parsed = google::protobuf::util::JsonStringToMessage(text.str(), &trace);
+  EXPECT_TRUE(parsed.ok()) << path << ": " << parsed.ToString();
+  auto events = trace.fields().find("traceEvents");
+  if (events == trace.fields().end()) return out;
+  for (const auto& v : events->second.list_value().values()) {
+    const auto& f = v.struct_value().fields();
+    if (f.count("ph") == 0 || f.at("ph").string_value() != "X") continue;
+    TraceEvent e{f.at("name").string_value(), {}};
+    if (auto a = f.find("args"); a != f.end()) {
+      for (const auto& [k, x] : a->second.struct_value().fields()) e.args[k] = x.number_value();
+    }
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+// Split backwards put the weights' gradients off, which training the same cannot show (a
+// split_backward that split nothing, with no queue active or a Linear that ignored it, passes
+// SplitBackwardTrainsTheSame). In each stage's trace of a step, every backward puts some off
+// (its Linears' weights, WeightGradQueue) and a later W computes exactly those; on every virtual
+// stage but the first, the input's gradient is sent between the two, so the previous stage's
+// wait does not include them. Unsplit, no backward puts any off and there is no W.
+TEST_F(PipelineTest, SplitBackwardSendsTheInputGradientBeforeComputingWeightGradients) {
+  for (bool split : {true, false}) {
+    for (auto [schedule, stages, v] : {std::tuple<std::string, int, int>{"1f1b", 3, 1}, {"gpipe", 3, 1},
+                                       {"interleaved", 2, 2}}) {
+      SCOPED_TRACE(absl::StrCat(schedule, " on ", stages, " stages x", v, split ? ", split" : ""));
+      Spec spec;
+      spec.schedule = schedule;
+      spec.stages = stages;
+      spec.virtual_stages = v;
+      spec.steps = 2;
+      spec.split_backward = split;
+      const std::string prefix =
+          absl::StrCat(::testing::TempDir(), "/split_", schedule, split ? "_on_" : "_off_");
+      spec.trace_file = prefix + "{rank}.json";
+      ExpectMatches(spec, Run(spec), 1e-6);
+      for (int rank = 0; rank < stages; ++rank) {
+        SCOPED_TRACE(absl::StrCat("stage ", rank));
+        const std::vector<TraceEvent> trace = ReadTrace(absl::StrCat(prefix, rank, ".json"));
+        auto find = [&](const std::string& name) {
+          size_t i = 0;
+          while (i < trace.size() && trace[i].name != name) ++i;
+          return i;
+        };
+        int backwards = 0, weight_steps = 0;
+        for (size_t i = 0; i < trace.size(); ++i) {
+          weight_steps += trace[i].name[0] == 'W';
+          if (trace[i].name[0] != 'B') continue;
+          ++backwards;
+          const std::string mb = trace[i].name.substr(1);  // "3", or "3.1" for chunk 1
+          const size_t dot = mb.find('.');
+          const int vs = (dot == std::string::npos ? 0 : std::stoi(mb.substr(dot + 1))) * stages + rank;
+          auto put_off = trace[i].args.find("weight_gradients_put_off");
+          ASSERT_NE(put_off, trace[i].args.end()) << trace[i].name;
+          if (!split) {
+            EXPECT_EQ(put_off->second, 0) << trace[i].name;
+            continue;
+          }
+          EXPECT_GT(put_off->second, 0) << trace[i].name << " put no weight gradient off";
+          const size_t w = find("W" + mb), sent = find("send-grad " + mb);
+          ASSERT_LT(w, trace.size()) << "no W for " << trace[i].name;
+          EXPECT_GT(w, i) << "W" << mb << " before its backward";
+          EXPECT_EQ(trace[w].args.at("weight_gradients"), put_off->second) << "W" << mb;
+          if (vs > 0) {
+            EXPECT_GT(sent, i) << "gradient of " << mb << " sent before its backward";
+            EXPECT_LT(sent, w) << "W" << mb << " before the input's gradient was sent";
+          } else {
+            EXPECT_EQ(sent, trace.size()) << "the first virtual stage sends no gradient";
+          }
+        }
+        EXPECT_EQ(backwards, spec.micro_batches * v);
+        EXPECT_EQ(weight_steps, split ? spec.micro_batches * v : 0);
+      }
+    }
+  }
 }
 
 TEST_F(PipelineTest, InterleavedWithTwoVirtualStages) {
