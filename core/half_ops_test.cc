@@ -56,8 +56,11 @@ double UnitRoundoff(DType t) { return t == DType::kBF16 ? std::ldexp(1.0, -8) : 
   for (size_t i = 0; i < got.size(); ++i) {
     const double allowed = tol * (std::fabs(double(want[i])) + rms);
     const double err = std::fabs(double(got[i]) - double(want[i]));
-    const double ratio = allowed > 0 ? err / allowed : (err > 0 ? INFINITY : 0.0);
-    if (!(ratio <= worst_ratio)) {
+    double ratio = allowed > 0 ? err / allowed : (err > 0 ? INFINITY : 0.0);
+    // A NaN or inf on either side is the worst: as a NaN ratio it would be replaced by the next
+    // finite one, and an inf in want makes rms, so every allowance, infinite.
+    if (!std::isfinite(got[i]) || !std::isfinite(want[i])) ratio = INFINITY;
+    if (ratio > worst_ratio) {
       worst_ratio = ratio;
       worst = i;
     }
@@ -67,6 +70,22 @@ double UnitRoundoff(DType t) { return t == DType::kBF16 ? std::ldexp(1.0, -8) : 
          << what << ": element " << worst << " is " << got[worst] << ", f32 gives " << want[worst]
          << " (error " << std::fabs(double(got[worst]) - double(want[worst])) << ", "
          << worst_ratio << "x the allowed " << tol << " * (|want| + rms " << rms << "))";
+}
+
+// Close fails on a NaN or inf on either side wherever it is (a NaN ratio used to be overwritten by
+// the next element's, and an inf in want made every allowance infinite).
+TEST(HalfOpsClose, FailsOnNanOrInfOnEitherSide) {
+  const std::vector<float> want = {0.5f, -2.0f, 3.0f};
+  EXPECT_TRUE(Close("same", want, want, 1e-3));
+  for (float v : {NAN, INFINITY, -INFINITY}) {
+    for (size_t i = 0; i < want.size(); ++i) {
+      std::vector<float> bad = want;
+      bad[i] = v;
+      EXPECT_FALSE(Close("got", bad, want, 1e-3)) << v << " at " << i;
+      EXPECT_FALSE(Close("want", want, bad, 1e-3)) << v << " at " << i;
+      EXPECT_FALSE(Close("both", bad, bad, 1e-3)) << v << " at " << i;
+    }
+  }
 }
 
 class HalfOpsTest : public ::testing::TestWithParam<DType> {
