@@ -443,8 +443,9 @@ TEST_F(StrategyTest, Tp2AndTp4AroundSingleEqualOneProcess) {
   }
 }
 
-// Sequence parallelism with accumulation-free SGD and binding clipping: a replicated weight whose
-// partial gradient were not summed (LayerNorms, wpe, the row-split biases) would drift.
+// Sequence parallelism with accumulation-free SGD, with binding clipping on t = 2 and 4 (the t x d
+// run around DDP does not clip): a replicated weight whose partial gradient were not summed
+// (LayerNorms, wpe, the row-split biases) would drift.
 TEST_F(StrategyTest, SequenceParallelTp2AndTp4EqualOneProcess) {
   for (int t : {2, 4}) {
     TpRun run;
