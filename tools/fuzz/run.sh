@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Fuzzes Braid's parsers of outside bytes with libFuzzer under ASan and UBSan, and keeps what
+# reaches new code in the repository's corpus folders (replayed by `bazel test`).
+#
+#   tools/fuzz/run.sh [--runs=N] [--seconds=S] [--keep] [TARGET...]
+#
+# TARGET: Bazel labels of braid_fuzzer targets (core/testing/fuzz.bzl); default: every one.
+# --runs:    executions per target (default 10000000); --seconds: a time bound per target as
+#            well (default none). A target stops at the first of the two, or at a crash.
+# --keep:    merge the inputs that found new coverage into <package>/fuzz_corpus/<name>/ (the
+#            kept corpus, minimised by libFuzzer's -merge); without it the repository is untouched.
+# Crashes, leaks and sanitizer reports stop the target; the input that caused it is written to
+# runs/fuzz/<name>/ and the run ends non-zero. The last line: one row per target with its
+# executions, seconds and result.
+#
+# The fuzzing build is clang-14's (installed by tools/setup.sh), in an output root of its own
+# under the user's cache, so it never disturbs the ordinary build's.
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$here"
+runs=10000000; seconds=0; keep=0; targets=()
+for a in "$@"; do
+  case "$a" in
+    --runs=*) runs="${a#--runs=}" ;;
+    --seconds=*) seconds="${a#--seconds=}" ;;
+    --keep) keep=1 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "fuzz: unknown option $a (see --help)" >&2; exit 2 ;;
+    *) targets+=("$a") ;;
+  esac
+done
+command -v clang-14 >/dev/null || { echo "fuzz: clang-14 is missing; run tools/setup.sh" >&2; exit 1; }
+root="${XDG_CACHE_HOME:-$HOME/.cache}/braid-fuzz-bazel"
+fbazel() { bazel --output_user_root="$root" "$@"; }
+if [ "${#targets[@]}" = 0 ]; then
+  mapfile -t targets < <(fbazel query 'filter("_fuzzer$", kind("cc_binary", //...))' 2>/dev/null)
+  [ "${#targets[@]}" -gt 0 ] || { echo "fuzz: found no braid_fuzzer targets" >&2; exit 1; }
+fi
+echo "fuzz: building ${targets[*]} with clang-14, libFuzzer, ASan, UBSan"
+fbazel build --config=fuzz "${targets[@]}" || { echo "fuzz: the fuzzing build failed" >&2; exit 1; }
+bin_dir=$(fbazel info --config=fuzz bazel-bin 2>/dev/null)
+
+rows=(); rc=0
+for t in "${targets[@]}"; do
+  pkg="${t#//}"; pkg="${pkg%%:*}"; name="${t##*:}"
+  kept="$pkg/fuzz_corpus/$name"
+  out="runs/fuzz/$name"; work="$out/corpus"
+  rm -rf "$work"; mkdir -p "$work" "$kept"
+  log="$out/fuzz.log"
+  limit=""; [ "$seconds" != 0 ] && limit=" (at most $seconds s)"
+  echo "fuzz: $t: $runs runs$limit from $(ls "$kept" | wc -l) kept inputs; log $log"
+  start=$(date +%s)
+  # A fresh working corpus seeded from the kept one; -max_len bounds the inputs libFuzzer makes
+  # up (configs, headers and frames worth exploring are small); -timeout: one input that runs
+  # 10 s is a hang and counts as a failure.
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    "$bin_dir/$pkg/$name" -runs="$runs" -max_total_time="$seconds" -max_len=8192 -timeout=10 \
+    -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$out/" "$work" "$kept" > "$log" 2>&1
+  r=$?
+  took=$(( $(date +%s) - start ))
+  execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$log" | tail -1 | awk '{print $2}')
+  if [ "$r" = 0 ]; then
+    result=ok
+    if [ "$keep" = 1 ]; then
+      "$bin_dir/$pkg/$name" -merge=1 -max_len=8192 "$kept" "$work" >> "$log" 2>&1 || result="ok (merge failed)"
+    fi
+  else
+    result="FAILED (exit $r; see $log and the crash-*/leak-*/timeout-* input in $out/)"
+    tail -30 "$log"
+    rc=1
+  fi
+  rows+=("$(printf '%-45s %12s executions %6d s  %s' "$t" "${execs:-?}" "$took" "$result")")
+done
+echo "fuzz: results"
+printf '  %s\n' "${rows[@]}"
+exit "$rc"
