@@ -2,6 +2,7 @@
 // config.h, with the error messages that name the origin, position and field. Separate from
 // validation (config.cc), which works on an already parsed TrainConfig.
 #include <algorithm>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -18,6 +19,7 @@
 #include "core/config/config_internal.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/message.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -239,6 +241,63 @@ std::string DescribeJsonError(const std::string& text, const std::string& origin
   return absl::StrCat(origin, ": ", message);
 }
 
+// True when `s` is well-formed UTF-8 (no overlong forms, surrogates or values past U+10FFFF).
+bool IsUtf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    int more = 0;  // continuation bytes
+    uint32_t cp = c;
+    if (c >= 0xC2 && c <= 0xDF) {
+      more = 1, cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      more = 2, cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      more = 3, cp = c & 0x07;
+    } else if (c >= 0x80) {
+      return false;  // a continuation byte first, or a lead byte no valid sequence has
+    }
+    if (i + size_t(more) >= s.size() && more > 0) return false;  // cut short
+    for (int k = 1; k <= more; ++k) {
+      const unsigned char d = static_cast<unsigned char>(s[i + size_t(k)]);
+      if ((d & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    if ((more == 2 && cp < 0x800) || (more == 3 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+        (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    i += size_t(more) + 1;
+  }
+  return true;
+}
+
+// The path of the first string field of `m` that is not UTF-8 (e.g. "strategy.options.value"),
+// or "". Text format's escapes ("\261") can put any bytes in a string; JSON cannot carry them,
+// and no name or path Braid reads is meant to hold them.
+std::string FirstNonUtf8Field(const pb::Message& m, const std::string& prefix) {
+  const pb::Reflection* r = m.GetReflection();
+  std::vector<const pb::FieldDescriptor*> fields;
+  r->ListFields(m, &fields);
+  for (const pb::FieldDescriptor* f : fields) {
+    const std::string path = prefix.empty() ? f->name() : absl::StrCat(prefix, ".", f->name());
+    const int n = f->is_repeated() ? r->FieldSize(m, f) : 1;
+    for (int i = 0; i < n; ++i) {
+      if (f->type() == pb::FieldDescriptor::TYPE_STRING) {
+        std::string scratch;
+        const std::string& v = f->is_repeated() ? r->GetRepeatedStringReference(m, f, i, &scratch)
+                                                : r->GetStringReference(m, f, &scratch);
+        if (!IsUtf8(v)) return path;
+      } else if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+        const pb::Message& sub = f->is_repeated() ? r->GetRepeatedMessage(m, f, i) : r->GetMessage(m, f);
+        std::string bad = FirstNonUtf8Field(sub, path);
+        if (!bad.empty()) return bad;
+      }
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 // -------------------------------------------------------------------------------------------------
@@ -255,6 +314,11 @@ absl::StatusOr<TrainConfig> ParseTextConfig(const std::string& text, const std::
     if (message.empty())
       message = absl::StrCat(origin, ": not a valid text-format training config");
     return absl::InvalidArgumentError(message);
+  }
+  if (std::string bad = FirstNonUtf8Field(cfg, ""); !bad.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        origin, ": field ", bad, " holds bytes that are not UTF-8 (an escape such as \\261?); "
+        "write names and paths as UTF-8 text"));
   }
   return cfg;
 }

@@ -174,6 +174,18 @@ TEST(ConfigParse, TextWrongTypeNamesField) {
   EXPECT_THAT(TextError("optimizer {"), HasSubstr("my.pbtxt:1:"));
 }
 
+// Text format's escapes can put any bytes in a string field; JSON cannot print them (the config
+// fuzzer found a config that parsed and then failed its JSON round trip). Refused, with the field.
+TEST(ConfigParse, TextStringsMustBeUtf8) {
+  EXPECT_THAT(TextError("strategy { name: \"ddp\" options { key: \"bucket_cap_mb\" value: \"\\261\" } }"),
+              AllOf(HasSubstr("my.pbtxt"), HasSubstr("strategy.options.value"), HasSubstr("UTF-8")));
+  EXPECT_THAT(TextError("model { name: \"gpt\\300\\257\" }"), HasSubstr("model.name"));  // overlong '/'
+  EXPECT_THAT(TextError("data { path: \"\\355\\240\\200\" }"), HasSubstr("data.path"));  // a surrogate
+  // Real UTF-8 (here a path with an accent and an emoji) is fine.
+  auto ok = ParseTextConfig("data { path: \"d\303\251j\340\244\276/\360\237\230\200.txt\" }", "my.pbtxt");
+  EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
 TEST(ConfigParse, JsonUnknownFieldNamesFilePositionAndPath) {
   EXPECT_THAT(JsonError("{\n  \"steps\": 3,\n  \"wall_clock_breakdown\": false\n}"),
               AllOf(HasSubstr("ds.json:3:3:"), HasSubstr("unknown field \"wall_clock_breakdown\""),
