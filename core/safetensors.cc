@@ -297,8 +297,11 @@ absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
       }
       continue;
     }
+    // An ordinary reference for the lambda: C++17 lambdas cannot capture a structured binding
+    // (g++ allows it, clang refuses).
+    const std::string& tensor_name = name;
     auto terror = [&](const std::string& msg) {
-      return error(absl::StrCat("tensor '", name, "': ", msg));
+      return error(absl::StrCat("tensor '", tensor_name, "': ", msg));
     };
     if (!value.is_object()) {
       return terror(absl::StrCat("entry is ", KindName(value), ", not an object"));
