@@ -1,6 +1,7 @@
 // libFuzzer target for the store's wire parser (frame.h): the code that reads whatever a stranger
-// sends to the rendezvous port. Built with clang's -fsanitize=fuzzer,address by the genrule in
-// BUILD; a short run is //backends/store:frame_fuzz_smoke_test, a long one is described there.
+// sends to the rendezvous port. A braid_fuzzer (core/testing/fuzz.bzl): tools/fuzz/run.sh fuzzes
+// it, and //backends/store:frame_fuzzer_corpus_test replays the kept inputs
+// (fuzz_corpus/frame_fuzzer/).
 //
 // Beyond "no crash, no out-of-bounds read", it checks that parsing is exact: whatever parses must
 // encode back to the very same bytes (the format has no slack), so a parser that accepted
