@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "core/in_process_communicator.h"
 #include "core/ops.h"
@@ -187,6 +188,14 @@ TEST_P(SyncTest, EqualsSingleProcessOnTheWorkersConcatenatedBatch) {
     BRAID_RETURN_IF_ERROR(strategy->Setup(model, make_optimizer, ctx));
     // Worker w (0-based among the workers) has rows [4w, 4w + 4) as two micro-batches of 2.
     const int w = rank < server ? rank : rank - 1;
+    // The trainer shards the data by these: the workers alone are the data-parallel group (the
+    // server reads worker 0's share and ignores it), so W workers read what W DDP ranks read.
+    if (strategy->data_parallel_size() != world - 1 ||
+        strategy->data_parallel_rank() != (rank == server ? 0 : w)) {
+      return absl::InternalError(absl::StrCat(
+          "data-parallel place ", strategy->data_parallel_rank(), " of ",
+          strategy->data_parallel_size(), "; want ", rank == server ? 0 : w, " of ", world - 1));
+    }
     for (int step = 0; step < steps; ++step) {
       std::vector<Batch> micro;
       if (rank != server) micro = {Rows(step, 4 * w, 2), Rows(step, 4 * w + 2, 2)};
