@@ -21,6 +21,7 @@
 #include "core/plugin.h"
 #include "core/registry.h"
 #include "core/strategy.h"
+#include "core/testing/compare.h"
 #include "core/testing/equivalence.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -70,12 +71,10 @@ Tensor RandomTensor(const Shape& shape, unsigned seed, float scale = 1.0f) {
   return Tensor::FromVector(v, shape);
 }
 
+// +inf on a NaN or inf in either, or sizes that differ, so EXPECT_EQ(..., 0.0) fails on them.
 double MaxAbsDiff(const Tensor& a, const Tensor& b) {
-  std::vector<float> x = a.ToFloatVector(), y = b.ToFloatVector();
-  EXPECT_EQ(x.size(), y.size());
-  double m = 0;
-  for (size_t i = 0; i < std::min(x.size(), y.size()); ++i) m = std::max(m, double(std::fabs(x[i] - y[i])));
-  return m;
+  EXPECT_EQ(a.numel(), b.numel());
+  return testing::MaxAbsDiff(a.ToFloatVector(), b.ToFloatVector());
 }
 
 // Columns [rank * V/t, ...) of a [N, V] tensor.
