@@ -15,8 +15,13 @@ adds what plugins/zero/zero_strategy.h says it holds on top: each unit (one per 
 the parameters outside blocks) padded to a multiple of N, and at stage 3 the units gathered in
 full at once (the outside parameters and one block, one more block while prefetching, the
 default; "z3np" is stage 3 with stage3_prefetch_bucket_size: 0). Every run also gives the
-allocator's peak tensor memory. A run whose ranks would not fit in the machine's free memory (from the same strategy's RSS at a smaller world size), or that
-would start after --mem_budget_s, is skipped and printed as skipped.
+allocator's peak tensor memory, activations included ("alloc peak"), and, beside the bookkeeping,
+the allocator's own figure for the model states ("alloc state"): the peak less the activations,
+which grow in proportion to the micro-batch while the model states do not, so a second run at
+another micro-batch (--probe) prices them per sequence and peak(b) - b x that is what the rank
+held besides activations at its peak (model states and transients, counted by the allocator).
+A run whose ranks would not fit in the machine's free memory (from the same strategy's RSS at a
+smaller world size), or that would start after --mem_budget_s, is skipped and printed as skipped.
 
 Throughput: gpt-mini on 2 ranks (1 thread each), --steps steps, in rounds of DDP, ZeRO 1, 2, 3,
 PyTorch DDP + ZeroRedundancyOptimizer and PyTorch DDP (tools/bench/gpt_mini_torch.py); medians
@@ -37,6 +42,9 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The built tree the runs use: the workspace's bazel-bin, or with --bin a copy of it (launcher/,
+# plugins/, backends/), which no other build can replace while the bench runs.
+BIN = os.path.join(ROOT, "bazel-bin")
 ENV1 = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", BRAID_NUM_THREADS="1",
             BRAID_DATA_DIR=os.path.join(ROOT, "data"))
 MIB = 2 ** 20
@@ -79,18 +87,18 @@ def documented_extra(strat, model, n):
     return extra
 
 
-def write_config(model, strat, tmp):
+def write_config(model, strat, tmp, micro_batch=None):
     text = open(os.path.join(ROOT, "launcher/configs", CONFIGS[strat])).read()
     text, k = re.subn(r'model \{ name: "gpt-mini" \}', f'model {{ name: "{model}" }}', text)
     assert k == 1, "model line not found in " + CONFIGS[strat]
     text, k = re.subn(r"train_micro_batch_size_per_gpu: \d+",
-                      f"train_micro_batch_size_per_gpu: {MODELS[model]['micro_batch']}", text)
+                      f"train_micro_batch_size_per_gpu: {micro_batch or MODELS[model]['micro_batch']}", text)
     assert k == 1, "micro-batch line not found in " + CONFIGS[strat]
     if strat == "z3np":
         text, k = re.subn(r"zero_optimization \{ stage: 3 \}",
                           "zero_optimization { stage: 3 stage3_prefetch_bucket_size: 0 }", text)
         assert k == 1, "zero_optimization line not found in " + CONFIGS[strat]
-    path = os.path.join(tmp, f"{model}-{strat}.pbtxt")
+    path = os.path.join(tmp, f"{model}-{strat}-b{micro_batch or MODELS[model]['micro_batch']}.pbtxt")
     with open(path, "w") as f:
         f.write(text)
     return path
@@ -101,11 +109,11 @@ STATE_RE = re.compile(r"model state per rank \(peak\): parameters ([\d.]+) MiB, 
 PSI_RE = re.compile(r"braid: training (\S+) \((\d+) parameters\)")
 
 
-def braid(model, strat, n, steps, tmp, tag, timeout=900):
+def braid(model, strat, n, steps, tmp, tag, timeout=900, micro_batch=None):
     """One launcher run; the largest of each figure over the ranks."""
     out = os.path.join(tmp, tag)
-    cfg = write_config(model, strat, tmp)
-    cmd = [os.path.join(ROOT, "bazel-bin/launcher/launcher"), f"--nproc_per_node={n}",
+    cfg = write_config(model, strat, tmp, micro_batch)
+    cmd = [os.path.join(BIN, "launcher/launcher"), f"--nproc_per_node={n}",
            f"--log_dir={out}-workers", "--", f"--config={cfg}", f"--steps={steps}", f"--log_dir={out}"]
     t0 = time.time()
     try:
@@ -129,12 +137,14 @@ def braid(model, strat, n, steps, tmp, tag, timeout=900):
             res[k] = max(s[i] for s in states)
         res["measured_mib"] = round(max(s[0] + s[1] + s[2] for s in states), 2)
     peaks, rss = [], []
+    res["peak_bytes_by_file"] = {}  # per rank (metrics.jsonl is rank 0's), for the extrapolation
     for f in os.listdir(out):
         if f.startswith("metrics.jsonl"):
             for line in open(os.path.join(out, f)):
                 x = json.loads(line)
                 if x.get("summary"):
                     peaks.append(x["peak_bytes"])
+                    res["peak_bytes_by_file"][f] = x["peak_bytes"]
                     rss.append(x["peak_rss_bytes"])
                     if f == "metrics.jsonl":
                         res["tokens_per_s"] = x["median_tokens_per_s"]
@@ -187,7 +197,8 @@ def memory_part(a, tmp):
                         emit(skipped[-1])
                         continue
                 prev = [r for r in rows if r["model"] == model and r["world_size"] == n and r.get("wall_s")]
-                est = prev[-1]["wall_s"] if prev else 0
+                probed = n <= probes(a).get(model, (0, 0))[1]  # a second run, at a larger micro-batch
+                est = prev[-1]["wall_s"] * (3 if probed else 1) if prev else 0
                 if time.time() - start + est > a.mem_budget_s:
                     why = f"over the memory part's time budget ({a.mem_budget_s} s)"
                     skipped.append({**key, "skipped": why})
@@ -209,9 +220,72 @@ def memory_part(a, tmp):
                                documented_extra_mib=round(d / MIB, 2),
                                ratio_to_formula_plus_documented=round(m / (f + d), 4),
                                within_5pct=abs(m / (f + d) - 1) <= 0.05)
+                if "error" not in r:
+                    alloc_model_state(a, row, rows, tmp)
                 rows.append(row)
                 emit(row)
     return rows, skipped
+
+
+def probes(a):
+    """{model: (second micro-batch, largest world size probed)} from --probe."""
+    out = {}
+    for item in filter(None, a.probe.split(",")):
+        model, rest = item.split("=")
+        b, n = rest.split("@")
+        out[model] = (int(b), int(n))
+    return out
+
+
+def alloc_model_state(a, row, rows, tmp):
+    """The allocator's figure for what the run holds besides activations, per rank: its peak
+    tensor memory with the activations' share taken out. Everything a step allocates for one
+    sequence (activations, the graph's saved tensors, logits, the batch) grows in proportion to the
+    micro-batch b at a fixed context; parameters, gradients, optimizer state and communication
+    buffers do not. So a second run at micro-batch b2 gives the activations' bytes per sequence,
+    slope = (peak(b2) - peak(b)) / (b2 - b), and peak(b) - b * slope is the peak without them: the
+    model states and transients alive at the allocator's peak, as the allocator counted them.
+    A run's ranks hold the same activations at any N and stage (the same micro-batch per rank),
+    so where a second run would not fit (gpt2-124m at N = 4) or is not asked for (--probe), the
+    same strategy's slope at a smaller N stands in (row["alloc_slope_from"] says which)."""
+    model, strat, n = row["model"], row["strategy"], row["world_size"]
+    b = MODELS[model]["micro_batch"]
+    b2, max_n = probes(a).get(model, (0, 0))
+    own = None
+    if b2 and b2 != b and n <= max_n:
+        state_est = row["measured_mib"] * MIB
+        act_est = max(0.0, row["peak_tensor_mib"] * MIB - state_est)  # a guess, for the memory check
+        need = n * (row["peak_rss_mib"] * MIB + max(0, b2 - b) / b * act_est)
+        if need <= 0.9 * mem_available():
+            own = braid(model, strat, n, a.mem_steps, tmp, f"mem-{model}-{strat}-{n}-b{b2}", micro_batch=b2)
+            if "error" in own:
+                row["alloc_probe_error"] = own["error"]
+                own = None
+        else:
+            row["alloc_probe_skipped"] = (f"{n} ranks at micro-batch {b2} need ~{need / MIB:.0f} MiB, "
+                                          f"{mem_available() / MIB:.0f} available")
+    if own is not None:
+        slopes = {f: (own["peak_bytes_by_file"][f] - p) / (b2 - b)
+                  for f, p in row["peak_bytes_by_file"].items() if f in own["peak_bytes_by_file"]}
+        row["alloc_probe"] = {"micro_batch": b2, "peak_tensor_mib": own["peak_tensor_mib"],
+                              "peak_rss_mib": own["peak_rss_mib"], "wall_s": own["wall_s"]}
+        row["alloc_slope_from"] = f"N={n}"
+    else:
+        ref = [r for r in rows if r["model"] == model and r["strategy"] == strat
+               and r.get("alloc_slope_from") == f"N={r['world_size']}" and r["world_size"] < n]
+        if not ref:
+            return
+        # Every rank of the reference holds the same activations: its median slope for each.
+        slope = statistics.median(ref[-1]["alloc_act_bytes_per_seq_by_file"].values())
+        slopes = {f: slope for f in row["peak_bytes_by_file"]}
+        row["alloc_slope_from"] = f"N={ref[-1]['world_size']}"
+    row["alloc_act_bytes_per_seq_by_file"] = slopes
+    row["alloc_act_mib_per_seq"] = round(max(slopes.values()) / MIB, 3)
+    state = max(p - b * slopes[f] for f, p in row["peak_bytes_by_file"].items())
+    row["alloc_state_mib"] = round(state / MIB, 2)
+    f, d = row["formula_mib"] * MIB, row["documented_extra_mib"] * MIB
+    row["alloc_state_to_formula"] = round(state / f, 4)
+    row["alloc_state_to_formula_plus_documented"] = round(state / (f + d), 4)
 
 
 def throughput_part(a, tmp):
@@ -253,19 +327,25 @@ def throughput_part(a, tmp):
 def tables(mem, skipped, tp):
     if mem:
         print("\nModel states per rank (MiB): measured = parameters + gradients + optimizer state "
-              "(largest rank; DDP: the formula), transient apart")
+              "(largest rank; DDP: the formula), transient apart; alloc state = the allocator's peak tensor "
+              "memory less the activations (peak(b) - b x the bytes per sequence from a second run at "
+              "micro-batch b2: model states and transients alive at the peak), largest rank")
         hdr = ("model", "N", "strategy", "measured", "formula", "meas/formula", "documented", "meas/(f+doc)",
-               "transient", "alloc peak")
+               "transient", "alloc state", "alloc/formula", "alloc/(f+doc)", "act/seq", "slope from",
+               "alloc peak")
         print("| " + " | ".join(hdr) + " |")
         print("|" + " --- |" * len(hdr))
         for r in mem:
             if "error" in r:
                 print(f"| {r['model']} | {r['world_size']} | {r['strategy']} | failed: {r['error'][:80]} |")
                 continue
+            alloc = (f"{r['alloc_state_mib']:.2f} | {r['alloc_state_to_formula']:.3f} | "
+                     f"{r['alloc_state_to_formula_plus_documented']:.3f} | {r['alloc_act_mib_per_seq']:.2f} | "
+                     f"{r['alloc_slope_from']}" if "alloc_state_mib" in r else "- | - | - | - | -")
             print(f"| {r['model']} | {r['world_size']} | {r['strategy']} | {r['measured_mib']:.2f} | "
                   f"{r['formula_mib']:.2f} | {r['ratio_to_formula']:.3f} | +{r['documented_extra_mib']:.2f} | "
                   f"{r['ratio_to_formula_plus_documented']:.3f}{'' if r['within_5pct'] else ' (miss)'} | "
-                  f"{r.get('transient_mib', 0):.2f} | {r['peak_tensor_mib']:.1f} |")
+                  f"{r.get('transient_mib', 0):.2f} | {alloc} | {r['peak_tensor_mib']:.1f} |")
         for s in skipped:
             print(f"skipped: {s['model']} {s['strategy']} N={s['world_size']}: {s['skipped']}")
     if tp:
@@ -286,6 +366,7 @@ def tables(mem, skipped, tp):
 
 
 def main():
+    global BIN  # --bin
     p = argparse.ArgumentParser(description="ZeRO memory and throughput against DDP, the ZeRO paper's "
                                 "formulas and PyTorch's ZeroRedundancyOptimizer (see the file's docstring)")
     p.add_argument("--parts", default="memory,throughput", help="memory, throughput or both")
@@ -294,12 +375,20 @@ def main():
     p.add_argument("--mem_steps", type=int, default=2)
     p.add_argument("--mem_strategies", default="z3,z2,z1,ddp,z3np",
                    help="in this order at each model and world size (z3np: stage 3 without prefetch)")
-    p.add_argument("--mem_budget_s", type=int, default=900,
+    p.add_argument("--mem_budget_s", type=int, default=1800,
                    help="no memory run starts once the part has run this long (with the last run's time)")
+    p.add_argument("--probe", default="gpt-mini=8@4,gpt2-124m=2@2",
+                   help="MODEL=B2@NMAX,...: for the allocator's model-state figure, a second run of each "
+                        "memory run at micro-batch B2 up to NMAX ranks (larger N use the slope from the "
+                        "largest N probed); empty: none")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--no_torch", action="store_true", help="leave PyTorch out of the throughput rounds")
+    p.add_argument("--bin", default=BIN,
+                   help="the built tree to run (launcher/launcher beside plugins/ and backends/); default "
+                        "the workspace's bazel-bin. A copy keeps other builds from replacing it mid-run")
     a = p.parse_args()
+    BIN = a.bin
     parts = a.parts.split(",")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
