@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -272,26 +273,40 @@ bool IsUtf8(const std::string& s) {
   return true;
 }
 
-// The path of the first string field of `m` that is not UTF-8 (e.g. "strategy.options.value"),
-// or "". Text format's escapes ("\261") can put any bytes in a string; JSON cannot carry them,
-// and no name or path Braid reads is meant to hold them.
-std::string FirstNonUtf8Field(const pb::Message& m, const std::string& prefix) {
+// What text format lets through that a config must not hold, or "" when there is none:
+//  - string fields that are not UTF-8: its escapes ("\\261") can put any bytes in a string, JSON
+//    cannot carry them, and no name or path Braid reads is meant to hold them;
+//  - a map key given twice (strategy.options): the parser keeps both entries and the last one
+//    wins, so one of two values the user wrote would be dropped without a word.
+std::string ProblemInStrings(const pb::Message& m, const std::string& prefix) {
   const pb::Reflection* r = m.GetReflection();
   std::vector<const pb::FieldDescriptor*> fields;
   r->ListFields(m, &fields);
   for (const pb::FieldDescriptor* f : fields) {
     const std::string path = prefix.empty() ? f->name() : absl::StrCat(prefix, ".", f->name());
     const int n = f->is_repeated() ? r->FieldSize(m, f) : 1;
+    std::set<std::string> keys;
     for (int i = 0; i < n; ++i) {
       if (f->type() == pb::FieldDescriptor::TYPE_STRING) {
         std::string scratch;
         const std::string& v = f->is_repeated() ? r->GetRepeatedStringReference(m, f, i, &scratch)
                                                 : r->GetStringReference(m, f, &scratch);
-        if (!IsUtf8(v)) return path;
+        if (!IsUtf8(v)) {
+          return absl::StrCat("field ", path, " holds bytes that are not UTF-8 (an escape such as "
+                              "\\261?); write names and paths as UTF-8 text");
+        }
       } else if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
         const pb::Message& sub = f->is_repeated() ? r->GetRepeatedMessage(m, f, i) : r->GetMessage(m, f);
-        std::string bad = FirstNonUtf8Field(sub, path);
-        if (!bad.empty()) return bad;
+        std::string problem = ProblemInStrings(sub, path);
+        if (!problem.empty()) return problem;
+        if (f->is_map()) {
+          const pb::FieldDescriptor* key = f->message_type()->map_key();
+          std::string k;
+          pb::TextFormat::PrintFieldValueToString(sub, key, -1, &k);
+          if (!keys.insert(k).second) {
+            return absl::StrCat(path, " has the key ", k, " twice; keep the one you mean");
+          }
+        }
       }
     }
   }
@@ -315,10 +330,8 @@ absl::StatusOr<TrainConfig> ParseTextConfig(const std::string& text, const std::
       message = absl::StrCat(origin, ": not a valid text-format training config");
     return absl::InvalidArgumentError(message);
   }
-  if (std::string bad = FirstNonUtf8Field(cfg, ""); !bad.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        origin, ": field ", bad, " holds bytes that are not UTF-8 (an escape such as \\261?); "
-        "write names and paths as UTF-8 text"));
+  if (std::string problem = ProblemInStrings(cfg, ""); !problem.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": ", problem));
   }
   return cfg;
 }

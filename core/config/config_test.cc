@@ -174,13 +174,18 @@ TEST(ConfigParse, TextWrongTypeNamesField) {
   EXPECT_THAT(TextError("optimizer {"), HasSubstr("my.pbtxt:1:"));
 }
 
-// Text format's escapes can put any bytes in a string field; JSON cannot print them (the config
-// fuzzer found a config that parsed and then failed its JSON round trip). Refused, with the field.
-TEST(ConfigParse, TextStringsMustBeUtf8) {
+// Text format's escapes can put any bytes in a string field, and a map key may come twice; JSON
+// can carry neither (the config fuzzer found both: configs that parsed and then failed their JSON
+// round trip). Refused, with the field.
+TEST(ConfigParse, TextStringsMustBeUtf8AndMapKeysUnique) {
   EXPECT_THAT(TextError("strategy { name: \"ddp\" options { key: \"bucket_cap_mb\" value: \"\\261\" } }"),
               AllOf(HasSubstr("my.pbtxt"), HasSubstr("strategy.options.value"), HasSubstr("UTF-8")));
   EXPECT_THAT(TextError("model { name: \"gpt\\300\\257\" }"), HasSubstr("model.name"));  // overlong '/'
   EXPECT_THAT(TextError("data { path: \"\\355\\240\\200\" }"), HasSubstr("data.path"));  // a surrogate
+  // A map key given twice would keep the last value and drop the other without a word.
+  EXPECT_THAT(TextError("strategy { name: \"pipeline\" options { key: \"schedule\" value: \"1f1b\" }\n"
+                        "options { key: \"schedule\" value: \"gpipe\" } }"),
+              AllOf(HasSubstr("strategy.options"), HasSubstr("\"schedule\" twice")));
   // Real UTF-8 (here a path with an accent and an emoji) is fine.
   auto ok = ParseTextConfig("data { path: \"d\303\251j\340\244\276/\360\237\230\200.txt\" }", "my.pbtxt");
   EXPECT_TRUE(ok.ok()) << ok.status();
