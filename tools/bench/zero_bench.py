@@ -197,8 +197,9 @@ def memory_part(a, tmp):
                         emit(skipped[-1])
                         continue
                 prev = [r for r in rows if r["model"] == model and r["world_size"] == n and r.get("wall_s")]
-                probed = n <= probes(a).get(model, (0, 0))[1]  # a second run, at a larger micro-batch
-                est = prev[-1]["wall_s"] * (3 if probed else 1) if prev else 0
+                # With a second (and third) run at a larger micro-batch.
+                probed = (n <= probes(a).get(model, (0, 0))[1]) + (n <= probes(a, a.probe_linear).get(model, (0, 0))[1])
+                est = prev[-1]["wall_s"] * (1 + 2.5 * probed) if prev else 0
                 if time.time() - start + est > a.mem_budget_s:
                     why = f"over the memory part's time budget ({a.mem_budget_s} s)"
                     skipped.append({**key, "skipped": why})
@@ -227,10 +228,10 @@ def memory_part(a, tmp):
     return rows, skipped
 
 
-def probes(a):
-    """{model: (second micro-batch, largest world size probed)} from --probe."""
+def probes(a, spec=None):
+    """{model: (micro-batch, largest world size probed)} from --probe (or --probe_linear)."""
     out = {}
-    for item in filter(None, a.probe.split(",")):
+    for item in filter(None, (a.probe if spec is None else spec).split(",")):
         model, rest = item.split("=")
         b, n = rest.split("@")
         out[model] = (int(b), int(n))
@@ -270,6 +271,22 @@ def alloc_model_state(a, row, rows, tmp):
         row["alloc_probe"] = {"micro_batch": b2, "peak_tensor_mib": own["peak_tensor_mib"],
                               "peak_rss_mib": own["peak_rss_mib"], "wall_s": own["wall_s"]}
         row["alloc_slope_from"] = f"N={n}"
+        # The figure is exact only if the peak is the same moment of the step at both micro-batches
+        # (then peak(b) is linear in b); a third micro-batch (--probe_linear) tests that. If the
+        # moment moves, peak(b) is still convex in b, so the line through two points meets b = 0
+        # below the allocator's activation-free peak: the figure is then a lower bound of that.
+        b3, max_n3 = probes(a, a.probe_linear).get(model, (0, 0))
+        if b3 and b3 not in (b, b2) and n <= max_n3:
+            third = braid(model, strat, n, a.mem_steps, tmp, f"mem-{model}-{strat}-{n}-b{b3}", micro_batch=b3)
+            if "error" in third:
+                row["alloc_linear_error"] = third["error"]
+            else:
+                slopes3 = {f: (third["peak_bytes_by_file"][f] - p) / (b3 - b)
+                           for f, p in row["peak_bytes_by_file"].items() if f in third["peak_bytes_by_file"]}
+                row["alloc_linear_micro_batch"] = b3
+                row["alloc_state_mib_from_b3"] = round(
+                    max(p - b * slopes3[f] for f, p in row["peak_bytes_by_file"].items()) / MIB, 2)
+                row["alloc_linear"] = all(abs(slopes3[f] - slopes[f]) <= 1e-3 * abs(slopes[f]) for f in slopes3)
     else:
         ref = [r for r in rows if r["model"] == model and r["strategy"] == strat
                and r.get("alloc_slope_from") == f"N={r['world_size']}" and r["world_size"] < n]
@@ -332,7 +349,7 @@ def tables(mem, skipped, tp):
               "micro-batch b2: model states and transients alive at the peak), largest rank")
         hdr = ("model", "N", "strategy", "measured", "formula", "meas/formula", "documented", "meas/(f+doc)",
                "transient", "alloc state", "alloc/formula", "alloc/(f+doc)", "act/seq", "slope from",
-               "alloc peak")
+               "linear", "alloc peak")
         print("| " + " | ".join(hdr) + " |")
         print("|" + " --- |" * len(hdr))
         for r in mem:
@@ -341,7 +358,9 @@ def tables(mem, skipped, tp):
                 continue
             alloc = (f"{r['alloc_state_mib']:.2f} | {r['alloc_state_to_formula']:.3f} | "
                      f"{r['alloc_state_to_formula_plus_documented']:.3f} | {r['alloc_act_mib_per_seq']:.2f} | "
-                     f"{r['alloc_slope_from']}" if "alloc_state_mib" in r else "- | - | - | - | -")
+                     f"{r['alloc_slope_from']} | " if "alloc_state_mib" in r else "- | - | - | - | - | ")
+            alloc += ("-" if "alloc_linear" not in r else "yes" if r["alloc_linear"] else
+                      f"no (b={r['alloc_linear_micro_batch']}: {r['alloc_state_mib_from_b3']:.2f})")
             print(f"| {r['model']} | {r['world_size']} | {r['strategy']} | {r['measured_mib']:.2f} | "
                   f"{r['formula_mib']:.2f} | {r['ratio_to_formula']:.3f} | +{r['documented_extra_mib']:.2f} | "
                   f"{r['ratio_to_formula_plus_documented']:.3f}{'' if r['within_5pct'] else ' (miss)'} | "
@@ -381,6 +400,9 @@ def main():
                    help="MODEL=B2@NMAX,...: for the allocator's model-state figure, a second run of each "
                         "memory run at micro-batch B2 up to NMAX ranks (larger N use the slope from the "
                         "largest N probed); empty: none")
+    p.add_argument("--probe_linear", default="gpt-mini=4@4,gpt2-124m=3@1",
+                   help="MODEL=B3@NMAX,...: a third micro-batch where probed, to test that the peak is "
+                        "linear in the micro-batch (then the allocator's figure is exact); empty: none")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--no_torch", action="store_true", help="leave PyTorch out of the throughput rounds")
