@@ -5,7 +5,8 @@
 // global flat index) and every file to its size and the CRC-32 of all its bytes (computed while
 // the file is written, checked while it is read: shard_io.h), with each rank's `extra` strings.
 // Commit protocol: every rank writes and flushes its file into step_<N>.tmp/; the ranks exchange
-// their chunk lists and checksums; rank 0 writes index.json last and renames the folder to
+// their parts of the index (chunk lists and checksums: checkpoint_index.h, which also reads the
+// index back, checking every value); rank 0 writes index.json last and renames the folder to
 // step_<N>, then flushes the parent folder. A folder without its final name or index does not
 // exist as a checkpoint. The folder must be one all ranks see (a shared file system across nodes).
 #include <dirent.h>
@@ -33,16 +34,13 @@
 #include "core/checkpointer.h"
 #include "core/plugin_api.h"
 #include "core/registry.h"
-#include "nlohmann/json.hpp"
+#include "plugins/checkpoint/checkpoint_index.h"
 #include "plugins/checkpoint/shard_io.h"
 
 namespace braid::checkpoint {
 namespace {
 
-using json = nlohmann::json;
 constexpr char kName[] = "safetensors";
-// 2: each file's CRC-32 covers the whole file (1: its tensors' data in key order).
-constexpr char kFormat[] = "braid-checkpoint-2";
 
 absl::Status Error(absl::StatusCode code, const std::string& msg) {
   return absl::Status(code, absl::StrCat("checkpoint: ", msg));
@@ -143,8 +141,11 @@ class SafetensorsCheckpointer : public Checkpointer {
       BRAID_RETURN_IF_ERROR(MakeDirs(pending_.tmp));
     }
     BRAID_RETURN_IF_ERROR(world.Barrier()->Wait());  // the folder exists for everyone
-    // This rank's manifest and a snapshot of what it writes (copies: training goes on).
-    json manifest = {{"rank", rank}, {"file", pending_.file}, {"extra", extra}, {"chunks", json::array()}};
+    // This rank's part of the index (checkpoint_index.h: its file's index, as if it were the
+    // only rank) and a snapshot of what it writes (copies: training goes on).
+    pending_.part.step = step;
+    pending_.part.world_size = 1;
+    pending_.part.extra[0] = extra;
     int k = 0;
     for (const StateChunk& c : chunks) {
       if (!c.write) continue;
@@ -154,20 +155,19 @@ class SafetensorsCheckpointer : public Checkpointer {
       Tensor snapshot = opts_.async ? c.local.Detach().Clone().Reshape({c.local.numel()})
                                     : c.local.Detach().Reshape({c.local.numel()});
       pending_.tensors[key] = snapshot;
-      json runs = json::array();
-      for (auto& [b, e] : c.runs) runs.push_back({b, e});
-      manifest["chunks"].push_back({{"name", c.name}, {"key", key}, {"shape", c.global_shape},
-                                    {"dtype", DTypeName(c.local.dtype())}, {"runs", runs}});
+      IndexedTensor& t = pending_.part.tensors[c.name];
+      t.shape = c.global_shape;
+      t.dtype = DTypeName(c.local.dtype());
+      t.chunks.push_back({pending_.file, key, c.runs});
       pending_.bytes += int64_t(snapshot.nbytes());
     }
-    pending_.manifest = manifest.dump();
     pending_.active = true;
     written_ = false;
     auto write = [this] {
       const double t0 = Now();
       const std::string path = absl::StrCat(pending_.tmp, "/", pending_.file);
       // One pass: the file's CRC-32 is computed as each piece is written.
-      absl::StatusOr<ShardWritten> w = WriteShard(path, pending_.tensors, {{"format", kFormat}});
+      absl::StatusOr<ShardWritten> w = WriteShard(path, pending_.tensors, {{"format", kIndexFormat}});
       absl::Status st = w.status();
       if (w.ok()) {
         pending_.crc = w->crc32;
@@ -245,7 +245,7 @@ class SafetensorsCheckpointer : public Checkpointer {
   absl::StatusOr<std::map<std::string, std::string>> Load(int64_t step, std::vector<StateChunk>& chunks,
                                                           Communicator& world) override {
     const std::string dir = StepDir(opts_.dir, step);
-    BRAID_ASSIGN_OR_RETURN(json index, ReadIndex(dir));
+    BRAID_ASSIGN_OR_RETURN(CheckpointIndex index, ReadIndex(dir));
     // Files Latest read and checked for this step; any other is read (and checked) here, once.
     std::map<std::string, std::map<std::string, Tensor>> files;
     if (cached_step_ == step) files = std::move(cache_);
@@ -259,33 +259,37 @@ class SafetensorsCheckpointer : public Checkpointer {
       }
       return &it->second;
     };
-    const json& tensors = index["tensors"];
     for (StateChunk& c : chunks) {
-      if (!tensors.contains(c.name)) {
+      auto found = index.tensors.find(c.name);
+      if (found == index.tensors.end()) {
         return Error(absl::StatusCode::kNotFound,
                      absl::StrCat(dir, " has no tensor '", c.name, "' (it was written by another "
                                   "model or optimizer)"));
       }
-      const json& t = tensors[c.name];
-      if (t["shape"].get<Shape>() != c.global_shape) {
+      const IndexedTensor& t = found->second;
+      if (t.shape != c.global_shape) {
         return Error(absl::StatusCode::kInvalidArgument,
-                     absl::StrCat("'", c.name, "' is ", ShapeToString(t["shape"].get<Shape>()), " in ", dir,
-                                  " but ", ShapeToString(c.global_shape), " here"));
+                     absl::StrCat("'", c.name, "' is ", ShapeToString(t.shape), " in ", dir, " but ",
+                                  ShapeToString(c.global_shape), " here"));
       }
       // Each of our elements from whichever saved chunk holds it, copied straight from the file's
       // tensor (one copy per overlapping run: a single one when the layouts agree).
       Tensor dst = c.local.Detach().Reshape({c.local.numel()});
       int64_t covered = 0;
-      for (const json& saved : t["chunks"]) {
-        Runs runs;
-        for (const json& r : saved["runs"]) runs.push_back({r[0].get<int64_t>(), r[1].get<int64_t>()});
-        std::vector<Overlap> overlap = Intersect(c.runs, runs);
+      for (const IndexedChunk& saved : t.chunks) {
+        std::vector<Overlap> overlap = Intersect(c.runs, saved.runs);
         if (overlap.empty()) continue;
-        BRAID_ASSIGN_OR_RETURN(const auto* f, file(saved["file"].get<std::string>()));
-        auto it = f->find(saved["key"].get<std::string>());
+        BRAID_ASSIGN_OR_RETURN(const auto* f, file(saved.file));
+        auto it = f->find(saved.key);
         if (it == f->end()) {
-          return Error(absl::StatusCode::kDataLoss, absl::StrCat(dir, "/", saved["file"].get<std::string>(),
-                                                                 " lacks ", saved["key"].get<std::string>()));
+          return Error(absl::StatusCode::kDataLoss, absl::StrCat(dir, "/", saved.file, " lacks ", saved.key));
+        }
+        // The index places the chunk's elements; the file must hold that many (the copies below
+        // read them by position).
+        if (it->second.numel() != RunsLength(saved.runs)) {
+          return Error(absl::StatusCode::kDataLoss,
+                       absl::StrCat(dir, "/", saved.file, "'s ", saved.key, " has ", it->second.numel(),
+                                    " elements, but index.json places ", RunsLength(saved.runs)));
         }
         const Tensor src = it->second.Reshape({it->second.numel()});
         for (const Overlap& o : overlap) {
@@ -300,10 +304,8 @@ class SafetensorsCheckpointer : public Checkpointer {
                                   " elements this rank needs of '", c.name, "'"));
       }
     }
-    std::map<std::string, std::string> extra;
-    const std::string me = std::to_string(world.rank());
-    if (index["extra"].contains(me)) extra = index["extra"][me].get<std::map<std::string, std::string>>();
-    return extra;
+    auto extra = index.extra.find(world.rank());
+    return extra == index.extra.end() ? std::map<std::string, std::string>() : extra->second;
   }
 
   SaveStats last_save() const override { return stats_; }
@@ -325,7 +327,8 @@ class SafetensorsCheckpointer : public Checkpointer {
   struct Pending {
     bool active = false;
     int64_t step = 0;
-    std::string tmp, file, manifest;
+    std::string tmp, file;
+    CheckpointIndex part;  // this rank's part of the index, its file's entry added once written
     std::map<std::string, Tensor> tensors;
     absl::Status write_status;
     uint32_t crc = 0;
@@ -333,37 +336,29 @@ class SafetensorsCheckpointer : public Checkpointer {
     double write_s = 0;
   };
 
-  absl::StatusOr<json> ReadIndex(const std::string& dir) {
-    std::ifstream in(dir + "/index.json");
-    if (!in) return Error(absl::StatusCode::kNotFound, absl::StrCat(dir, "/index.json cannot be read"));
+  // The index of checkpoint `dir`, every value checked (checkpoint_index.h): a damaged one is an
+  // error naming the field, which Latest reports before it tries an older checkpoint.
+  absl::StatusOr<CheckpointIndex> ReadIndex(const std::string& dir) {
+    const std::string path = dir + "/index.json";
+    std::ifstream in(path);
+    if (!in) return Error(absl::StatusCode::kNotFound, absl::StrCat(path, " cannot be read"));
     std::stringstream text;
     text << in.rdbuf();
-    json index = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-    if (index.is_object() && index.value("format", "") == "braid-checkpoint-1") {
-      return Error(absl::StatusCode::kDataLoss,
-                   absl::StrCat(dir, " was written by an older Braid (format braid-checkpoint-1, whose "
-                                "checksums cannot be checked in one pass); delete it or resume with the "
-                                "Braid that wrote it"));
-    }
-    if (index.is_discarded() || !index.is_object() || index.value("format", "") != kFormat) {
-      return Error(absl::StatusCode::kDataLoss, absl::StrCat(dir, "/index.json is not a Braid checkpoint index"));
-    }
+    absl::StatusOr<CheckpointIndex> index = ParseCheckpointIndex(text.str(), path);
+    if (!index.ok()) return Error(index.status().code(), std::string(index.status().message()));
     return index;
   }
 
   // One file of checkpoint `dir` as its index describes it, read and checked in one pass.
-  absl::StatusOr<std::map<std::string, Tensor>> ReadIndexedFile(const std::string& dir, const json& index,
+  absl::StatusOr<std::map<std::string, Tensor>> ReadIndexedFile(const std::string& dir,
+                                                                const CheckpointIndex& index,
                                                                 const std::string& name) {
-    const std::string path = absl::StrCat(dir, "/", name);
-    static const json kNone;
-    const json& files = index.contains("files") ? index.at("files") : kNone;
-    if (!files.is_object() || !files.contains(name) || !files.at(name).is_object() ||
-        !files.at(name).value("bytes", json()).is_number_integer() ||
-        !files.at(name).value("crc32", json()).is_number_unsigned()) {
+    auto described = index.files.find(name);
+    if (described == index.files.end()) {  // the parser checked every chunk's file: not expected
       return Error(absl::StatusCode::kDataLoss, absl::StrCat(dir, "/index.json does not describe ", name));
     }
     absl::StatusOr<std::map<std::string, Tensor>> got =
-        ReadShard(path, files.at(name).at("bytes").get<int64_t>(), files.at(name).at("crc32").get<uint32_t>());
+        ReadShard(absl::StrCat(dir, "/", name), described->second.bytes, described->second.crc32);
     if (!got.ok()) return Error(got.status().code(), std::string(got.status().message()));
     return got;
   }
@@ -371,12 +366,10 @@ class SafetensorsCheckpointer : public Checkpointer {
   // This rank's share of checking checkpoint `dir`: its index, then the files assigned to it (the
   // one named rank<r> goes to rank r mod world size), kept in cache_ for Load.
   absl::Status VerifyShare(const std::string& dir, Communicator& world, bool* file_level) {
-    BRAID_ASSIGN_OR_RETURN(json index, ReadIndex(dir));
-    if (!index["files"].is_object()) {
-      return Error(absl::StatusCode::kDataLoss, absl::StrCat(dir, "/index.json lists no files"));
-    }
+    BRAID_ASSIGN_OR_RETURN(CheckpointIndex index, ReadIndex(dir));
     int position = 0;
-    for (auto& [name, f] : index["files"].items()) {
+    for (const auto& entry : index.files) {
+      const std::string& name = entry.first;
       int owner = position++;
       int r;
       if (name.rfind("rank", 0) == 0 && absl::SimpleAtoi(name.substr(4, name.find('.') - 4), &r) && r >= 0) {
@@ -396,25 +389,25 @@ class SafetensorsCheckpointer : public Checkpointer {
   // Every rank's write done: rank 0 writes the index and renames the folder into place.
   absl::Status Commit(Communicator& world) {
     pending_.active = false;
-    // Everyone learns whether everyone wrote (a full disk on one rank fails the save everywhere).
-    json mine = json::parse(pending_.manifest);
-    mine["ok"] = pending_.write_status.ok();
-    mine["crc32"] = pending_.crc;
-    mine["bytes"] = pending_.size;
-    BRAID_ASSIGN_OR_RETURN(std::vector<std::string> all, AllGatherStrings(mine.dump(), world));
-    std::vector<json> manifests;
-    for (const std::string& s : all) manifests.push_back(json::parse(s));
-    for (const json& m : manifests) {
-      if (!m["ok"].get<bool>()) {
+    // Everyone learns whether everyone wrote (a full disk on one rank fails the save everywhere):
+    // each rank sends its part of the index as text, or nothing when its write failed.
+    std::string mine;
+    if (pending_.write_status.ok()) {
+      pending_.part.files[pending_.file] = {pending_.size, pending_.crc};
+      mine = CheckpointIndexToJson(pending_.part);
+    }
+    BRAID_ASSIGN_OR_RETURN(std::vector<std::string> parts, AllGatherStrings(mine, world));
+    for (size_t r = 0; r < parts.size(); ++r) {
+      if (parts[r].empty()) {
         if (world.rank() == 0) RemoveTree(pending_.tmp);
         if (!pending_.write_status.ok()) return pending_.write_status;
         return Error(absl::StatusCode::kDataLoss,
-                     absl::StrCat("rank ", m["rank"].get<int>(), " could not write its part of step ",
-                                  pending_.step, " (its log says why); the previous checkpoint is kept"));
+                     absl::StrCat("rank ", r, " could not write its part of step ", pending_.step,
+                                  " (its log says why); the previous checkpoint is kept"));
       }
     }
     absl::Status st = absl::OkStatus();
-    if (world.rank() == 0) st = WriteIndexAndRename(manifests);
+    if (world.rank() == 0) st = WriteIndexAndRename(parts);
     Tensor ok = Tensor::FromVector(std::vector<int32_t>{st.ok() ? 1 : 0}, {1});
     BRAID_RETURN_IF_ERROR(world.Broadcast(ok, 0)->Wait());
     if (!st.ok()) return st;
@@ -426,24 +419,33 @@ class SafetensorsCheckpointer : public Checkpointer {
     return absl::OkStatus();
   }
 
-  absl::Status WriteIndexAndRename(const std::vector<json>& manifests) {
-    json index = {{"format", kFormat}, {"step", pending_.step}, {"world_size", manifests.size()},
-                  {"files", json::object()}, {"tensors", json::object()}, {"extra", json::object()}};
-    for (const json& m : manifests) {
-      const std::string file = m["file"];
-      index["files"][file] = {{"crc32", m["crc32"]}, {"bytes", m["bytes"]}};
-      index["extra"][std::to_string(m["rank"].get<int>())] = m["extra"];
-      for (const json& c : m["chunks"]) {
-        json& t = index["tensors"][c["name"].get<std::string>()];
-        t["shape"] = c["shape"];
-        t["dtype"] = c["dtype"];
-        t["chunks"].push_back({{"file", file}, {"key", c["key"]}, {"runs", c["runs"]}});
+  // `parts`: every rank's part of the index (as text), in rank order.
+  absl::Status WriteIndexAndRename(const std::vector<std::string>& parts) {
+    const std::string path = pending_.tmp + "/index.json";
+    CheckpointIndex index;
+    index.step = pending_.step;
+    index.world_size = int64_t(parts.size());
+    for (size_t r = 0; r < parts.size(); ++r) {
+      absl::StatusOr<CheckpointIndex> part =
+          ParseCheckpointIndex(parts[r], absl::StrCat("rank ", r, "'s part of ", path));
+      absl::Status st = part.ok() ? MergeCheckpointIndex(*part, int(r), &index) : part.status();
+      if (!st.ok()) {
+        return Error(absl::StatusCode::kInternal,
+                     absl::StrCat("a bug: the index of step ", pending_.step, " cannot be assembled (",
+                                  st.message(), "); the previous checkpoint is kept"));
       }
     }
-    const std::string path = pending_.tmp + "/index.json";
+    const std::string text = CheckpointIndexToJson(index);
+    // What is committed must load: chunks that overlap across ranks (a strategy's bug) fail this
+    // save, while the previous checkpoint is kept, not the resume that finds them.
+    if (absl::Status reads = ParseCheckpointIndex(text, path).status(); !reads.ok()) {
+      return Error(absl::StatusCode::kInternal,
+                   absl::StrCat("a bug: the index of step ", pending_.step, " would not read back (",
+                                reads.message(), "); the previous checkpoint is kept"));
+    }
     {
       std::ofstream out(path, std::ios::trunc);
-      out << index.dump();
+      out << text;
       out.flush();
       if (!out) {
         return Error(absl::StatusCode::kDataLoss,
