@@ -13,10 +13,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -53,10 +56,19 @@ std::string ReadToEnd(int fd, bool* reset) {
   *reset = false;
   std::string got;
   char buf[4096];
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(1);
   for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        give_up - std::chrono::steady_clock::now());
+    if (left.count() <= 0) Fail("the server neither answered nor closed the connection");
     pollfd p{fd, POLLIN, 0};
-    if (poll(&p, 1, 60000) <= 0) Fail("the server neither answered nor closed the connection");
+    const int r = poll(&p, 1, int(left.count()));
+    // libFuzzer's once-a-second timer (for -timeout) interrupts the wait: not a verdict.
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) Fail(std::string("poll() failed: ") + std::strerror(errno));
+    if (r == 0) continue;  // the deadline check above decides
     ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       *reset = true;
       return got;
@@ -82,6 +94,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   size_t sent = 0;
   while (sent < size) {
     ssize_t n = send(fd, data + sent, size - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     sent += size_t(n);
   }
