@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-set -uo pipefail
-d="${TEST_TMPDIR:-$(mktemp -d)}/job"
-timeout 120 "$TEST_SRCDIR/braid/launcher/launcher" --nproc_per_node=3 --log_dir="$d" \
-  --program="$TEST_SRCDIR/braid/tests/distributed/allreduce_job" > "$d.out" 2>&1
+# --nproc_per_node=3 on one node: three processes join through the launcher's store and
+# allreduce over Gloo. The launcher's time is bounded by the target's own timeout (lib.sh).
+source "$TEST_SRCDIR/braid/tests/distributed/lib.sh" job
+bounded "$L" --nproc_per_node=3 --log_dir="$T" \
+  --program="$TEST_SRCDIR/braid/tests/distributed/allreduce_job" > "$T.out" 2>&1
 rc=$?
-cat "$d.out"
-[ "$rc" = 0 ] || { echo "FAIL: launcher exited $rc"; for f in "$d"/workerlog.*; do echo "== $f"; tail -5 "$f"; done; exit 1; }
+cat "$T.out"
+[ "$rc" = 0 ] || { echo "FAIL: launcher $(ended $rc)"; for f in "$T"/workerlog.*; do echo "== $f"; tail -5 "$f"; done; exit 1; }
 for r in 0 1 2; do
-  grep -q "allreduce job: rank $r of 3 ok" "$d/workerlog.$r" || { echo "FAIL: rank $r did not finish"; cat "$d/workerlog.$r"; exit 1; }
+  grep -q "allreduce job: rank $r of 3 ok" "$T/workerlog.$r" || { fail "rank $r did not finish"; cat "$T/workerlog.$r"; }
 done
-echo PASS
+finish

@@ -85,7 +85,7 @@ shards() {
     [ "$TEST_TOTAL_SHARDS" = "$1" ] ||
       { echo "FAIL: the script has $1 shards, the BUILD target shard_count = $TEST_TOTAL_SHARDS"; exit 1; }
     SHARD_INDEX=$TEST_SHARD_INDEX
-    echo "shard $SHARD_INDEX of $SHARDS (0-based)"
+    echo "shard $((SHARD_INDEX + 1)) of $SHARDS (Bazel's shard_$((SHARD_INDEX + 1))_of_$SHARDS; groups under \"shard $SHARD_INDEX\")"
   fi
 }
 # True when this shard (or an unsharded run) runs group K.

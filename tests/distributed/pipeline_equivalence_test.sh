@@ -7,13 +7,7 @@
 #   2 stages 1F1B and GPipe, 3 stages 1F1B, 2 stages x 2 virtual (interleaved), 2 stages x 2
 #   replicas (4 processes), and the same with ZeRO-1 and ZeRO-2 on the data axis; 2 stages 1F1B
 #   with split backwards (weight gradients after the input's gradient is sent). Tolerance 1e-7 on the weights (measured at most 1.6e-8).
-set -uo pipefail
-L="$TEST_SRCDIR/braid/launcher/launcher"
-TR="$TEST_SRCDIR/braid/launcher/train"
-CMP="$TEST_SRCDIR/braid/tests/testing/compare_weights.py"
-T="${TEST_TMPDIR:-$(mktemp -d)}/pipe_eq"
-rm -rf "$T"; mkdir -p "$T"
-fails=0
+source "$TEST_SRCDIR/braid/tests/distributed/lib.sh" pipe_eq
 cfg() {  # FILE MICRO ACCUM STRATEGY_SECTION
   cat > "$1" <<CFG
 model { name: "gpt-mini" }
@@ -29,38 +23,28 @@ pipe() {  # STAGES SCHEDULE [VIRTUAL [MORE_OPTIONS]]
   echo "strategy { name: \"pipeline\" options { key: \"stages\" value: \"$1\" }" \
     "options { key: \"schedule\" value: \"$2\" } options { key: \"virtual_stages\" value: \"${3:-1}\" } ${4:-} }"
 }
-run() {  # NAME NPROC CFG
-  timeout 300 "$L" --nproc_per_node=$2 --log_dir="$T/$1.logs" -- --config="$3" \
-    --save_to="$T/$1.safetensors" --log_dir="$T/$1" > "$T/$1.out" 2>&1 ||
-    { echo "FAIL $1: launcher exited $?"; tail -15 "$T/$1.out"; fails=$((fails+1)); }
-}
-compare() {  # NAME A B TOL
-  if /usr/bin/python3 "$CMP" "$2" "$3" "$4"; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails+1)); fi
-}
-
 cfg "$T/single.pbtxt" 4 4 'strategy { name: "single" }'
-"$TR" --config="$T/single.pbtxt" --save_to="$T/single.safetensors" --log_dir="$T/single" > "$T/single.out" 2>&1 ||
-  { echo "FAIL single run"; tail -5 "$T/single.out"; exit 1; }
+run_single single "$T/single.pbtxt" || finish
 cfg "$T/p2.pbtxt" 4 4 "$(pipe 2 1f1b 1 "options { key: \"trace_file\" value: \"$T/trace-{rank}.json\" }")"
-run p2_1f1b 2 "$T/p2.pbtxt"
-cfg "$T/p2g.pbtxt" 4 4 "$(pipe 2 gpipe)";                run p2_gpipe 2 "$T/p2g.pbtxt"
-cfg "$T/p3.pbtxt" 4 4 "$(pipe 3 1f1b)";                  run p3_1f1b 3 "$T/p3.pbtxt"
-cfg "$T/p2v2.pbtxt" 4 4 "$(pipe 2 interleaved 2)";       run p2_interleaved 2 "$T/p2v2.pbtxt"
-cfg "$T/p2d2.pbtxt" 2 4 "$(pipe 2 1f1b)";                run p2_dp2 4 "$T/p2d2.pbtxt"
-cfg "$T/p2d2z1.pbtxt" 2 4 "$(pipe 2 1f1b) zero_optimization { stage: 1 }"; run p2_dp2_zero1 4 "$T/p2d2z1.pbtxt"
-cfg "$T/p2d2z2.pbtxt" 2 4 "$(pipe 2 1f1b) zero_optimization { stage: 2 }"; run p2_dp2_zero2 4 "$T/p2d2z2.pbtxt"
+run_ranks p2_1f1b 2 "$T/p2.pbtxt"
+cfg "$T/p2g.pbtxt" 4 4 "$(pipe 2 gpipe)";                run_ranks p2_gpipe 2 "$T/p2g.pbtxt"
+cfg "$T/p3.pbtxt" 4 4 "$(pipe 3 1f1b)";                  run_ranks p3_1f1b 3 "$T/p3.pbtxt"
+cfg "$T/p2v2.pbtxt" 4 4 "$(pipe 2 interleaved 2)";       run_ranks p2_interleaved 2 "$T/p2v2.pbtxt"
+cfg "$T/p2d2.pbtxt" 2 4 "$(pipe 2 1f1b)";                run_ranks p2_dp2 4 "$T/p2d2.pbtxt"
+cfg "$T/p2d2z1.pbtxt" 2 4 "$(pipe 2 1f1b) zero_optimization { stage: 1 }"; run_ranks p2_dp2_zero1 4 "$T/p2d2z1.pbtxt"
+cfg "$T/p2d2z2.pbtxt" 2 4 "$(pipe 2 1f1b) zero_optimization { stage: 2 }"; run_ranks p2_dp2_zero2 4 "$T/p2d2z2.pbtxt"
 cfg "$T/p2s.pbtxt" 4 4 "$(pipe 2 1f1b 1 'options { key: "split_backward" value: "true" }')"
-run p2_1f1b_split 2 "$T/p2s.pbtxt"
+run_ranks p2_1f1b_split 2 "$T/p2s.pbtxt"
 for n in p2_1f1b p2_gpipe p3_1f1b p2_interleaved p2_dp2 p2_dp2_zero1 p2_dp2_zero2 p2_1f1b_split; do
   compare "$n == one process" "$T/$n.safetensors" "$T/single.safetensors" 1e-7
 done
 # The cut and the measured bubble are reported.
 grep -E "^braid: pipeline of 2 stage\(s\), schedule 1f1b, cut by parameters: 0: embedding" "$T/p2_1f1b.out" &&
   grep -E "^braid: pipeline \(stage 0 of 2, 4 micro-batch\(es\), 1f1b\): bubble [0-9.]+% measured, bubble formula 20.0% .*this stage idle [0-9.]+%" "$T/p2_1f1b.out" ||
-  { echo "FAIL: no cut or bubble in the summary"; fails=$((fails+1)); }
+  fail "no cut or bubble in the summary"
 # Both stages report one pipeline bubble, the mean of their idle shares: the span is stage 0's,
 # shared at the step's end, and each stage's busy time is summed over the pipeline.
-/usr/bin/python3 - "$T/p2_1f1b.logs" <<'PY' || { echo "FAIL: bubble is not the stages' mean idle"; fails=$((fails+1)); }
+/usr/bin/python3 - "$T/p2_1f1b.logs" <<'PY' || fail "bubble is not the stages' mean idle"
 import re, sys
 bubbles, idle = set(), []
 for rank in (0, 1):
@@ -73,7 +57,7 @@ assert abs(bubble - sum(idle) / 2) <= 0.11, (bubble, idle)  # each printed to 0.
 print(f"   bubble {bubble}%, stages idle {idle}")
 PY
 # The last step's trace: one row (tid) per stage, each micro-batch's forward and backward once.
-/usr/bin/python3 - "$T" <<'PY' || { echo "FAIL: pipeline traces"; fails=$((fails+1)); }
+/usr/bin/python3 - "$T" <<'PY' || fail "pipeline traces"
 import json, sys
 for rank in (0, 1):
     events = json.load(open(f"{sys.argv[1]}/trace-{rank}.json"))["traceEvents"]
@@ -83,4 +67,4 @@ for rank in (0, 1):
     assert names == sorted([f"F{i}" for i in range(4)] + [f"B{i}" for i in range(4)]), names
     print(f"   stage {rank}: {len(work)} events in its trace row")
 PY
-[ "$fails" = 0 ] && echo PASS || { echo "$fails failure(s)"; exit 1; }
+finish
