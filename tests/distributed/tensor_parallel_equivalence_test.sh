@@ -12,13 +12,12 @@
 # Tolerance 2e-6 on the weights: each split matrix product sums its terms in t parts and an
 # all-reduce adds them in another order, float32 rounding that 3 SGD steps carry (measured: at
 # most 4e-7, see the closing note of the tensor-parallel issue).
-set -uo pipefail
-L="$TEST_SRCDIR/braid/launcher/launcher"
-TR="$TEST_SRCDIR/braid/launcher/train"
-CMP="$TEST_SRCDIR/braid/tests/testing/compare_weights.py"
-T="${TEST_TMPDIR:-$(mktemp -d)}/tp_eq"
-rm -rf "$T"; mkdir -p "$T"
-fails=0
+#
+# Three shards (BUILD shard_count), each with its own one-process reference (one run of one
+# process: a small part of a shard's time beside its runs of 2 to 8 processes), so that each
+# shard fits its timeout with room for a loaded machine.
+source "$TEST_SRCDIR/braid/tests/distributed/lib.sh" tp_eq
+shards 3
 cfg() {  # FILE MICRO ACCUM SECTIONS
   cat > "$1" <<CFG
 model { name: "gpt-mini" }
@@ -31,64 +30,61 @@ optimizer { type: "SGD" params { lr: 0.1 weight_decay: 0.1 } }
 $4
 CFG
 }
-run() {  # NAME NPROC CFG
-  timeout 400 "$L" --nproc_per_node=$2 --log_dir="$T/$1.logs" -- --config="$3" \
-    --save_to="$T/$1.safetensors" --log_dir="$T/$1" > "$T/$1.out" 2>&1 ||
-    { echo "FAIL $1: launcher exited $?"; tail -15 "$T/$1.out"; fails=$((fails+1)); }
-}
-compare() {  # NAME A B TOL
-  if /usr/bin/python3 "$CMP" "$2" "$3" "$4"; then echo "ok   $1"; else echo "FAIL $1"; fails=$((fails+1)); fi
-}
-
-cfg "$T/single.pbtxt" 4 4 'strategy { name: "single" }'
-"$TR" --config="$T/single.pbtxt" --save_to="$T/single.safetensors" --log_dir="$T/single" > "$T/single.out" 2>&1 ||
-  { echo "FAIL single run"; tail -5 "$T/single.out"; exit 1; }
-cfg "$T/t2.pbtxt" 4 4 'parallel { tensor: 2 } strategy { name: "single" }';      run t2 2 "$T/t2.pbtxt"
-cfg "$T/t4.pbtxt" 4 4 'parallel { tensor: 4 } strategy { name: "single" }';      run t4 4 "$T/t4.pbtxt"
-cfg "$T/t2d2.pbtxt" 2 4 'parallel { tensor: 2 data: 2 } strategy { name: "ddp" }'; run t2d2 4 "$T/t2d2.pbtxt"
-cfg "$T/t2z1.pbtxt" 2 4 'parallel { tensor: 2 data: 2 } strategy { name: "zero" } zero_optimization { stage: 1 }'
-run t2d2_zero1 4 "$T/t2z1.pbtxt"
-cfg "$T/t2z2.pbtxt" 2 4 'parallel { tensor: 2 data: 2 } strategy { name: "zero" } zero_optimization { stage: 2 }'
-run t2d2_zero2 4 "$T/t2z2.pbtxt"
-cfg "$T/t2p2d2.pbtxt" 2 4 'parallel { tensor: 2 pipeline: 2 data: 2 } strategy { name: "pipeline" }'
-run t2p2d2 8 "$T/t2p2d2.pbtxt"
-cfg "$T/t2p2d2z1.pbtxt" 2 4 'parallel { tensor: 2 pipeline: 2 data: 2 } strategy { name: "pipeline" } zero_optimization { stage: 1 }'
-run t2p2d2_zero1 8 "$T/t2p2d2z1.pbtxt"
-cfg "$T/t2p2d2z2.pbtxt" 2 4 'parallel { tensor: 2 pipeline: 2 data: 2 } strategy { name: "pipeline" } zero_optimization { stage: 2 }'
-run t2p2d2_zero2 8 "$T/t2p2d2z2.pbtxt"
-# Sequence parallelism: tensor 2, and tensor 2 x pipeline 2 x data 2.
-cfg "$T/t2sp.pbtxt" 4 4 'parallel { tensor: 2 sequence_parallel: true } strategy { name: "single" }'
-run t2_sp 2 "$T/t2sp.pbtxt"
-cfg "$T/t2p2d2sp.pbtxt" 2 4 'parallel { tensor: 2 pipeline: 2 data: 2 sequence_parallel: true } strategy { name: "pipeline" }'
-run t2p2d2_sp 8 "$T/t2p2d2sp.pbtxt"
-for n in t2 t4 t2d2 t2d2_zero1 t2d2_zero2 t2p2d2 t2p2d2_zero1 t2p2d2_zero2 t2_sp t2p2d2_sp; do
-  compare "$n == one process" "$T/$n.safetensors" "$T/single.safetensors" 2e-6
-done
-# The clipping bound binds on the first step (the one process's norm is above 8) and not on the
-# last: both the clipped and the plain update are compared.
-/usr/bin/python3 - "$T/single/metrics.jsonl" <<'PY' || { echo "FAIL: clipping does not bind on step 0 only"; fails=$((fails+1)); }
-import json, sys
-n = [json.loads(l)["grad_norm"] for l in open(sys.argv[1]) if '"step"' in l]
-assert n[0] > 8 and n[-1] < 8, n
-PY
 # Every tensor-parallel run reports the same norms as the one process (6 significant digits).
-/usr/bin/python3 - "$T" <<'PY' || { echo "FAIL: gradient norms differ"; fails=$((fails+1)); }
+norms_match() {  # RUN
+  /usr/bin/python3 - "$T/single/metrics.jsonl" "$T/$1/metrics.jsonl" "$1" <<'PY' || fail "$1: gradient norms differ"
 import json, sys
 def norms(path):
     return [json.loads(l)["grad_norm"] for l in open(path) if '"step"' in l]
-want = norms(f"{sys.argv[1]}/single/metrics.jsonl")
-for run in ("t2", "t4", "t2d2", "t2d2_zero1", "t2d2_zero2", "t2p2d2", "t2p2d2_zero1", "t2p2d2_zero2", "t2_sp", "t2p2d2_sp"):
-    got = norms(f"{sys.argv[1]}/{run}/metrics.jsonl")
-    assert len(got) == len(want) and all(abs(a - b) <= 1e-5 * b for a, b in zip(got, want)), (run, got, want)
-print("   gradient norms:", want)
+want, got = norms(sys.argv[1]), norms(sys.argv[2])
+assert len(got) == len(want) and all(abs(a - b) <= 1e-5 * b for a, b in zip(got, want)), (sys.argv[3], got, want)
+print(f"   {sys.argv[3]}: gradient norms {got}")
 PY
-# The layout and the split are reported.
-grep -q "layout tensor 2 x pipeline 2 x data 2" "$T/t2p2d2.out" &&
-  grep -q "^braid: tensor parallel: 2 ranks, plan gpt: 1648640 of 3257856 parameters" "$T/t2.out" ||
-  { echo "FAIL: no layout or split in the output"; fails=$((fails+1)); }
-# An impossible layout is refused at start, in one line naming the sizes.
-cfg "$T/bad.pbtxt" 4 4 'parallel { tensor: 2 pipeline: 2 data: 2 }'
-"$L" --nproc_per_node=2 --log_dir="$T/bad.logs" -- --config="$T/bad.pbtxt" --log_dir="$T/bad" > "$T/bad.out" 2>&1
-grep -q "parallel layout tensor 2 x pipeline 2 x data 2 = 8 ranks, but there are 2 processes" "$T/bad.out" ||
-  { echo "FAIL: impossible layout not refused clearly"; cat "$T/bad.out"; fails=$((fails+1)); }
-[ "$fails" = 0 ] && echo PASS || { echo "$fails failure(s)"; exit 1; }
+}
+# NAME NPROC SECTIONS [MICRO]: run, then weights and norms against the one process.
+tp_case() {
+  cfg "$T/$1.pbtxt" "${4:-2}" 4 "$3"
+  run_ranks "$1" "$2" "$T/$1.pbtxt" || return
+  compare "$1 == one process" "$T/$1.safetensors" "$T/single.safetensors" 2e-6
+  norms_match "$1"
+}
+
+cfg "$T/single.pbtxt" 4 4 'strategy { name: "single" }'
+run_single single "$T/single.pbtxt" || finish
+# The clipping bound binds on the first step (the one process's norm is above 8) and not on the
+# last: both the clipped and the plain update are compared.
+/usr/bin/python3 - "$T/single/metrics.jsonl" <<'PY' || fail "clipping does not bind on step 0 only"
+import json, sys
+n = [json.loads(l)["grad_norm"] for l in open(sys.argv[1]) if '"step"' in l]
+assert n[0] > 8 and n[-1] < 8, n
+print("   one process: gradient norms", n)
+PY
+
+# Shards balanced by their runs' processes (8 + 8 + 2, 8 + 8 + 2, 4 + 4 + 4 + 4).
+if shard 0; then
+  tp_case t2 2 'parallel { tensor: 2 } strategy { name: "single" }' 4
+  tp_case t2p2d2 8 'parallel { tensor: 2 pipeline: 2 data: 2 } strategy { name: "pipeline" }'
+  tp_case t2p2d2_zero1 8 'parallel { tensor: 2 pipeline: 2 data: 2 } strategy { name: "pipeline" } zero_optimization { stage: 1 }'
+  # The layout and the split are reported.
+  grep -q "layout tensor 2 x pipeline 2 x data 2" "$T/t2p2d2.out" &&
+    grep -q "^braid: tensor parallel: 2 ranks, plan gpt: 1648640 of 3257856 parameters" "$T/t2.out" ||
+    fail "no layout or split in the output"
+fi
+if shard 1; then
+  tp_case t2p2d2_zero2 8 'parallel { tensor: 2 pipeline: 2 data: 2 } strategy { name: "pipeline" } zero_optimization { stage: 2 }'
+  # Sequence parallelism: tensor 2, and tensor 2 x pipeline 2 x data 2.
+  tp_case t2_sp 2 'parallel { tensor: 2 sequence_parallel: true } strategy { name: "single" }' 4
+  tp_case t2p2d2_sp 8 'parallel { tensor: 2 pipeline: 2 data: 2 sequence_parallel: true } strategy { name: "pipeline" }'
+fi
+if shard 2; then
+  tp_case t4 4 'parallel { tensor: 4 } strategy { name: "single" }' 4
+  tp_case t2d2 4 'parallel { tensor: 2 data: 2 } strategy { name: "ddp" }'
+  tp_case t2d2_zero1 4 'parallel { tensor: 2 data: 2 } strategy { name: "zero" } zero_optimization { stage: 1 }'
+  tp_case t2d2_zero2 4 'parallel { tensor: 2 data: 2 } strategy { name: "zero" } zero_optimization { stage: 2 }'
+  # An impossible layout is refused at start, in one line naming the sizes.
+  cfg "$T/bad.pbtxt" 4 4 'parallel { tensor: 2 pipeline: 2 data: 2 }'
+  bounded "$L" --nproc_per_node=2 --log_dir="$T/bad.logs" -- --config="$T/bad.pbtxt" --log_dir="$T/bad" > "$T/bad.out" 2>&1
+  grep -q "parallel layout tensor 2 x pipeline 2 x data 2 = 8 ranks, but there are 2 processes" "$T/bad.out" ||
+    { fail "impossible layout not refused clearly"; cat "$T/bad.out"; }
+fi
+finish
