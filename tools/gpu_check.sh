@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks of the CUDA path (docs/GPU.md), for a machine with NVIDIA GPUs and Bazel:
 #   1. bazel build --config=cuda //backends/... //launcher/...
-#   2. every CUDA test, GPU cases required to run (BRAID_REQUIRE_GPU=1): //backends/cuda/...
-#      and //backends/nccl/...
+#   2. every CUDA test, //backends/cuda/... and //backends/nccl/... (the *_gpu and *_multi_gpu
+#      targets fail, not skip, when their GPUs are missing)
 #   3. gpt-mini for a few steps on one GPU (device "cuda"), then on every GPU with DDP over NCCL
 #      (--nproc_per_node = the number of GPUs nvidia-smi lists)
 #   4. GPT-2 124M, B = 16, T = 1024: Braid's tokens/s beside PyTorch eager's on the same GPU
@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-not_done="build --config=cuda, the CUDA tests with BRAID_REQUIRE_GPU=1, gpt-mini on 1 and on all GPUs, the GPT-2 124M benchmark"
+not_done="build --config=cuda, the CUDA tests, gpt-mini on 1 and on all GPUs, the GPT-2 124M benchmark"
 ngpu=0
 if command -v nvidia-smi >/dev/null 2>&1; then
   ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
@@ -59,8 +59,9 @@ else
   exit 1
 fi
 
-echo "== 2. CUDA tests (GPU cases must run: BRAID_REQUIRE_GPU=1)"
-if bazel test --config=cuda --test_env=BRAID_REQUIRE_GPU=1 --test_output=errors \
+# The *_gpu and *_multi_gpu targets require their GPUs themselves (third_party/cuda/cuda.bzl).
+echo "== 2. CUDA tests (the GPU cases in *_gpu and *_multi_gpu targets, which must run)"
+if bazel test --config=cuda --test_output=errors \
      //backends/cuda/... //backends/nccl/...; then
   record cuda_tests PASSED "bazel test --config=cuda //backends/cuda/... //backends/nccl/..."
 else

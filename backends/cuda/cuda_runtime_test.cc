@@ -1,13 +1,16 @@
 // The runtime over the CUDA runtime (the same host-side logic the fake-device tests check):
-// tensors to and from a GPU, the caching allocator's reuse, the batch prefetcher. Without a
-// usable GPU the GPU cases skip with CUDA's reason (they fail with BRAID_REQUIRE_GPU=1) and the
-// no-GPU case checks the error the program gets.
+// tensors to and from a GPU, the caching allocator's reuse, the batch prefetcher; and, on a
+// machine without a GPU, the error the program gets. Under Bazel the GPU cases run in
+// cuda_runtime_test_gpu and the no-GPU case in cuda_runtime_test_no_gpu, each skipped where the
+// machine cannot run it and failing there when what it promises is missing (gpu_test_env.h);
+// the binary run by hand skips, with the reason, whichever cannot run.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 
 #include "backends/cuda/device.h"
+#include "backends/cuda/gpu_test_env.h"
 #include "backends/cuda/prefetch.h"
 #include "backends/cuda/runtime.h"
 #include "core/allocator.h"
@@ -18,7 +21,10 @@ namespace {
 
 TEST(CudaRuntimeNoGpuTest, AnUnusableDeviceFailsWithCudasReason) {
   absl::StatusOr<int> count = CudaDeviceCount();
-  if (count.ok()) GTEST_SKIP() << "this machine has a GPU; the no-GPU path is not taken";
+  if (count.ok()) {
+    if (gpu_test::MustFailWithAGpu()) FAIL() << "this machine has a GPU";
+    GTEST_SKIP() << "this machine has a GPU; the no-GPU path is not taken";
+  }
   absl::StatusOr<DeviceRuntime*> rt = GetRuntime(0);
   ASSERT_FALSE(rt.ok());
   EXPECT_EQ(rt.status(), count.status());
@@ -30,8 +36,7 @@ class CudaRuntimeGpuTest : public ::testing::Test {
   void SetUp() override {
     absl::StatusOr<int> count = CudaDeviceCount();
     if (!count.ok()) {
-      const char* require = std::getenv("BRAID_REQUIRE_GPU");
-      if (require != nullptr && std::string(require) == "1") FAIL() << count.status();
+      if (gpu_test::MustFailWithGpus(1, 0)) FAIL() << count.status();
       GTEST_SKIP() << "No usable CUDA device: " << count.status();
     }
     rt_ = &RuntimeOf(Device::CUDA(0));

@@ -10,7 +10,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include "absl/strings/str_cat.h"
 #include "backends/cuda/axpby.h"
+#include "backends/cuda/gpu_test_env.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -46,17 +48,16 @@ void ExpectAxpby(float a, const std::vector<float>& x, float b, const std::vecto
   }
 }
 
-// GPU tests: skipped, saying why, when CUDA has no usable device. Bazel counts a skipped test
-// as PASSED, so on a machine that should have a GPU set BRAID_REQUIRE_GPU=1 (e.g.
-// --test_env=BRAID_REQUIRE_GPU=1) to make the absence a failure instead.
+// GPU tests: they run in device_test_gpu, which Bazel skips without a GPU and where a missing
+// GPU is a failure (BRAID_REQUIRE_GPU, gpu_test_env.h); the binary run by hand without one
+// skips them, saying why.
 class CudaGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
     absl::StatusOr<int> count = CudaDeviceCount();
     if (!count.ok()) {
       const std::string why = "No usable CUDA device: " + count.status().ToString();
-      const char* require = std::getenv("BRAID_REQUIRE_GPU");
-      if (require != nullptr && std::string(require) == "1") FAIL() << why;
+      if (gpu_test::MustFailWithGpus(1, 0)) FAIL() << why;
       GTEST_SKIP() << why;
     }
     num_devices_ = *count;
@@ -87,9 +88,14 @@ TEST(CudaDeviceTest, BadArgumentsAreRejectedBeforeTouchingCuda) {
 }
 
 // The absence of a GPU must be an error a caller can report, not a crash, for every entry point.
+// Runs in device_test_no_gpu, which Bazel skips on a machine with a GPU.
 TEST(CudaDeviceTest, WithoutDeviceEveryCallFailsCleanly) {
   absl::StatusOr<int> count = CudaDeviceCount();
-  if (count.ok()) GTEST_SKIP() << "This machine has " << *count << " CUDA device(s).";
+  if (count.ok()) {
+    const std::string why = absl::StrCat("This machine has ", *count, " CUDA device(s).");
+    if (gpu_test::MustFailWithAGpu()) FAIL() << why;
+    GTEST_SKIP() << why;
+  }
   absl::StatusOr<std::string> name = CudaDeviceName(0);
   EXPECT_EQ(name.status(), count.status());
   std::vector<float> x = {1.f, 2.f, 3.f}, y = {4.f, 5.f, 6.f};

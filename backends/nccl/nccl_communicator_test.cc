@@ -122,9 +122,14 @@ TEST(NcclOptionsTest, UnknownOrMalformedOptionsAreRefused) {
               HasSubstr(absl::StrCat("iface=", other, " contradicts NCCL_SOCKET_IFNAME=", env)));
 }
 
+// Runs in nccl_communicator_test_no_gpu, which Bazel skips on a machine with a GPU.
 TEST(NcclNoGpuTest, CreationFailsWithCudasReason) {
   absl::StatusOr<int> count = testing::GpuCount();
-  if (count.ok()) GTEST_SKIP() << "This machine has " << *count << " CUDA device(s).";
+  if (count.ok()) {
+    const std::string why = absl::StrCat("This machine has ", *count, " CUDA device(s).");
+    if (gpu_test::MustFailWithAGpu()) FAIL() << why;
+    GTEST_SKIP() << why;
+  }
   InMemoryStore store;
   auto comm = MakeNccl(0, 1, &store, 0);
   ASSERT_FALSE(comm.ok());

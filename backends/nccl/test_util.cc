@@ -71,12 +71,8 @@ absl::StatusOr<int> GpuCount() {
   return count;
 }
 
-bool GpuRequired() {
-  const char* require = std::getenv("BRAID_REQUIRE_GPU");
-  return require != nullptr && std::string(require) == "1";
-}
-
 bool HaveGpus(int n, int* count, std::string* why) {
+  *count = 0;
   absl::StatusOr<int> c = GpuCount();
   if (!c.ok()) {
     *why = "No usable CUDA device: " + c.status().ToString();

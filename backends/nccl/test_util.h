@@ -19,6 +19,7 @@
 #include "core/communicator.h"
 #include "core/store.h"
 #include "core/tensor.h"
+#include "backends/cuda/gpu_test_env.h"
 #include "gtest/gtest.h"
 
 namespace braid::nccl::testing {
@@ -30,19 +31,20 @@ absl::Status LoadNcclPlugin();
 // The number of usable GPUs, or CUDA's reason why there are none.
 absl::StatusOr<int> GpuCount();
 
-// In a test body: skips (or, with BRAID_REQUIRE_GPU=1, fails) unless `n` GPUs are usable, saying
-// why; otherwise sets `count` to their number.
-#define BRAID_REQUIRE_GPUS(n, count)                                                         \
-  do {                                                                                       \
-    std::string _braid_why;                                                                  \
-    if (!::braid::nccl::testing::HaveGpus((n), &(count), &_braid_why)) {                     \
-      if (::braid::nccl::testing::GpuRequired() && !::braid::nccl::testing::GpuCount().ok()) \
-        FAIL() << _braid_why;                                                                \
-      GTEST_SKIP() << _braid_why;                                                            \
-    }                                                                                        \
+// In a test body: unless `n` GPUs are usable, fails where the test's target promises them
+// (BRAID_REQUIRE_GPU, backends/cuda/gpu_test_env.h) and skips otherwise, saying why; sets
+// `count` to the number of usable GPUs.
+#define BRAID_REQUIRE_GPUS(n, count)                                                       \
+  do {                                                                                     \
+    std::string _braid_why;                                                                \
+    if (!::braid::nccl::testing::HaveGpus((n), &(count), &_braid_why)) {                   \
+      if (::braid::gpu_test::MustFailWithGpus((n), (count))) FAIL() << _braid_why;         \
+      GTEST_SKIP() << _braid_why;                                                          \
+    }                                                                                      \
   } while (0)
+// Whether `n` GPUs are usable; `count` is set to the number there are (0 when none), `why` to
+// what is missing.
 bool HaveGpus(int n, int* count, std::string* why);
-bool GpuRequired();
 
 // Makes cuda:N tensors allocatable in this process (cudaMalloc/cudaFree). Idempotent.
 void UseCudaMallocAllocator();

@@ -168,31 +168,68 @@ def cuda_library(name, srcs = [], hdrs = [], deps = [], copts = [], **kwargs):
         **kwargs
     )
 
-def cuda_cc_test(name, gpu_cases = None, tags = [], linkstatic = True, **kwargs):
-    """A cc_test that only exists under --config=cuda (SKIPPED otherwise), tagged "cuda".
+def cuda_cc_test(
+        name,
+        gpu_cases = None,
+        multi_gpu_cases = None,
+        no_gpu_cases = None,
+        tags = [],
+        linkstatic = True,
+        **kwargs):
+    """cc_tests that only exist under --config=cuda (SKIPPED otherwise), tagged "cuda".
 
-    `gpu_cases` (a --gtest_filter pattern; "*" for all) are the cases that need a GPU. Under
-    Bazel they run in `name_gpu` (or in `name` itself for "*"), SKIPPED on a machine without
-    one (third_party/host), while the other cases run in `name`. The binary still holds every
-    case, and a GPU case still GTEST_SKIPs, saying why, when CUDA reports no usable device:
-    GPU machines have no Bazel, so the binary is built here and copied there with the few
-    system .so files it needs (docs/GPU.md), where it runs unfiltered. Linked statically by
-    default (Braid's code inside the binary, not in Bazel's _solib folders) for that copy.
+    The cases that need something of the machine's GPUs (--gtest_filter patterns) run in targets
+    of their own, SKIPPED where the machine lacks it (third_party/host):
+      `gpu_cases`       need a GPU:            `name_gpu`, with BRAID_REQUIRE_GPU=1;
+      `multi_gpu_cases` need two GPUs:         `name_multi_gpu`, with BRAID_REQUIRE_GPU=2;
+      `no_gpu_cases`    need a machine without one (what a program is told there):
+                                               `name_no_gpu`, with BRAID_REQUIRE_NO_GPU=1.
+    The variables make such a case fail, not skip, when what its target promises is not there
+    (backends/cuda/gpu_test_env.h). The other cases run in `name`. `gpu_cases = "*"` means every
+    case the other two lists leave: then no case remains for `name`, which is the binary alone
+    (a cc_binary), not a test that would show PASSED having run nothing.
+
+    Every binary holds every case: GPU machines have no Bazel, so a binary is built here and
+    copied there with the few system .so files it needs (docs/GPU.md), where it runs
+    unfiltered and a case whose need is not met GTEST_SKIPs saying why (unless the variables
+    are set by hand). Linked statically by default (Braid's code inside the binary, not in
+    Bazel's _solib folders) for that copy.
     """
     common = dict(tags = tags + ["cuda"], linkstatic = linkstatic, **kwargs)
-    if gpu_cases == "*":
-        native.cc_test(name = name, target_compatible_with = REQUIRES_CUDA + requires("gpu"), **common)
+    every_gpu_case = gpu_cases == "*"
+    others = [p for p in [multi_gpu_cases, no_gpu_cases] if p]
+    groups = [
+        (
+            "gpu",
+            ("*-" + ":".join(others) if others else "*") if every_gpu_case else gpu_cases,
+            ["gpu"],
+            {"BRAID_REQUIRE_GPU": "1"},
+        ),
+        ("multi_gpu", multi_gpu_cases, ["multi_gpu"], {"BRAID_REQUIRE_GPU": "2"}),
+        ("no_gpu", no_gpu_cases, ["no_gpu"], {"BRAID_REQUIRE_NO_GPU": "1"}),
+    ]
+    for suffix, cases, features, env in groups:
+        if cases:
+            native.cc_test(
+                name = name + "_" + suffix,
+                args = ["--gtest_filter=" + cases],
+                env = env,
+                target_compatible_with = REQUIRES_CUDA + requires(*features),
+                **common
+            )
+    if every_gpu_case:
+        test_only = ["size", "timeout", "flaky", "shard_count", "local"]
+        native.cc_binary(
+            name = name,
+            testonly = True,
+            target_compatible_with = REQUIRES_CUDA,
+            **{k: v for k, v in common.items() if k not in test_only}
+        )
         return
+    special = [p for p in [gpu_cases, multi_gpu_cases, no_gpu_cases] if p]
     native.cc_test(
         name = name,
-        args = ["--gtest_filter=-" + gpu_cases] if gpu_cases else [],
+        args = ["--gtest_filter=-" + ":".join(special)] if special else [],
         target_compatible_with = REQUIRES_CUDA,
         **common
     )
-    if gpu_cases:
-        native.cc_test(
-            name = name + "_gpu",
-            args = ["--gtest_filter=" + gpu_cases],
-            target_compatible_with = REQUIRES_CUDA + requires("gpu"),
-            **common
-        )
