@@ -22,7 +22,9 @@ def braid_plugin(name, srcs, deps = [], copts = [], visibility = None, **kwargs)
         name = lib,
         srcs = srcs,
         copts = copts,
-        deps = ["//core:headers"] + deps,
+        # Label(): resolved in the repository of this file, so that from a user's own workspace
+        # (Braid as @braid) it names Braid's headers, not a //core of theirs.
+        deps = [Label("//core:headers")] + deps,
         # Keep every object, registration code included, even when nothing references it.
         alwayslink = True,
         visibility = ["//visibility:private"],

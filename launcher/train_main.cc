@@ -20,6 +20,7 @@
 #include "core/config/config.h"
 #include "core/plugin.h"
 #include "core/registry.h"
+#include "launcher/programs.h"
 #include "launcher/trainer.h"
 #include "tools/cpp/runfiles/runfiles.h"
 
@@ -58,6 +59,13 @@ absl::Status Run(const char* argv0) {
   if (!absl::GetFlag(FLAGS_strategy).empty()) cfg.mutable_strategy()->set_name(absl::GetFlag(FLAGS_strategy));
   if (!absl::GetFlag(FLAGS_init_from).empty()) cfg.set_init_from(absl::GetFlag(FLAGS_init_from));
   if (!absl::GetFlag(FLAGS_save_to).empty()) cfg.set_save_to(absl::GetFlag(FLAGS_save_to));
+  // A relative strategy.path means what a relative --config means: the user's folder (under
+  // `bazel run`, their checkout), not the runfiles tree this program starts in; and a bare file
+  // name must not send dlopen searching the library path.
+  if (!cfg.strategy().path().empty()) {
+    cfg.mutable_strategy()->set_path(
+        braid::launcher::Absolute(braid::launcher::ResolveUserPath(cfg.strategy().path())));
+  }
 
   braid::launcher::TrainerEnv env;
   env.rank = EnvInt("RANK", 0);
