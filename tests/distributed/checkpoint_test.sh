@@ -17,14 +17,12 @@
 #   F. a save that cannot be written (a 20 MB file-size limit: EFBIG, not a full disk) ends with a
 #      clear error and the previous checkpoint intact. A really full disk (a tmpfs in a private
 #      mount namespace) is checkpoint_test_disk_full.sh.
-set -uo pipefail
-L="$TEST_SRCDIR/braid/launcher/launcher"
-TR="$TEST_SRCDIR/braid/launcher/train"
-CMP="$TEST_SRCDIR/braid/tests/testing/compare_weights.py"
-T="${TEST_TMPDIR:-$(mktemp -d)}/ckpt"
-rm -rf "$T"; mkdir -p "$T"
-fails=0
-fail() { echo "FAIL $*"; fails=$((fails+1)); }
+#
+# Four shards (BUILD shard_count). The matrix needs each writer's runs of A, so a shard runs A
+# for some layouts and the matrix rows of those writers (into all 6 others); C needs A's single,
+# D and E need A's DDP: they run on the shard that has those. No run is made twice.
+source "$TEST_SRCDIR/braid/tests/distributed/lib.sh" ckpt
+shards 4
 cfg() {  # FILE MICRO ACCUM OPTIMIZER SECTIONS
   cat > "$1" <<CFG
 model { name: "gpt-mini" }
@@ -39,13 +37,16 @@ CFG
 ADAMW='{ type: "AdamW" params { lr: 0.001 weight_decay: 0.1 } }'
 SGDM='{ type: "SGD" params { lr: 0.1 momentum: 0.9 } }'
 run() {  # NAME NPROC CFG [MORE LAUNCHER FLAGS...] -- [MORE TRAIN FLAGS...]
-  local name=$1 n=$2 c=$3; shift 3
+  local name=$1 n=$2 c=$3 t0=$SECONDS rc; shift 3
   local lflags=() tflags=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do lflags+=("$1"); shift; done
   [ "${1:-}" = "--" ] && shift
   tflags=("$@")
-  timeout 300 "$L" --nproc_per_node=$n --log_dir="$T/$name.logs" "${lflags[@]}" -- --config="$c" \
+  bounded "$L" --nproc_per_node=$n --log_dir="$T/$name.logs" "${lflags[@]}" -- --config="$c" \
     --log_dir="$T/$name" "${tflags[@]}" > "$T/$name.out" 2>&1
+  rc=$?
+  echo "   ran $name on $n process(es): $((SECONDS - t0)) s"
+  return $rc
 }
 losses() { grep '"step"' "$1" | sed 's/.*"loss": \([^,]*\),.*/\1/' | tail -n "$2"; }
 
@@ -65,16 +66,23 @@ exact() {  # NAME NPROC MICRO ACCUM SECTIONS [CHECKPOINT OPTIONS]
     fail "A $n: resumed run differs"; /usr/bin/python3 "$CMP" "$T/$n-plain.safetensors" "$T/$n-resumed.safetensors" 0
   fi
 }
-exact single 1 4 1 'strategy { name: "single" }'
-exact ddp 2 2 1 'strategy { name: "ddp" }'
-exact zero1 2 2 1 'strategy { name: "zero" } zero_optimization { stage: 1 }'
-exact zero2 2 2 1 'strategy { name: "zero" } zero_optimization { stage: 2 }'
-exact zero3 2 2 1 'strategy { name: "zero" } zero_optimization { stage: 3 }'
-exact pipe 2 2 2 'parallel { pipeline: 2 }'
-exact tp 2 4 1 'parallel { tensor: 2 } strategy { name: "single" }'
+# A layout: its exact resume, here and in the matrix below (shard by shard).
+exact_layout() {  # LAYOUT
+  case $1 in
+    single) exact single 1 4 1 'strategy { name: "single" }' ;;
+    ddp) exact ddp 2 2 1 'strategy { name: "ddp" }' ;;
+    zero1) exact zero1 2 2 1 'strategy { name: "zero" } zero_optimization { stage: 1 }' ;;
+    zero2) exact zero2 2 2 1 'strategy { name: "zero" } zero_optimization { stage: 2 }' ;;
+    zero3) exact zero3 2 2 1 'strategy { name: "zero" } zero_optimization { stage: 3 }' ;;
+    pipe) exact pipe 2 2 2 'parallel { pipeline: 2 }' ;;
+    tp) exact tp 2 4 1 'parallel { tensor: 2 } strategy { name: "single" }' ;;
+  esac
+}
 # Asynchronous saves (written on a background thread, committed at a later step boundary).
-exact ddp_async 2 2 1 'strategy { name: "ddp" }' 'async: true'
-grep -q "training blocked .* per save (asynchronous)" "$T/ddp_async-first.out" || fail "A ddp_async: no asynchronous save reported"
+exact_async() {
+  exact ddp_async 2 2 1 'strategy { name: "ddp" }' 'async: true'
+  grep -q "training blocked .* per save (asynchronous)" "$T/ddp_async-first.out" || fail "A ddp_async: no asynchronous save reported"
+}
 
 # ---- M. the reshard matrix: every layout's step-6 checkpoint loads into every other ---------
 # (no steps run: the loader's weights must be the writer's, bitwise)
@@ -84,27 +92,24 @@ declare -A SECTIONS=([single]='strategy { name: "single" }' [ddp]='strategy { na
   [zero2]='strategy { name: "zero" } zero_optimization { stage: 2 }'
   [zero3]='strategy { name: "zero" } zero_optimization { stage: 3 }'
   [pipe]='parallel { pipeline: 2 }' [tp]='parallel { tensor: 2 } strategy { name: "single" }')
-matrix_ok=0
-for from in single ddp zero1 zero2 zero3 pipe tp; do
-  for to in single ddp zero1 zero2 zero3 pipe tp; do
+LAYOUTS="single ddp zero1 zero2 zero3 pipe tp"
+matrix_row() {  # FROM: its step-6 checkpoint into each of the 6 other layouts
+  local from=$1 to d row_ok=0
+  for to in $LAYOUTS; do
     [ "$from" = "$to" ] && continue
     d="$T/m-$from-$to"; rm -rf "$d"; mkdir -p "$d"; cp -r "$T/$from-ckpt/step_6" "$d/"
     cfg "$d.pbtxt" 2 2 "$ADAMW" "${SECTIONS[$to]} checkpoint { dir: \"$d\" }"
     if run "m-$from-$to" ${NPROC[$to]} "$d.pbtxt" -- --save_to="$d.safetensors" &&
        cmp -s "$d.safetensors" "$T/$from-plain.safetensors"; then
-      matrix_ok=$((matrix_ok+1))
+      row_ok=$((row_ok+1))
     else
       fail "M $from -> $to"; tail -3 "$T/m-$from-$to.out"
     fi
   done
-done
-echo "ok   M $matrix_ok of 42 writer -> loader pairs load bitwise"
+  echo "ok   M $row_ok of 6 loaders load $from's checkpoint bitwise"
+}
 
 # ---- B. reshard ------------------------------------------------------------------------------
-cfg "$T/r-single.pbtxt" 4 1 "$SGDM" "strategy { name: \"single\" } checkpoint { dir: \"$T/r-src\" every_steps: 3 }"
-run r-src 1 "$T/r-single.pbtxt" -- --steps=3 || fail "B: source run"
-cfg "$T/r-plain.pbtxt" 4 1 "$SGDM" 'strategy { name: "single" }'
-run r-plain 1 "$T/r-plain.pbtxt" -- --save_to="$T/r-plain.safetensors" || fail "B: plain run"
 reshard() {  # NAME NPROC MICRO ACCUM SECTIONS (loads the one process's step 3, trains to 6)
   rm -rf "$T/r-$1-ckpt"; cp -r "$T/r-src" "$T/r-$1-ckpt"
   cfg "$T/r-$1.pbtxt" $3 $4 "$SGDM" "$5 checkpoint { dir: \"$T/r-$1-ckpt\" }"
@@ -116,25 +121,33 @@ reshard() {  # NAME NPROC MICRO ACCUM SECTIONS (loads the one process's step 3, 
     fail "B one process -> $1"
   fi
 }
-reshard ddp2 2 2 1 'strategy { name: "ddp" }'
-reshard zero3 2 2 1 'strategy { name: "zero" } zero_optimization { stage: 3 }'
-reshard tp2 2 4 1 'parallel { tensor: 2 } strategy { name: "single" }'
-reshard pipe2 2 2 2 'parallel { pipeline: 2 }'
-# And back: ZeRO-3's checkpoint (written at step 6 by the run above) into one process, no steps.
-cfg "$T/r-back.pbtxt" 4 1 "$SGDM" "strategy { name: \"single\" } checkpoint { dir: \"$T/r-zero3-ckpt\" }"
-run r-back 1 "$T/r-back.pbtxt" -- --save_to="$T/r-back.safetensors" || fail "B back: run"
-if cmp -s "$T/r-back.safetensors" "$T/r-zero3.safetensors"; then echo "ok   B ZeRO-3 on 2 -> one process, bitwise"; else fail "B ZeRO-3 -> one process"; fi
+case_b() {
+  cfg "$T/r-single.pbtxt" 4 1 "$SGDM" "strategy { name: \"single\" } checkpoint { dir: \"$T/r-src\" every_steps: 3 }"
+  run r-src 1 "$T/r-single.pbtxt" -- --steps=3 || fail "B: source run"
+  cfg "$T/r-plain.pbtxt" 4 1 "$SGDM" 'strategy { name: "single" }'
+  run r-plain 1 "$T/r-plain.pbtxt" -- --save_to="$T/r-plain.safetensors" || fail "B: plain run"
+  reshard ddp2 2 2 1 'strategy { name: "ddp" }'
+  reshard zero3 2 2 1 'strategy { name: "zero" } zero_optimization { stage: 3 }'
+  reshard tp2 2 4 1 'parallel { tensor: 2 } strategy { name: "single" }'
+  reshard pipe2 2 2 2 'parallel { pipeline: 2 }'
+  # And back: ZeRO-3's checkpoint (written at step 6 by the run above) into one process, no steps.
+  cfg "$T/r-back.pbtxt" 4 1 "$SGDM" "strategy { name: \"single\" } checkpoint { dir: \"$T/r-zero3-ckpt\" }"
+  run r-back 1 "$T/r-back.pbtxt" -- --save_to="$T/r-back.safetensors" || fail "B back: run"
+  if cmp -s "$T/r-back.safetensors" "$T/r-zero3.safetensors"; then echo "ok   B ZeRO-3 on 2 -> one process, bitwise"; else fail "B ZeRO-3 -> one process"; fi
+}
 
-# ---- C. a damaged file -----------------------------------------------------------------------
-rm -rf "$T/c-ckpt"; cp -r "$T/single-ckpt" "$T/c-ckpt"  # step_3 and step_6
-printf '\x55' | dd of="$T/c-ckpt/step_6/rank0.safetensors" bs=1 seek=5000 count=1 conv=notrunc 2>/dev/null
-cfg "$T/c.pbtxt" 4 1 "$ADAMW" "strategy { name: \"single\" } checkpoint { dir: \"$T/c-ckpt\" every_steps: 3 }"
-run c 1 "$T/c.pbtxt" -- --save_to="$T/c.safetensors" || fail "C: run"
-grep -q "c-ckpt/step_6/rank0.safetensors is damaged" "$T/c.out" &&
-  grep -q "resumed from $T/c-ckpt/step_3" "$T/c.out" && cmp -s "$T/c.safetensors" "$T/single-plain.safetensors" &&
-  echo "ok   C damaged step_6 named, step_3 used, same end" || { fail "C"; tail -5 "$T/c.out"; }
+# ---- C. a damaged file (after A's single) ----------------------------------------------------
+case_c() {
+  rm -rf "$T/c-ckpt"; cp -r "$T/single-ckpt" "$T/c-ckpt"  # step_3 and step_6
+  printf '\x55' | dd of="$T/c-ckpt/step_6/rank0.safetensors" bs=1 seek=5000 count=1 conv=notrunc 2>/dev/null
+  cfg "$T/c.pbtxt" 4 1 "$ADAMW" "strategy { name: \"single\" } checkpoint { dir: \"$T/c-ckpt\" every_steps: 3 }"
+  run c 1 "$T/c.pbtxt" -- --save_to="$T/c.safetensors" || fail "C: run"
+  grep -q "c-ckpt/step_6/rank0.safetensors is damaged" "$T/c.out" &&
+    grep -q "resumed from $T/c-ckpt/step_3" "$T/c.out" && cmp -s "$T/c.safetensors" "$T/single-plain.safetensors" &&
+    echo "ok   C damaged step_6 named, step_3 used, same end" || { fail "C"; tail -5 "$T/c.out"; }
+}
 
-# ---- D, E. a worker killed, the group restarted ---------------------------------------------
+# ---- D, E. a worker killed, the group restarted (after A's DDP) ----------------------------
 restart() {  # NAME FAULT
   cfg "$T/$1.pbtxt" 2 1 "$ADAMW" "strategy { name: \"ddp\" } checkpoint { dir: \"$T/$1-ckpt\" every_steps: 2 }"
   BRAID_FAULT="$2" run "$1" 2 "$T/$1.pbtxt" --max_restarts=1 -- --save_to="$T/$1.safetensors" ||
@@ -143,17 +156,43 @@ restart() {  # NAME FAULT
   cmp -s "$T/$1.safetensors" "$T/ddp-plain.safetensors" && echo "ok   $1: restarted from step $3, bitwise equal to uninterrupted" ||
     fail "$1: final weights differ"
 }
-restart d-kill kill_at_step:5 4
-restart e-kill-in-save kill_in_save:4 2
 
 # ---- F. a save that cannot be written ---------------------------------------------------------
-cfg "$T/f.pbtxt" 4 1 "$ADAMW" "strategy { name: \"single\" } checkpoint { dir: \"$T/f-ckpt\" every_steps: 2 }"
-run f-first 1 "$T/f.pbtxt" -- --steps=2 || fail "F: first run"
-( ulimit -f 20000; "$TR" --config="$T/f.pbtxt" --steps=4 --log_dir="$T/f-full" > "$T/f-full.out" 2>&1 ); rc=$?
-[ $rc -ne 0 ] && grep -q "is the disk full? the previous checkpoint is kept" "$T/f-full.out" ||
-  { fail "F: no clear error (exit $rc)"; tail -5 "$T/f-full.out"; }
-[ -d "$T/f-ckpt/step_2" ] && [ ! -d "$T/f-ckpt/step_4" ] || fail "F: the checkpoints are not as they were"
-run f-after 1 "$T/f.pbtxt" -- --steps=2 && grep -q "resumed from $T/f-ckpt/step_2" "$T/f-after.out" &&
-  echo "ok   F clear error on a failed save; step_2 intact and loadable" || fail "F: step_2 not usable"
+case_f() {
+  cfg "$T/f.pbtxt" 4 1 "$ADAMW" "strategy { name: \"single\" } checkpoint { dir: \"$T/f-ckpt\" every_steps: 2 }"
+  run f-first 1 "$T/f.pbtxt" -- --steps=2 || fail "F: first run"
+  local rc
+  ( ulimit -f 20000; bounded "$TR" --config="$T/f.pbtxt" --steps=4 --log_dir="$T/f-full" > "$T/f-full.out" 2>&1 ); rc=$?
+  [ $rc -ne 0 ] && grep -q "is the disk full? the previous checkpoint is kept" "$T/f-full.out" ||
+    { fail "F: no clear error (exit $rc)"; tail -5 "$T/f-full.out"; }
+  [ -d "$T/f-ckpt/step_2" ] && [ ! -d "$T/f-ckpt/step_4" ] || fail "F: the checkpoints are not as they were"
+  run f-after 1 "$T/f.pbtxt" -- --steps=2 && grep -q "resumed from $T/f-ckpt/step_2" "$T/f-after.out" &&
+    echo "ok   F clear error on a failed save; step_2 intact and loadable" || fail "F: step_2 not usable"
+}
 
-[ "$fails" = 0 ] && echo PASS || { echo "$fails failure(s)"; exit 1; }
+# ---- the shards --------------------------------------------------------------------------------
+# Balanced by measurement ("ran ..." lines): a layout's A and matrix row take about as long as B,
+# or as C, D and E together; the asynchronous A about as long as half a layout.
+if shard 0; then
+  exact_layout single; exact_layout ddp
+  matrix_row single; matrix_row ddp
+  case_c
+  restart d-kill kill_at_step:5 4
+  restart e-kill-in-save kill_in_save:4 2
+fi
+if shard 1; then
+  exact_layout zero1; exact_layout zero2
+  matrix_row zero1; matrix_row zero2
+  case_f
+fi
+if shard 2; then
+  exact_layout zero3; exact_layout pipe
+  matrix_row zero3; matrix_row pipe
+  exact_async
+fi
+if shard 3; then
+  exact_layout tp
+  matrix_row tp
+  case_b
+fi
+finish
