@@ -9,12 +9,10 @@
 #
 # Tolerances are a few times what each comparison achieves (printed as "max |difference|"): the
 # runs are deterministic, and only f32 rounding of sums taken in another order separates them.
-set -uo pipefail
-L="$TEST_SRCDIR/braid/launcher/launcher"
-TR="$TEST_SRCDIR/braid/launcher/train"
-T="${TEST_TMPDIR:-$(mktemp -d)}/ddp_eq"
-rm -rf "$T"; mkdir -p "$T"
-fails=0
+#
+# Two shards (BUILD shard_count): gpt-mini's runs, and the MLP's; no run is shared between them.
+source "$TEST_SRCDIR/braid/tests/distributed/lib.sh" ddp_eq
+shards 2
 gpt_cfg() {  # FILE MICRO ACCUM STRATEGY
   cat > "$1" <<CFG
 model { name: "gpt-mini" }
@@ -51,37 +49,9 @@ small_buckets() {  # NAME
     "options { key: \"first_bucket_mb\" value: \"0.0001\" }" \
     "options { key: \"trace_file\" value: \"$T/$1-trace-{rank}.json\" }"
 }
-run_single() {  # NAME CFG
-  "$TR" --config="$2" --save_to="$T/$1.safetensors" --log_dir="$T/$1" > "$T/$1.out" 2>&1 ||
-    { echo "FAIL $1: single run exited $?"; tail -5 "$T/$1.out"; fails=$((fails+1)); }
-}
-run_ddp() {  # NAME NPROC CFG
-  timeout 300 "$L" --nproc_per_node=$2 --log_dir="$T/$1.logs" -- --config="$3" \
-    --save_to="$T/$1.safetensors" --log_dir="$T/$1" > "$T/$1.out" 2>&1 ||
-    { echo "FAIL $1: launcher exited $?"; tail -15 "$T/$1.out"; fails=$((fails+1)); }
-}
-compare() {  # NAME A B TOL
-  /usr/bin/python3 - "$2" "$3" "$4" "$T/init_$1" <<'PY' || { echo "FAIL $1"; fails=$((fails+1)); return; }
-import json, struct, sys
-import torch
-def load(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        h = json.loads(f.read(n)); blob = f.read()
-    return {k: torch.frombuffer(bytearray(blob[v["data_offsets"][0]:v["data_offsets"][1]]),
-                                dtype=torch.float32).reshape(v["shape"])
-            for k, v in h.items() if k != "__metadata__"}
-a, b, tol = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
-assert a.keys() == b.keys()
-worst = max(((a[k] - b[k]).abs().max().item(), k) for k in a)
-print(f"   max |difference| {worst[0]:.2e} ({worst[1]}), tolerance {tol:g}")
-assert worst[0] <= tol, worst
-PY
-  echo "ok   $1"
-}
 # Every rank reduced at least MIN buckets in every one of the STEPS steps (from its timeline).
 buckets_used() {  # NAME RANKS STEPS MIN
-  /usr/bin/python3 - "$T/$1-trace" "$2" "$3" "$4" <<'PY' || { echo "FAIL $1: buckets"; fails=$((fails+1)); return; }
+  /usr/bin/python3 - "$T/$1-trace" "$2" "$3" "$4" <<'PY' || fail "$1: buckets"
 import collections, json, sys
 prefix, ranks, steps, least = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 for r in range(ranks):
@@ -98,7 +68,7 @@ PY
 # Each step's grad_norm in rank 0's metrics (DDP's is that of the averaged gradient) against the
 # single run's, clipping off. The metrics file prints 6 significant digits (5e-6 relative each).
 norms_match() {  # NAME A_DIR B_DIR
-  /usr/bin/python3 - "$2/metrics.jsonl" "$3/metrics.jsonl" <<'PY' || { echo "FAIL $1: grad_norm"; fails=$((fails+1)); return; }
+  /usr/bin/python3 - "$2/metrics.jsonl" "$3/metrics.jsonl" <<'PY' || { fail "$1: grad_norm"; return; }
 import json, sys
 def norms(path):
     return [json.loads(l)["grad_norm"] for l in open(path) if '"step"' in l]
@@ -111,55 +81,62 @@ PY
   echo "ok   $1"
 }
 
-gpt_cfg "$T/g_single8.pbtxt" 8 1 single
-gpt_cfg "$T/g_ddp4.pbtxt" 4 1 ddp
-gpt_cfg "$T/g_single12.pbtxt" 12 1 single
-gpt_cfg "$T/g_ddp2x2.pbtxt" 2 2 ddp
-mlp_cfg "$T/m_single32.pbtxt" 32 single sgd
-mlp_cfg "$T/m_ddp16.pbtxt" 16 ddp sgd
-mlp_cfg "$T/ma_single32.pbtxt" 32 single adamw
-mlp_cfg "$T/ma_single48.pbtxt" 48 single adamw
-mlp_cfg "$T/ma_ddp16.pbtxt" 16 ddp adamw
-mlp_cfg "$T/mp_single64.pbtxt" 64 single plain_sgd
-mlp_cfg "$T/mp_single96.pbtxt" 96 single plain_sgd
-mlp_cfg "$T/mp_ddp2.pbtxt" 16 ddp plain_sgd 2 "$(small_buckets mp_ddp2)"
-mlp_cfg "$T/mp_ddp3.pbtxt" 16 ddp plain_sgd 2 "$(small_buckets mp_ddp3)"
-
-run_single g_single8 "$T/g_single8.pbtxt"
-run_ddp g_ddp2 2 "$T/g_ddp4.pbtxt"
-run_single g_single12 "$T/g_single12.pbtxt"
-run_ddp g_ddp3 3 "$T/g_ddp4.pbtxt"
-run_ddp g_ddp2_accum2 2 "$T/g_ddp2x2.pbtxt"
-run_single m_single32 "$T/m_single32.pbtxt"
-run_ddp m_ddp2 2 "$T/m_ddp16.pbtxt"
-run_single ma_single32 "$T/ma_single32.pbtxt"
-run_single ma_single48 "$T/ma_single48.pbtxt"
-run_ddp ma_ddp2 2 "$T/ma_ddp16.pbtxt"
-run_ddp ma_ddp3 3 "$T/ma_ddp16.pbtxt"
-run_single mp_single64 "$T/mp_single64.pbtxt"
-run_single mp_single96 "$T/mp_single96.pbtxt"
-run_ddp mp_ddp2 2 "$T/mp_ddp2.pbtxt"
-run_ddp mp_ddp3 3 "$T/mp_ddp3.pbtxt"
+if shard 0; then
+  gpt_cfg "$T/g_single8.pbtxt" 8 1 single
+  gpt_cfg "$T/g_ddp4.pbtxt" 4 1 ddp
+  gpt_cfg "$T/g_single12.pbtxt" 12 1 single
+  gpt_cfg "$T/g_ddp2x2.pbtxt" 2 2 ddp
+  run_single g_single8 "$T/g_single8.pbtxt"
+  run_ranks g_ddp2 2 "$T/g_ddp4.pbtxt"
+  run_single g_single12 "$T/g_single12.pbtxt"
+  run_ranks g_ddp3 3 "$T/g_ddp4.pbtxt"
+  run_ranks g_ddp2_accum2 2 "$T/g_ddp2x2.pbtxt"
+fi
+if shard 1; then
+  mlp_cfg "$T/m_single32.pbtxt" 32 single sgd
+  mlp_cfg "$T/m_ddp16.pbtxt" 16 ddp sgd
+  mlp_cfg "$T/ma_single32.pbtxt" 32 single adamw
+  mlp_cfg "$T/ma_single48.pbtxt" 48 single adamw
+  mlp_cfg "$T/ma_ddp16.pbtxt" 16 ddp adamw
+  mlp_cfg "$T/mp_single64.pbtxt" 64 single plain_sgd
+  mlp_cfg "$T/mp_single96.pbtxt" 96 single plain_sgd
+  mlp_cfg "$T/mp_ddp2.pbtxt" 16 ddp plain_sgd 2 "$(small_buckets mp_ddp2)"
+  mlp_cfg "$T/mp_ddp3.pbtxt" 16 ddp plain_sgd 2 "$(small_buckets mp_ddp3)"
+  run_single m_single32 "$T/m_single32.pbtxt"
+  run_ranks m_ddp2 2 "$T/m_ddp16.pbtxt"
+  run_single ma_single32 "$T/ma_single32.pbtxt"
+  run_single ma_single48 "$T/ma_single48.pbtxt"
+  run_ranks ma_ddp2 2 "$T/ma_ddp16.pbtxt"
+  run_ranks ma_ddp3 3 "$T/ma_ddp16.pbtxt"
+  run_single mp_single64 "$T/mp_single64.pbtxt"
+  run_single mp_single96 "$T/mp_single96.pbtxt"
+  run_ranks mp_ddp2 2 "$T/mp_ddp2.pbtxt"
+  run_ranks mp_ddp3 3 "$T/mp_ddp3.pbtxt"
+fi
 
 # AdamW turns rounding-sized gradients into lr-sized steps (its update is ~lr * sign(g) where
 # |g| is tiny), so AdamW runs may differ by a fraction of lr (1e-3) after 5 steps; how much
 # depends on how many gradient elements are rounding-sized, hence per-comparison bounds, each
 # 2.5-4x the difference measured (in brackets). A systematic error (a wrong share or data) moves
 # parameters by whole lr's. SGD keeps rounding at rounding size and must agree to a few f32 ulps.
-compare "gpt-mini: 2 ranks x 4 == 1 x 8" "$T/g_ddp2.safetensors" "$T/g_single8.safetensors" 1e-4  # [2.4e-5]
-compare "gpt-mini: 3 ranks x 4 == 1 x 12" "$T/g_ddp3.safetensors" "$T/g_single12.safetensors" 5e-4  # [2.0e-4]
-compare "gpt-mini: 2 ranks x 2 x accumulation 2 == 1 x 8" "$T/g_ddp2_accum2.safetensors" "$T/g_single8.safetensors" 1e-4  # [2.6e-5]
-compare "mlp: 2 ranks x 16 == 1 x 32 (SGD)" "$T/m_ddp2.safetensors" "$T/m_single32.safetensors" 1e-7  # [3.0e-8]
-compare "mlp: 2 ranks x 16 == 1 x 32 (AdamW)" "$T/ma_ddp2.safetensors" "$T/ma_single32.safetensors" 1.5e-6  # [4.0e-7]
-compare "mlp: 3 ranks x 16 == 1 x 48 (AdamW)" "$T/ma_ddp3.safetensors" "$T/ma_single48.safetensors" 4e-5  # [1.4e-5]
-# Plain SGD steps by lr * gradient, so unlike AdamW it sees a wrong gradient scale (the 1/k of
-# accumulation, the 1/N of the average) or a lost bucket: those move parameters by ~1e-3, while
-# rounding leaves 1.5e-8 (two ulps of fc2's weights); bound 5e-8.
-buckets_used mp_ddp2 2 5 3
-buckets_used mp_ddp3 3 5 3
-compare "mlp: 2 ranks x 16 x accumulation 2, 4 buckets == 1 x 64 (plain SGD)" "$T/mp_ddp2.safetensors" "$T/mp_single64.safetensors" 5e-8
-compare "mlp: 3 ranks x 16 x accumulation 2, 4 buckets == 1 x 96 (plain SGD)" "$T/mp_ddp3.safetensors" "$T/mp_single96.safetensors" 5e-8
-norms_match "mlp: grad_norm of 2 ranks x 16 x 2 == of 1 x 64" "$T/mp_ddp2" "$T/mp_single64"
-norms_match "mlp: grad_norm of 3 ranks x 16 x 2 == of 1 x 96" "$T/mp_ddp3" "$T/mp_single96"
-grep -h "exposed communication" "$T"/g_ddp2.out | head -1
-[ "$fails" = 0 ] && echo PASS || { echo "$fails failure(s)"; exit 1; }
+if shard 0; then
+  compare "gpt-mini: 2 ranks x 4 == 1 x 8" "$T/g_ddp2.safetensors" "$T/g_single8.safetensors" 1e-4  # [2.4e-5]
+  compare "gpt-mini: 3 ranks x 4 == 1 x 12" "$T/g_ddp3.safetensors" "$T/g_single12.safetensors" 5e-4  # [2.0e-4]
+  compare "gpt-mini: 2 ranks x 2 x accumulation 2 == 1 x 8" "$T/g_ddp2_accum2.safetensors" "$T/g_single8.safetensors" 1e-4  # [2.6e-5]
+  grep -h "exposed communication" "$T"/g_ddp2.out | head -1
+fi
+if shard 1; then
+  compare "mlp: 2 ranks x 16 == 1 x 32 (SGD)" "$T/m_ddp2.safetensors" "$T/m_single32.safetensors" 1e-7  # [3.0e-8]
+  compare "mlp: 2 ranks x 16 == 1 x 32 (AdamW)" "$T/ma_ddp2.safetensors" "$T/ma_single32.safetensors" 1.5e-6  # [4.0e-7]
+  compare "mlp: 3 ranks x 16 == 1 x 48 (AdamW)" "$T/ma_ddp3.safetensors" "$T/ma_single48.safetensors" 4e-5  # [1.4e-5]
+  # Plain SGD steps by lr * gradient, so unlike AdamW it sees a wrong gradient scale (the 1/k of
+  # accumulation, the 1/N of the average) or a lost bucket: those move parameters by ~1e-3, while
+  # rounding leaves 1.5e-8 (two ulps of fc2's weights); bound 5e-8.
+  buckets_used mp_ddp2 2 5 3
+  buckets_used mp_ddp3 3 5 3
+  compare "mlp: 2 ranks x 16 x accumulation 2, 4 buckets == 1 x 64 (plain SGD)" "$T/mp_ddp2.safetensors" "$T/mp_single64.safetensors" 5e-8
+  compare "mlp: 3 ranks x 16 x accumulation 2, 4 buckets == 1 x 96 (plain SGD)" "$T/mp_ddp3.safetensors" "$T/mp_single96.safetensors" 5e-8
+  norms_match "mlp: grad_norm of 2 ranks x 16 x 2 == of 1 x 64" "$T/mp_ddp2" "$T/mp_single64"
+  norms_match "mlp: grad_norm of 3 ranks x 16 x 2 == of 1 x 96" "$T/mp_ddp3" "$T/mp_single96"
+fi
+finish
