@@ -15,14 +15,11 @@
 # lr x |gradient| ~ 1e-3 per step: well beyond the f16 tolerance.
 # The bf16 single-process run also tracks the f32 run within 1e-2 (the half forward/backward
 # rounds each activation and gradient; measured ~3e-3).
-set -uo pipefail
-L="$TEST_SRCDIR/braid/launcher/launcher"
-TR="$TEST_SRCDIR/braid/launcher/train"
-CMP="$TEST_SRCDIR/braid/tests/testing/compare_weights.py"
-T="${TEST_TMPDIR:-$(mktemp -d)}/mp_eq"
-rm -rf "$T"; mkdir -p "$T"
-fails=0
-fail() { echo "FAIL $*"; fails=$((fails+1)); }
+#
+# Two shards (BUILD shard_count): fp16 (with its metrics, the exact resume and the refusals), and
+# bf16 (with the f32 run it tracks). No run is shared between them.
+source "$TEST_SRCDIR/braid/tests/distributed/lib.sh" mp_eq
+shards 2
 mlp_cfg() {  # FILE MICRO ACCUM STRATEGY STAGE PRECISION_SECTION [MORE]
   cat > "$1" <<CFG
 model { name: "mlp" }
@@ -37,25 +34,15 @@ ${7:-}
 CFG
   [ "$5" = 0 ] || echo "zero_optimization { stage: $5 }" >> "$1"
 }
-run_single() {  # NAME CFG
-  "$TR" --config="$2" --save_to="$T/$1.safetensors" --log_dir="$T/$1" > "$T/$1.out" 2>&1 ||
-    { fail "$1: single run exited $?"; tail -5 "$T/$1.out"; }
-}
-run_ranks() {  # NAME NPROC CFG
-  timeout 300 "$L" --nproc_per_node=$2 --log_dir="$T/$1.logs" -- --config="$3" \
-    --save_to="$T/$1.safetensors" --log_dir="$T/$1" > "$T/$1.out" 2>&1 ||
-    { fail "$1: launcher exited $?"; tail -15 "$T/$1.out"; }
-}
-compare() {  # NAME A B TOL
-  if /usr/bin/python3 "$CMP" "$2" "$3" "$4"; then echo "ok   $1"; else fail "$1"; fi
-}
 dtype_of() {  # FILE: the first tensor's safetensors dtype
   /usr/bin/python3 -c 'import json,struct,sys; f=open(sys.argv[1],"rb"); n=struct.unpack("<Q",f.read(8))[0]; h=json.loads(f.read(n)); print([v["dtype"] for k,v in h.items() if k!="__metadata__"][0])' "$1"
 }
 
 FP16='fp16 { enabled: true loss_scale: 0 initial_scale_power: 12 }'
 BF16='bf16 { enabled: true }'
-for prec in fp16 bf16; do
+# One precision: one process, then DDP and ZeRO 1/2/3 on 2 ranks, and DDP reducing in f32.
+precision() {  # fp16 | bf16
+  local prec=$1 SEC TOL WANT s name stage
   if [ $prec = fp16 ]; then SEC="$FP16"; TOL=2.5e-4; WANT=F16; else SEC="$BF16"; TOL=2e-3; WANT=BF16; fi
   mlp_cfg "$T/${prec}_single.pbtxt" 64 1 single 0 "$SEC"
   run_single "${prec}_single" "$T/${prec}_single.pbtxt"
@@ -75,21 +62,25 @@ for prec in fp16 bf16; do
   grep -q "gradients reduced in f32" "$T/${prec}_ddp_f32.out" || fail "$prec: f32 reduction not announced"
   compare "$prec ddp, f32 reduction, 2 ranks = one process" "$T/${prec}_ddp_f32.safetensors" \
     "$T/${prec}_single.safetensors" $TOL
-done
+}
 
 # bf16 tracks f32 (one process).
-mlp_cfg "$T/f32_single.pbtxt" 64 1 single 0 ""
-run_single f32_single "$T/f32_single.pbtxt"
-compare "bf16 one process tracks f32" "$T/bf16_single.safetensors" "$T/f32_single.safetensors" 1e-2
+bf16_tracks_f32() {
+  mlp_cfg "$T/f32_single.pbtxt" 64 1 single 0 ""
+  run_single f32_single "$T/f32_single.pbtxt"
+  compare "bf16 one process tracks f32" "$T/bf16_single.safetensors" "$T/f32_single.safetensors" 1e-2
+}
 
 # The metrics file carries the loss scale and skipped flag per step; the summary line the totals.
-m="$T/fp16_single/metrics.jsonl"
-[ -f "$m" ] || m=$(ls "$T"/fp16_single/*.jsonl 2>/dev/null | head -1)
-if grep -q '"loss_scale": 4096, "skipped": false' "$m" && grep -q '"skipped_steps": 0' "$m"; then
-  echo "ok   fp16 metrics carry loss_scale and skipped"
-else
-  fail "fp16 metrics lack loss_scale/skipped ($m)"; head -2 "$m"
-fi
+fp16_metrics() {
+  local m="$T/fp16_single/metrics.jsonl"
+  [ -f "$m" ] || m=$(ls "$T"/fp16_single/*.jsonl 2>/dev/null | head -1)
+  if grep -q '"loss_scale": 4096, "skipped": false' "$m" && grep -q '"skipped_steps": 0' "$m"; then
+    echo "ok   fp16 metrics carry loss_scale and skipped"
+  else
+    fail "fp16 metrics lack loss_scale/skipped ($m)"; head -2 "$m"
+  fi
+}
 
 # Exact resume in fp16: the f32 masters (optimizer state "master") and the loss scaler's state
 # (scale, hysteresis, window count) come back from the checkpoint, so 3 steps + resume 3 steps
@@ -97,30 +88,44 @@ fi
 # overflow f16: step 1 is skipped, the scale halves, two clean steps grow it back, step 4
 # overflows again; a resume after step 4 that forgot the scaler would start at 2^20 and skip
 # step 5 as well, which the uninterrupted run does not.
-RES='fp16 { enabled: true loss_scale: 0 initial_scale_power: 20 loss_scale_window: 2 hysteresis: 1 }'
-mlp_cfg "$T/res_whole.pbtxt" 32 1 ddp 0 "$RES" "checkpoint { dir: \"$T/ck_whole\" every_steps: 4 }"
-mlp_cfg "$T/res_split.pbtxt" 32 1 ddp 0 "$RES" "checkpoint { dir: \"$T/ck_split\" every_steps: 4 }"
-sed -i 's/^steps: 4/steps: 8/' "$T/res_whole.pbtxt" "$T/res_split.pbtxt"
-run_ranks res_whole 2 "$T/res_whole.pbtxt"
-timeout 300 "$L" --nproc_per_node=2 --log_dir="$T/res_a.logs" -- --config="$T/res_split.pbtxt" --steps=4 \
-  --log_dir="$T/res_a" > "$T/res_a.out" 2>&1 || fail "resume: first half exited $?"
-run_ranks res_split 2 "$T/res_split.pbtxt"
-grep -q "resumed from" "$T/res_split.out" || fail "resume: the second half did not resume"
-grep -qE "at the end, [2-7] of 8 steps skipped" "$T/res_whole.out" ||
-  { fail "resume: the whole run did not skip (and recover from) overflows as planned"; grep "steps skipped" "$T/res_whole.out"; }
-compare "fp16 ddp 4 steps + resume 4 = 8 steps, bitwise" "$T/res_split.safetensors" "$T/res_whole.safetensors" 0
+fp16_resume() {
+  local RES='fp16 { enabled: true loss_scale: 0 initial_scale_power: 20 loss_scale_window: 2 hysteresis: 1 }'
+  mlp_cfg "$T/res_whole.pbtxt" 32 1 ddp 0 "$RES" "checkpoint { dir: \"$T/ck_whole\" every_steps: 4 }"
+  mlp_cfg "$T/res_split.pbtxt" 32 1 ddp 0 "$RES" "checkpoint { dir: \"$T/ck_split\" every_steps: 4 }"
+  sed -i 's/^steps: 4/steps: 8/' "$T/res_whole.pbtxt" "$T/res_split.pbtxt"
+  run_ranks res_whole 2 "$T/res_whole.pbtxt"
+  bounded "$L" --nproc_per_node=2 --log_dir="$T/res_a.logs" -- --config="$T/res_split.pbtxt" --steps=4 \
+    --log_dir="$T/res_a" > "$T/res_a.out" 2>&1 || fail "resume: first half $(ended $?)"
+  run_ranks res_split 2 "$T/res_split.pbtxt"
+  grep -q "resumed from" "$T/res_split.out" || fail "resume: the second half did not resume"
+  grep -qE "at the end, [2-7] of 8 steps skipped" "$T/res_whole.out" ||
+    { fail "resume: the whole run did not skip (and recover from) overflows as planned"; grep "steps skipped" "$T/res_whole.out"; }
+  compare "fp16 ddp 4 steps + resume 4 = 8 steps, bitwise" "$T/res_split.safetensors" "$T/res_whole.safetensors" 0
+}
 
 # Refusals, one line each, before training.
 refuse() {  # NAME EXPECTED_SUBSTRING CONFIG_TEXT
   printf '%s\n' "$3" > "$T/$1.pbtxt"
-  if "$TR" --config="$T/$1.pbtxt" > "$T/$1.out" 2>&1; then fail "$1: accepted"; return; fi
+  if bounded "$TR" --config="$T/$1.pbtxt" > "$T/$1.out" 2>&1; then fail "$1: accepted"; return; fi
   grep -q -- "$2" "$T/$1.out" && echo "ok   refused: $1" || { fail "$1: message"; cat "$T/$1.out"; }
 }
-refuse fp32_comm_zero 'implemented by strategy "ddp" only' \
-  "model { name: \"mlp\" } data { dataset: \"mnist\" } strategy { name: \"zero\" } zero_optimization { stage: 2 } bf16 { enabled: true } communication_data_type: \"fp32\""
-refuse comm_without_half 'applies under fp16 or bf16 only' \
-  "model { name: \"mlp\" } data { dataset: \"mnist\" } communication_data_type: \"fp32\""
-refuse both_halves 'enable at most one' \
-  "model { name: \"mlp\" } data { dataset: \"mnist\" } bf16 { enabled: true } fp16 { enabled: true }"
+refusals() {
+  refuse fp32_comm_zero 'implemented by strategy "ddp" only' \
+    "model { name: \"mlp\" } data { dataset: \"mnist\" } strategy { name: \"zero\" } zero_optimization { stage: 2 } bf16 { enabled: true } communication_data_type: \"fp32\""
+  refuse comm_without_half 'applies under fp16 or bf16 only' \
+    "model { name: \"mlp\" } data { dataset: \"mnist\" } communication_data_type: \"fp32\""
+  refuse both_halves 'enable at most one' \
+    "model { name: \"mlp\" } data { dataset: \"mnist\" } bf16 { enabled: true } fp16 { enabled: true }"
+}
 
-[ "$fails" = 0 ] && echo PASS || { echo "$fails failure(s)"; exit 1; }
+if shard 0; then
+  precision fp16
+  fp16_metrics
+  fp16_resume
+  refusals
+fi
+if shard 1; then
+  precision bf16
+  bf16_tracks_f32
+fi
+finish
