@@ -69,11 +69,13 @@ PY
 # single run's, clipping off. The metrics file prints 6 significant digits (5e-6 relative each).
 norms_match() {  # NAME A_DIR B_DIR
   /usr/bin/python3 - "$2/metrics.jsonl" "$3/metrics.jsonl" <<'PY' || { fail "$1: grad_norm"; return; }
-import json, sys
+import json, math, sys
 def norms(path):
     return [json.loads(l)["grad_norm"] for l in open(path) if '"step"' in l]
 a, b = norms(sys.argv[1]), norms(sys.argv[2])
 assert len(a) == len(b) > 0, (a, b)
+# max() keeps a NaN only when it comes first: every norm must be finite before it is compared.
+assert all(math.isfinite(v) for v in a + b), (a, b)
 worst = max(abs(x - y) / y for x, y in zip(a, b))
 print(f"   grad_norm per step {a}; max relative difference {worst:.2e}")
 assert min(b) > 0 and worst <= 2e-5, (a, b)
