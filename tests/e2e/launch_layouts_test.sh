@@ -8,11 +8,11 @@
 #                that tree, as `bazel run //launcher` does;
 #   bazel_bin  - the same binary by a relative path from another folder (bazel-bin/launcher/launcher);
 #   installed  - a copy of the bazel-bin layout (launcher/, plugins/, backends/) with no runfiles.
-set -uo pipefail
+#
+# Each case's time is bounded by what is left of the target's own timeout (bounded, lib.sh).
+source "$TEST_SRCDIR/braid/tests/distributed/lib.sh" layouts
 src="$TEST_SRCDIR/braid"
-tmp="${TEST_TMPDIR:-$(mktemp -d)}/layouts"
-rm -rf "$tmp" && mkdir -p "$tmp"
-fails=0
+tmp="$T"
 config="$(readlink -f "$src/launcher/configs/gpt-mini-ddp.pbtxt")"
 # The checkout (through a source file of ours), for its data/ folder.
 data="$(dirname "$(dirname "$(dirname "$(readlink -f "$src/tests/e2e/BUILD")")")")/data"
@@ -41,7 +41,7 @@ run_case() {  # NAME DIR ORIGIN -- launcher command...
   local name=$1 dir=$2 origin=$3; shift 4
   local out="$tmp/$name"
   mkdir -p "$out"
-  (cd "$dir" && timeout 300 "${clean_env[@]}" BRAID_DATA_DIR="$data" "$@" --nproc_per_node=2 \
+  (cd "$dir" && bounded "${clean_env[@]}" BRAID_DATA_DIR="$data" "$@" --nproc_per_node=2 \
      --log_dir="$out/logs" --config="$config" --steps=2 > "$out/stdout" 2> "$out/stderr")
   local rc=$?
   if [ $rc = 0 ] && grep -q '^braid: done: ' "$out/stdout" && grep -q 'strategy ddp' "$out/stdout"; then
@@ -53,7 +53,7 @@ run_case() {  # NAME DIR ORIGIN -- launcher command...
       fails=$((fails + 1))
     fi
   else
-    echo "FAIL $name: exit code $rc"; tail -15 "$out/stdout" "$out/stderr" "$out"/logs/workerlog.* 2>/dev/null
+    echo "FAIL $name: $(ended $rc)"; tail -15 "$out/stdout" "$out/stderr" "$out"/logs/workerlog.* 2>/dev/null
     fails=$((fails + 1))
   fi
 }

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Bad input to the training program ends quickly with a message that names the thing and what to
 # do, and a non-zero exit: never a hang, never a crash.
-set -uo pipefail
-train="$TEST_SRCDIR/braid/launcher/train"
-tmp="${TEST_TMPDIR:-$(mktemp -d)}"
-fails=0
+# Each command's time is bounded by what is left of the target's own timeout (lib.sh): a hang
+# fails with the case named, before Bazel would kill the target.
+source "$TEST_SRCDIR/braid/tests/distributed/lib.sh" train_errors
+train="$TR"
+tmp="$T"
 expect() {  # expect NAME PATTERN -- command...
   local name=$1 pattern=$2; shift 3
   local out rc
-  out=$(timeout 60 "$@" 2>&1); rc=$?
-  if [ "$rc" = 0 ] || [ "$rc" = 124 ] || [ "$rc" -ge 128 ]; then
+  out=$(bounded "$@" 2>&1); rc=$?
+  if [ "$rc" = 0 ] || [ "$rc" = 124 ] || [ "$rc" = 125 ] || [ "$rc" -ge 128 ]; then
     echo "FAIL $name: exit code $rc (want a clean error exit)"; echo "$out" | tail -5; fails=$((fails+1))
   elif ! grep -qE "$pattern" <<<"$out"; then
     echo "FAIL $name: message does not match /$pattern/:"; echo "$out" | tail -5; fails=$((fails+1))
@@ -34,7 +35,7 @@ expect fp16-needs-a-strategy '^braid train: fp16 needs a strategy that provides 
 # message names them.
 zero_pattern='^braid train: zero_optimization \(stage 2\) needs a strategy that provides "zero2"; strategy "single" does not; use strategy.name "pipeline" \(plugin libbraid_pipeline\.so\) or "zero" \(plugin libbraid_zero\.so\)$'
 expect zero-needs-a-strategy "$zero_pattern" -- "$train" --config="$tmp/zero2.pbtxt" --log_dir="$tmp/l"
-zero_out=$(timeout 60 "$train" --config="$tmp/zero2.pbtxt" --log_dir="$tmp/l" 2>&1)
+zero_out=$(bounded "$train" --config="$tmp/zero2.pbtxt" --log_dir="$tmp/l" 2>&1)
 if [ "$(printf '%s\n' "$zero_out" | wc -l)" != 1 ]; then
   echo "FAIL zero-one-line: want one line, got:"; echo "$zero_out" | head -5; fails=$((fails+1))
 else

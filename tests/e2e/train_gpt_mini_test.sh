@@ -2,11 +2,13 @@
 # End to end: the launcher trains gpt-mini on Moby Dick for a few dozen steps through the real
 # program, plugin loading included; the loss must fall well below ln(256) = 5.55 and the run must
 # leave a complete metrics file and log.
-set -euo pipefail
-launcher="$TEST_SRCDIR/braid/launcher/launcher"
-out="${TEST_TMPDIR:-$(mktemp -d)}/run"
+# The run's time is bounded by the target's own timeout (lib.sh): a hang fails with its output.
+source "$TEST_SRCDIR/braid/tests/distributed/lib.sh" gpt_mini
+set -e
+launcher="$L"
+out="$T/run"
 steps=40
-"$launcher" --config="$TEST_SRCDIR/braid/launcher/configs/gpt-mini.pbtxt" --steps=$steps \
+bounded "$launcher" --config="$TEST_SRCDIR/braid/launcher/configs/gpt-mini.pbtxt" --steps=$steps \
   --log_dir="$out" > "$out.stdout" 2>&1 || { cat "$out.stdout"; echo "FAIL: training exited non-zero"; exit 1; }
 cat "$out.stdout"
 grep -q '^braid: done: ' "$out.stdout" || { echo "FAIL: no summary line"; exit 1; }

@@ -5,13 +5,11 @@
 # first and waits for node 0. Then node 1 alone gives up after --connect_timeout_s with one line
 # saying what it waited for. Only two things differ from a user's terminal: the port (held by
 # this test, handed over as $MASTER_PORT, so that parallel tests never collide) and --steps.
-set -uo pipefail
-L="$TEST_SRCDIR/braid/launcher/launcher"
-T="${TEST_TMPDIR:-$(mktemp -d)}/two_node_default"
-rm -rf "$T" && mkdir -p "$T/xdg" && chmod 700 "$T/xdg"
-fails=0
+#
+# The launchers' time is bounded by what is left of the target's own timeout (lib.sh).
+source "$TEST_SRCDIR/braid/tests/distributed/lib.sh" two_node_default
+mkdir -p "$T/xdg" && chmod 700 "$T/xdg"
 ok() { echo "ok   $1"; }
-fail() { echo "FAIL $1"; fails=$((fails + 1)); }
 expect_grep() {  # NAME PATTERN FILE
   if grep -qE -- "$2" "$3"; then ok "$1: /$2/"; else fail "$1: /$2/ not in $3:"; tail -20 "$3" | sed 's/^/     /'; fi
 }
@@ -24,9 +22,13 @@ trap 'kill -KILL ${n1:-} $holder 2>/dev/null' EXIT
 export XDG_RUNTIME_DIR="$T/xdg"
 unset BRAID_JOB_TOKEN MASTER_ADDR MASTER_PORT RANK WORLD_SIZE
 cd "$T"
-MASTER_PORT=${ports[0]} timeout 300 "$L" --nnodes=2 --node_rank=1 -- --steps=3 > node1.out 2> node1.err &
+# Both nodes share one deadline; node 1 runs under timeout(1) directly, so that $n1 is the pid the
+# trap must kill.
+both=$(time_left)
+[ "$both" -gt 0 ] || { fail "no time left in the target's budget"; finish; }
+MASTER_PORT=${ports[0]} timeout -k 10 "$both" "$L" --nnodes=2 --node_rank=1 -- --steps=3 > node1.out 2> node1.err &
 n1=$!
-MASTER_PORT=${ports[0]} timeout 300 "$L" --nnodes=2 --node_rank=0 -- --steps=3 > node0.out 2> node0.err
+MASTER_PORT=${ports[0]} timeout -k 10 "$both" "$L" --nnodes=2 --node_rank=0 -- --steps=3 > node0.out 2> node0.err
 rc0=$?
 wait $n1; rc1=$?
 [ $rc0 = 0 ] && ok "node 0: exit code 0" || { fail "node 0: exit code $rc0"; tail -20 node0.err; }
@@ -40,11 +42,11 @@ token_files=$(ls "$XDG_RUNTIME_DIR/braid" | grep -c "^job-token-127.0.0.1-${port
   ok "token file readable by its owner only" || fail "token file mode $(stat -c %a "$XDG_RUNTIME_DIR/braid/job-token-127.0.0.1-${ports[0]}")"
 
 # Node 1 alone: nobody serves the held port, so every connect is refused until the timeout.
-MASTER_PORT=${ports[1]} timeout 60 "$L" --nnodes=2 --node_rank=1 --connect_timeout_s=2 -- --steps=3 \
+MASTER_PORT=${ports[1]} bounded "$L" --nnodes=2 --node_rank=1 --connect_timeout_s=2 -- --steps=3 \
   > alone.out 2> alone.err
 rc=$?
 [ $rc = 2 ] && ok "node 1 alone: exit code 2" || fail "node 1 alone: exit code $rc, want 2"
 expect_grep "node 1 alone says what it waited for" "^braid launcher: node 1 cannot use the rendezvous store at 127\.0\.0\.1:${ports[1]}: could not connect to the Braid store at 127\.0\.0\.1:${ports[1]} within 2s .*The master \(node 0's launcher\) may be down or not started yet" alone.err
 n=$(grep -c "^braid launcher: node 1 cannot" alone.err)
 [ "$n" = 1 ] && ok "node 1 alone: one line" || fail "node 1 alone: $n error lines"
-[ "$fails" = 0 ] && echo PASS || { echo "$fails failure(s)"; exit 1; }
+finish
