@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/batch.h"
 #include "core/communicator.h"
 #include "core/mesh.h"
 #include "core/module.h"
@@ -26,11 +27,6 @@ namespace braid {
 namespace config {
 class TrainConfig;  // core/config/train_config.proto
 }  // namespace config
-
-struct Batch {
-  Tensor inputs;
-  Tensor targets;
-};
 
 // Computes the mean loss of `batch` under `model` (forward + loss), as a scalar.
 using LossFn = std::function<Tensor(Module& model, const Batch& batch)>;

@@ -8,9 +8,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "core/batch.h"
 #include "core/config/train_config.pb.h"
 #include "core/module.h"
-#include "core/strategy.h"
 
 namespace braid::launcher {
 

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/batch.h"
 #include "core/device.h"
-#include "core/strategy.h"
 #include "models/data/random.h"
 
 namespace braid::data {
