@@ -390,15 +390,17 @@ class SafetensorsCheckpointer : public Checkpointer {
   absl::Status Commit(Communicator& world) {
     pending_.active = false;
     // Everyone learns whether everyone wrote (a full disk on one rank fails the save everywhere):
-    // each rank sends its part of the index as text, or nothing when its write failed.
-    std::string mine;
+    // each rank sends its part of the index as text, or kFailed when its write failed (never an
+    // empty string: a zero-byte share of the all-gather is a case communicators need not handle).
+    constexpr char kFailed[] = "failed";
+    std::string mine = kFailed;
     if (pending_.write_status.ok()) {
       pending_.part.files[pending_.file] = {pending_.size, pending_.crc};
       mine = CheckpointIndexToJson(pending_.part);
     }
     BRAID_ASSIGN_OR_RETURN(std::vector<std::string> parts, AllGatherStrings(mine, world));
     for (size_t r = 0; r < parts.size(); ++r) {
-      if (parts[r].empty()) {
+      if (parts[r] == kFailed) {
         if (world.rank() == 0) RemoveTree(pending_.tmp);
         if (!pending_.write_status.ok()) return pending_.write_status;
         return Error(absl::StatusCode::kDataLoss,
