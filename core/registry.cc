@@ -144,6 +144,28 @@ absl::StatusOr<StrategyTraits> Registry::GetStrategyTraits(const std::string& na
   return it == strategy_traits_.end() ? StrategyTraits{} : it->second;
 }
 
+std::vector<std::string> ServedAxes(const StrategyTraits& traits) {
+  if (traits.axes.empty()) return {kAxisData};
+  return traits.axes;
+}
+
+std::vector<std::pair<std::string, std::string>> Registry::StrategiesServing(
+    const std::string& axis) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [name, traits] : strategy_traits_) {
+    auto entry = strategies_.entries.find(name);
+    if (entry == strategies_.entries.end()) continue;
+    for (const std::string& a : ServedAxes(traits)) {
+      if (a == axis) {
+        out.emplace_back(name, entry->second.origin);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 std::vector<std::pair<std::string, std::string>> Registry::StrategiesProviding(
     const std::string& feature) const {
   std::lock_guard<std::mutex> lock(mu_);

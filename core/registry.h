@@ -34,12 +34,30 @@ class ModelConfig;      // core/config/train_config.proto
 class OptimizerConfig;  // core/config/train_config.proto
 }  // namespace config
 
-// What a strategy implements beyond plain training: the features (config sections) it provides,
-// by the names of core/config/config.h ("fp16", "bf16", "zero1".."zero3",
-// "tensor_parallel"). Validation rejects a section the chosen strategy does not declare.
+// The mesh axes (core/mesh.h) a strategy can serve as one layer of a composed stack.
+inline constexpr char kAxisTensor[] = "tensor";
+inline constexpr char kAxisPipeline[] = "pipeline";
+inline constexpr char kAxisData[] = "data";
+
+// What a strategy implements beyond plain training, declared when it registers; the training
+// program composes its stack of layers from these, never from names.
 struct StrategyTraits {
+  // The features (config sections) it provides, by the names of core/config/config.h ("fp16",
+  // "bf16", "zero1".."zero3", "communication_data_type"). Validation rejects a section the
+  // chosen strategy does not declare.
   std::vector<std::string> features;
+  // The mesh axes it serves (kAxis*). Empty means {"data"}: a strategy that replicates or
+  // shards the training state over data-parallel ranks, which is what a user's own strategy
+  // usually is. A layer serving "tensor" takes the layer below it through Strategy::Wrap.
+  std::vector<std::string> axes;
+  // Empty when the strategy can be the layer below one that wraps it (tensor parallelism hands
+  // it this rank's slices of the model); otherwise the reason it cannot, for the message that
+  // refuses such a stack ("it keeps whole replicas of the model").
+  std::string cannot_be_wrapped;
 };
+
+// The axes `traits` serves, with the default filled in.
+std::vector<std::string> ServedAxes(const StrategyTraits& traits);
 
 // Problems a validation hook found, one message each, naming the field and its value
 // ("model.n_embd (250) is not a multiple of ..."); ValidateConfig reports them with the others.
@@ -120,6 +138,8 @@ class Registry {
   // origin of a plugin's strategy is the plugin file's path.
   std::vector<std::pair<std::string, std::string>> StrategiesProviding(
       const std::string& feature) const;
+  // Every registered strategy that serves mesh axis `axis` (ServedAxes), as (name, origin) pairs.
+  std::vector<std::pair<std::string, std::string>> StrategiesServing(const std::string& axis) const;
 
   // Models ("gpt-mini", registered by models/gpt), same rules. MakeModel builds `name` from
   // its validated config section.

@@ -18,6 +18,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/check.h"
 #include "core/config/config.h"
+#include "launcher/compose.h"
 #include "core/plugin.h"
 #include "core/registry.h"
 #include "launcher/programs.h"
@@ -122,6 +123,16 @@ absl::Status Run(const char* argv0) {
     return found;
   };
   catalog.searched = "strategy in the plugins on the search path";
+  // The stack of layers for the layout (launcher/compose.h): fills in the strategy of a config
+  // that names none, and refuses a layout no stack serves before any process trains.
+  const braid::launcher::LayerCatalog layers =
+      braid::launcher::PluginLayerCatalog(search_path, cfg.strategy().path());
+  catalog.compose = [&](int tensor, int pipeline, int data,
+                        const std::string& named) -> absl::StatusOr<std::string> {
+    BRAID_ASSIGN_OR_RETURN(braid::launcher::Stack stack,
+                           braid::launcher::ComposeStack(tensor, pipeline, data, named, layers));
+    return stack.state_holder();
+  };
   // optimizer.type may name an optimizer that a plugin registers ("Adam8bit" comes from
   // libbraid_adam8bit.so): load it before validation, which looks the name up in the registry.
   if (!cfg.optimizer().type().empty()) {

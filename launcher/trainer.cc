@@ -29,6 +29,7 @@
 #include "core/safetensors.h"
 #include "core/store.h"
 #include "launcher/batch_sources.h"
+#include "launcher/compose.h"
 #include "launcher/net.h"
 #include "launcher/run_report.h"
 #include "core/checkpointer.h"
@@ -174,18 +175,14 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
     const auto& p = cfg.parallel();
     BRAID_ASSIGN_OR_RETURN(mesh, DeviceMesh::Create(*group[0], {p.tensor(), p.pipeline(), p.data()}));
   }
+  // The stack of layers, one per mesh axis, chosen by their declared axes (launcher/compose.h).
   // Made after the communicators, so it goes before them: its own groups come from the world.
-  BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Strategy> strategy, Registry::Get().MakeStrategy(sname));
-  if (mesh != nullptr && mesh->shape().tensor > 1) {
-    // Tensor parallelism splits the layers and leaves the rest to the chosen strategy, which it
-    // wraps (plugins/tensor_parallel).
-    BRAID_RETURN_IF_ERROR(
-        EnsureStrategy("tensor_parallel", PluginSearchPath(env.plugin_search_path)));
-    BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Strategy> tp,
-                           Registry::Get().MakeStrategy("tensor_parallel"));
-    BRAID_RETURN_IF_ERROR(tp->Wrap(std::move(strategy)));
-    strategy = std::move(tp);
-  }
+  const MeshShape shape = mesh ? mesh->shape() : MeshShape{1, 1, env.world_size};
+  BRAID_ASSIGN_OR_RETURN(
+      const Stack stack,
+      ComposeStack(shape.tensor, shape.pipeline, shape.data, sname,
+                   PluginLayerCatalog(PluginSearchPath(env.plugin_search_path), cfg.strategy().path())));
+  BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Strategy> strategy, BuildStack(stack));
   StrategyContext ctx;
   ctx.mesh = mesh.get();
   ctx.comm = group[0].get();
@@ -310,7 +307,8 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
       "(micro-batch %d x %d accumulation x %d data-parallel rank(s)), %d thread(s)",
       cfg.model().name(), model->NumParameters(),
       mesh != nullptr && mesh->shape().tensor > 1 ? " on this rank" : "", cfg.data().dataset(),
-      sname, mesh != nullptr ? absl::StrCat(", layout ", mesh->shape().ToString()) : "", steps,
+      stack.layers.size() > 1 ? stack.Describe() : sname,
+      mesh != nullptr ? absl::StrCat(", layout ", mesh->shape().ToString()) : "", steps,
       tokens_per_step, unit, cfg.train_micro_batch_size_per_gpu(), accum, strategy->data_parallel_size(),
       cfg.threads()));
 

@@ -326,7 +326,7 @@ void CheckModelAndData(Checker& c, TrainConfig* cfg) {
   }
 }
 
-void CheckRun(Checker& c, TrainConfig* cfg, int dp) {
+void CheckRun(Checker& c, TrainConfig* cfg, int dp, bool layout_ok, const StrategyCatalog& catalog) {
   if (!cfg->has_steps()) cfg->set_steps(kDefaultSteps);
   c.Positive("steps", cfg->steps());
   if (!cfg->has_gradient_clipping()) cfg->set_gradient_clipping(0);
@@ -339,15 +339,18 @@ void CheckRun(Checker& c, TrainConfig* cfg, int dp) {
                            ") is set but strategy.name is "
                            "not; name the strategy that the plugin registers"));
     }
-    // The default trains on any world size: one process alone, data parallel otherwise (the
-    // training program prints the strategy it runs with at start).
-    s->set_name(DefaultStrategyName(dp));
   }
-  if (s->name() == "single" && dp > 1) {
-    c.Error(
-        absl::StrCat("strategy.name \"single\" trains one process, but the data-parallel size "
-                     "is ",
-                     dp, "; set strategy.name to a data-parallel strategy"));
+  // The composer fills in the strategy of a config that names none (the training program
+  // prints the stack it runs with at start) and refuses a layout no stack serves.
+  if (catalog.compose && layout_ok && (!s->name().empty() || s->path().empty())) {
+    const ParallelConfig& p = cfg->parallel();
+    absl::StatusOr<std::string> chosen = catalog.compose(
+        cfg->has_parallel() ? p.tensor() : 1, cfg->has_parallel() ? p.pipeline() : 1, dp, s->name());
+    if (chosen.ok()) {
+      s->set_name(*chosen);
+    } else {
+      c.Error(std::string(chosen.status().message()));
+    }
   }
 
   std::string* device = cfg->mutable_device();
@@ -419,9 +422,10 @@ absl::Status ValidateConfigWith(TrainConfig* cfg, int data_parallel_size,
     cfg->mutable_optimizer()->mutable_params()->set_lr(sched.params().warmup_max_lr());
   }
   Checker c;
-  const int dp = CheckParallel(c, cfg, data_parallel_size);
+  bool layout_ok = false;
+  const int dp = CheckParallel(c, cfg, data_parallel_size, &layout_ok);
   CheckBatch(c, cfg, dp);
-  CheckRun(c, cfg, dp);
+  CheckRun(c, cfg, dp, layout_ok, strategies);
   CheckOptimizer(c, cfg);
   CheckScheduler(c, cfg);
   CheckFeatures(c, cfg, strategies);

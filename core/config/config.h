@@ -38,6 +38,8 @@ std::string ConfigToJson(const TrainConfig& cfg);
 // Names of plugin-provided features, as listed in ValidateConfig's `available_features`.
 inline constexpr char kFeatureFp16[] = "fp16";
 inline constexpr char kFeatureBf16[] = "bf16";
+// communication_data_type "fp32": gradients reduced in f32 under fp16/bf16.
+inline constexpr char kFeatureCommFp32[] = "communication_data_type";
 // ZeRO stage N (1..3) is the feature "zeroN".
 std::string ZeroFeatureName(int stage);
 
@@ -45,8 +47,6 @@ std::string ZeroFeatureName(int stage);
 // not one: the training program applies it under every strategy.
 std::vector<std::string> RequestedFeatures(const TrainConfig& cfg);
 
-// The strategy of a config that names none: "single" for one process, "ddp" for more.
-std::string DefaultStrategyName(int data_parallel_size);
 
 // A strategy that declares a feature, for the message when the chosen one does not.
 struct FeatureProvider {
@@ -59,9 +59,17 @@ struct FeatureProviders {
   std::vector<std::string> unloadable;
 };
 
-// What validation asks about strategies. Both are called only when the config requests a
-// feature section, with strategy.name after its default is filled in.
+// What validation asks about strategies. features_of and providers_of are called only when the
+// config requests a feature section, with strategy.name after compose has filled it in.
 struct StrategyCatalog {
+  // The composer (the training program's): given the layout (tensor, pipeline and data sizes,
+  // validated) and the strategy the config names (empty: none), the strategy that holds the
+  // training state — the one the feature sections are checked against and strategy.name is
+  // set to — or why no stack of layers serves that layout (a problem of strategy.name, naming
+  // the layers). Null: strategy.name is kept as it is.
+  std::function<absl::StatusOr<std::string>(int tensor, int pipeline, int data,
+                                            const std::string& named)>
+      compose;
   // The features strategy `name` declares (may load its plugin). An error is reported as a
   // problem of strategy.name.
   std::function<absl::StatusOr<std::vector<std::string>>(const std::string& name)> features_of;

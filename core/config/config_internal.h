@@ -108,7 +108,8 @@ inline bool Has(const std::vector<std::string>& features, const std::string& nam
 
 // The checks that ValidateConfigWith (config.cc) runs and config_strategy.cc defines: the
 // parallel layout (returns the data-parallel size) and the feature sections.
-int CheckParallel(Checker& c, TrainConfig* cfg, int world);
+// `layout_ok`: false when the section is inconsistent (the composer is then not asked).
+int CheckParallel(Checker& c, TrainConfig* cfg, int world, bool* layout_ok);
 void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog);
 
 }  // namespace braid::config::internal

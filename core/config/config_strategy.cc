@@ -1,8 +1,10 @@
 // The strategy side of validation: the parallel layout against the world size, and the
 // feature sections (fp16, bf16, zero_optimization) against what the chosen strategy declares
-// (StrategyTraits, possibly from a plugin); also the feature names and the default strategy
-// (ZeroFeatureName, RequestedFeatures, DefaultStrategyName). Separate from the other section
-// checks (config.cc) because these are the ones that ask about strategies.
+// (StrategyTraits, possibly from a plugin); also the feature names (ZeroFeatureName,
+// RequestedFeatures). Separate from the other section checks (config.cc) because these are the
+// ones that ask about strategies. No strategy is known here by name: which strategies serve a
+// layout is the composer's answer (StrategyCatalog::compose), and what a strategy implements its
+// declared features'.
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,11 +32,12 @@ std::string DescribeOrigin(const std::string& origin) {
 // when a section needs a feature (so a config without one loads no plugin to be validated).
 class FeatureCheck {
  public:
-  FeatureCheck(Checker& c, const StrategyCatalog& catalog, const std::string& strategy)
-      : c_(c), catalog_(catalog), strategy_(strategy) {}
+  FeatureCheck(Checker& c, const StrategyCatalog& catalog, const std::string& strategy,
+               const std::string& path)
+      : c_(c), catalog_(catalog), strategy_(strategy), path_(path) {}
 
   void Require(const std::string& section, const std::string& feature) {
-    if (strategy_.empty()) return;  // strategy.path without a name: reported with strategy
+    if (strategy_.empty() && !path_.empty()) return;  // a path without a name: reported there
     if (!asked_) {
       asked_ = true;
       absl::StatusOr<std::vector<std::string>> features = std::vector<std::string>();
@@ -75,7 +78,7 @@ class FeatureCheck {
  private:
   Checker& c_;
   const StrategyCatalog& catalog_;
-  const std::string strategy_;
+  const std::string strategy_, path_;
   bool asked_ = false, unknown_ = false;
   std::vector<std::string> features_;
 };
@@ -83,7 +86,7 @@ class FeatureCheck {
 }  // namespace
 
 void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog) {
-  FeatureCheck features(c, catalog, cfg->strategy().name());
+  FeatureCheck features(c, catalog, cfg->strategy().name(), cfg->strategy().path());
   if (cfg->fp16().enabled()) {
     features.Require("fp16", kFeatureFp16);
     Fp16Config* f = cfg->mutable_fp16();
@@ -117,9 +120,8 @@ void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog)
   } else if (comm_dtype == "fp32" && half.empty()) {
     c.Error("communication_data_type \"fp32\" applies under fp16 or bf16 only (gradients are "
             "already f32 without them); remove it or enable one");
-  } else if (comm_dtype == "fp32" && cfg->strategy().name() != "ddp") {
-    c.Error(absl::StrCat("communication_data_type \"fp32\" is implemented by strategy \"ddp\" only, not ",
-                         Quoted(cfg->strategy().name()), "; remove it to reduce in ", half));
+  } else if (comm_dtype == "fp32") {
+    features.Require("communication_data_type \"fp32\"", kFeatureCommFp32);
   }
 
   const ZeroOptimizationConfig& z = cfg->zero_optimization();
@@ -162,8 +164,12 @@ void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog)
 
 // The parallel section against the world size: fills in data, and returns the data-parallel
 // size (the world size when there is no section). Impossible layouts are one line each.
-int CheckParallel(Checker& c, TrainConfig* cfg, int world) {
-  if (!cfg->has_parallel()) return world;
+int CheckParallel(Checker& c, TrainConfig* cfg, int world, bool* layout_ok) {
+  *layout_ok = false;
+  if (!cfg->has_parallel()) {
+    *layout_ok = true;
+    return world;
+  }
   ParallelConfig* p = cfg->mutable_parallel();
   if (!p->has_tensor()) p->set_tensor(1);
   if (!p->has_pipeline()) p->set_pipeline(1);
@@ -187,28 +193,14 @@ int CheckParallel(Checker& c, TrainConfig* cfg, int world) {
                          world, " processes; make the product equal the number of processes"));
     return world;
   }
-  StrategyConfig* s = cfg->mutable_strategy();
-  if (p->pipeline() > 1) {
-    if (s->name().empty()) s->set_name("pipeline");
-    auto stages = s->options().find("stages");
-    if (stages != s->options().end() && stages->second != absl::StrCat(p->pipeline())) {
-      c.Error(absl::StrCat("strategy.options stages (", stages->second,
-                           ") disagrees with parallel.pipeline (", p->pipeline(),
-                           "); give the stage count once, in parallel.pipeline"));
-    }
-    (*s->mutable_options())["stages"] = absl::StrCat(p->pipeline());
-  }
+  *layout_ok = true;
+  // Which layers serve these axes is the composer's question (StrategyCatalog::compose), asked
+  // with the strategy's name; the strategy's options are passed on as written.
   if (p->sequence_parallel() && p->tensor() == 1) {
     c.Error("parallel.sequence_parallel splits activations over the tensor-parallel group, but "
             "parallel.tensor is 1; set parallel.tensor > 1 or turn it off");
   }
   if (p->tensor() > 1) {
-    const std::string& name = s->name();
-    if (name == "dp" || name == "paramserver") {
-      c.Error(absl::StrCat("strategy.name ", Quoted(name),
-                           " cannot run under tensor parallelism (it keeps whole replicas); use "
-                           "\"ddp\", \"zero\" or \"pipeline\""));
-    }
     if (cfg->zero_optimization().stage() == 3) {
       c.Error("zero_optimization.stage 3 with parallel.tensor > 1 is not supported: tensor "
               "parallelism slices each parameter from its full initial value; use stage 1 or 2");
@@ -233,10 +225,6 @@ std::vector<std::string> RequestedFeatures(const TrainConfig& cfg) {
   const int stage = cfg.zero_optimization().stage();
   if (stage >= 1 && stage <= 3) features.push_back(ZeroFeatureName(stage));
   return features;
-}
-
-std::string DefaultStrategyName(int data_parallel_size) {
-  return data_parallel_size > 1 ? "ddp" : "single";
 }
 
 }  // namespace braid::config

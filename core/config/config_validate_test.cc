@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/config/config_test_util.h"
+#include "core/registry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -21,11 +22,36 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using test_util::Text;
 
-// The message of ValidateConfig on `text`, "" if it passes.
+// A double of the training program's composer (launcher/compose.h, tested there): the named
+// strategy, or for a config that names none the pipeline on a pipeline layout, else "ddp" for
+// several data-parallel ranks and "single" for one.
+std::string ComposeDouble(int tensor, int pipeline, int data, const std::string& named) {
+  if (!named.empty()) return named;
+  return pipeline > 1 ? "pipeline" : data > 1 ? "ddp" : "single";
+}
+
+// ValidateConfig with the composer double: `features` are the chosen strategy's.
+absl::Status Validate(TrainConfig* cfg, int dp, const std::vector<std::string>& features) {
+  StrategyCatalog catalog;
+  catalog.features_of = [&](const std::string&) { return features; };
+  catalog.providers_of = [](const std::string& feature) {  // those registered so far
+    FeatureProviders found;
+    for (auto& [name, origin] : Registry::Get().StrategiesProviding(feature)) {
+      found.strategies.push_back({name, origin});
+    }
+    return found;
+  };
+  catalog.compose = [](int t, int p, int d, const std::string& named) -> absl::StatusOr<std::string> {
+    return ComposeDouble(t, p, d, named);
+  };
+  return ValidateConfigWith(cfg, dp, catalog);
+}
+
+// The message of Validate on `text`, "" if it passes.
 std::string ValidationError(const std::string& text, int dp = 1,
                             const std::vector<std::string>& features = {}) {
   TrainConfig cfg = Text(text);
-  absl::Status st = ValidateConfig(&cfg, dp, features);
+  absl::Status st = Validate(&cfg, dp, features);
   return st.ok() ? "" : std::string(st.message());
 }
 
@@ -33,7 +59,7 @@ std::string ValidationError(const std::string& text, int dp = 1,
 
 TEST(ConfigValidate, EmptyConfigIsTheReferenceRun) {
   TrainConfig cfg;
-  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  ASSERT_TRUE(Validate(&cfg, 1, {}).ok());
   // Values from docs/REFERENCE_RUN.md.
   EXPECT_EQ(cfg.train_micro_batch_size_per_gpu(), 16);
   EXPECT_EQ(cfg.gradient_accumulation_steps(), 1);
@@ -85,7 +111,7 @@ TEST(ConfigValidate, DerivesBatchSizes) {
     SCOPED_TRACE(testing::Message() << c.text << " dp=" << c.dp);
     TrainConfig cfg = Text(c.text);
     if (c.dp > 1) cfg.mutable_strategy()->set_name("ddp");
-    absl::Status st = ValidateConfig(&cfg, c.dp, {});
+    absl::Status st = Validate(&cfg, c.dp, {});
     ASSERT_TRUE(st.ok()) << st;
     EXPECT_EQ(cfg.train_batch_size(), c.total);
     EXPECT_EQ(cfg.train_micro_batch_size_per_gpu(), c.micro);
@@ -169,7 +195,7 @@ TEST(ConfigValidate, NamesAreCaseInsensitiveAndStoredCanonical) {
                               model { name: "TOY-Lm" }
                               data { dataset: "Toy-Bytes" }
                               device: "cuda")pb");
-  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  ASSERT_TRUE(Validate(&cfg, 1, {}).ok());
   EXPECT_EQ(cfg.optimizer().type(), "AdamW");
   EXPECT_EQ(cfg.scheduler().type(), "WarmupCosine");
   EXPECT_EQ(cfg.model().name(), "toy-lm");
@@ -200,7 +226,7 @@ TEST(ConfigValidate, OptimizerParamsBelongToTheirOptimizer) {
               HasSubstr("optimizer.params.momentum (1)"));
 
   TrainConfig cfg = Text("optimizer { type: \"SGD\" params { momentum: 0.9 nesterov: true } }");
-  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  ASSERT_TRUE(Validate(&cfg, 1, {}).ok());
   EXPECT_DOUBLE_EQ(cfg.optimizer().params().weight_decay(), 0.0);
   EXPECT_EQ(cfg.optimizer().params().betas_size(), 0);
 }
@@ -212,7 +238,7 @@ TEST(ConfigValidate, Scheduler) {
                                 type: "WarmupCosine"
                                 params { warmup_num_steps: 30 }
                               })pb");
-  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  ASSERT_TRUE(Validate(&cfg, 1, {}).ok());
   const SchedulerParams& p = cfg.scheduler().params();
   EXPECT_EQ(p.total_num_steps(), 300);
   EXPECT_DOUBLE_EQ(p.warmup_max_lr(), 6e-4);
@@ -221,7 +247,7 @@ TEST(ConfigValidate, Scheduler) {
 
   // The peak rate alone sets the optimizer's rate.
   cfg = Text("scheduler { type: \"WarmupCosine\" params { warmup_max_lr: 3e-4 } }");
-  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  ASSERT_TRUE(Validate(&cfg, 1, {}).ok());
   EXPECT_DOUBLE_EQ(cfg.optimizer().params().lr(), 3e-4);
 
   EXPECT_THAT(
@@ -279,7 +305,7 @@ TEST(ConfigValidate, FeatureSectionsNeedAStrategyThatProvidesThem) {
               HasSubstr("enable at most one"));
 
   TrainConfig cfg = Text("fp16 { enabled: true initial_scale_power: 12 }");
-  ASSERT_TRUE(ValidateConfig(&cfg, 1, {kFeatureFp16}).ok());
+  ASSERT_TRUE(Validate(&cfg, 1, {kFeatureFp16}).ok());
   EXPECT_EQ(cfg.fp16().initial_scale_power(), 12);
   EXPECT_DOUBLE_EQ(cfg.fp16().loss_scale(), 0.0);  // dynamic, DeepSpeed's default
   EXPECT_EQ(cfg.fp16().hysteresis(), 2);
@@ -288,7 +314,7 @@ TEST(ConfigValidate, FeatureSectionsNeedAStrategyThatProvidesThem) {
   auto json = ParseJsonConfig(R"({"fp16": {"enabled": true, "loss_scale": 0, "hysteresis": 3,
       "consecutive_hysteresis": true, "min_loss_scale": 1}})", "ds.json");
   ASSERT_TRUE(json.ok()) << json.status();
-  ASSERT_TRUE(ValidateConfig(&*json, 1, {kFeatureFp16}).ok());
+  ASSERT_TRUE(Validate(&*json, 1, {kFeatureFp16}).ok());
   EXPECT_TRUE(json->fp16().consecutive_hysteresis());
   EXPECT_EQ(json->fp16().hysteresis(), 3);
 }
@@ -321,7 +347,7 @@ TEST(ConfigValidate, ActivationCheckpointingNeedsNoStrategyFeature) {
   EXPECT_EQ(ValidationError("activation_checkpointing { }", 2), "");
 
   TrainConfig cfg = Text("activation_checkpointing { policy: \"Every_Block\" }");
-  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  ASSERT_TRUE(Validate(&cfg, 1, {}).ok());
   EXPECT_EQ(cfg.activation_checkpointing().policy(), "every_block");
   EXPECT_EQ(ValidationError("activation_checkpointing { policy: \"every_k\" every_k: 2 }"), "");
   EXPECT_EQ(ValidationError("activation_checkpointing { policy: \"attention\" }"), "");
@@ -355,7 +381,7 @@ TEST(ConfigValidate, ActivationCheckpointingNeedsNoStrategyFeature) {
       "synchronize_checkpoint_boundary": false, "profile": false, "policy": "every_k",
       "every_k": 3}})", "ds.json");
   ASSERT_TRUE(json.ok()) << json.status();
-  EXPECT_TRUE(ValidateConfig(&*json, 1, {}).ok());
+  EXPECT_TRUE(Validate(&*json, 1, {}).ok());
   EXPECT_EQ(json->activation_checkpointing().every_k(), 3);
   EXPECT_EQ(json->activation_checkpointing().number_checkpoints(), 4);
 }
@@ -380,6 +406,9 @@ TEST(ConfigValidate, CatalogIsAskedOnlyForFeaturesWithTheFinalStrategyName) {
     return found;
   };
   catalog.searched = "strategy in the plugins on the search path";
+  catalog.compose = [](int t, int p, int d, const std::string& named) -> absl::StatusOr<std::string> {
+    return ComposeDouble(t, p, d, named);
+  };
   auto validate = [&](const std::string& text, int dp) {
     TrainConfig cfg = Text(text);
     absl::Status st = ValidateConfigWith(&cfg, dp, catalog);
@@ -420,7 +449,7 @@ TEST(ConfigValidate, CatalogIsAskedOnlyForFeaturesWithTheFinalStrategyName) {
 TEST(ConfigValidate, ModelAndDataAgainstTheirRegistrations) {
   // The model's hook: its defaults and its rules.
   TrainConfig cfg;
-  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  ASSERT_TRUE(Validate(&cfg, 1, {}).ok());
   EXPECT_EQ(cfg.model().n_head(), 4);
   EXPECT_EQ(cfg.model().n_embd(), 256);
   EXPECT_FALSE(cfg.model().has_n_layer());
@@ -460,10 +489,10 @@ TEST(ConfigValidate, ModelAndDataAgainstTheirRegistrations) {
   EXPECT_EQ(ValidationError("data { dataset: \"toy-tokens\" }"),
             "data.path is empty: data.dataset \"toy-tokens\" needs the token file's path");
   cfg = Text("data { dataset: \"toy-tokens\" path: \"x\" }");
-  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  ASSERT_TRUE(Validate(&cfg, 1, {}).ok());
   EXPECT_EQ(cfg.data().token_dtype(), "u16");
   cfg = Text("data { dataset: \"toy-tokens\" path: \"x\" token_dtype: \"U8\" }");
-  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  ASSERT_TRUE(Validate(&cfg, 1, {}).ok());
   EXPECT_EQ(cfg.data().token_dtype(), "u8");
 }
 
@@ -471,11 +500,9 @@ TEST(ConfigValidate, Strategy) {
   // No strategy named: one process trains alone, several data-parallel with ddp.
   for (auto [dp, want] : {std::pair<int, const char*>{1, "single"}, {2, "ddp"}, {3, "ddp"}}) {
     TrainConfig cfg;
-    ASSERT_TRUE(ValidateConfig(&cfg, dp, {}).ok());
+    ASSERT_TRUE(Validate(&cfg, dp, {}).ok());
     EXPECT_EQ(cfg.strategy().name(), want) << "data-parallel size " << dp;
   }
-  EXPECT_THAT(ValidationError("strategy { name: \"single\" }", 2),
-              AllOf(HasSubstr("strategy.name \"single\""), HasSubstr("data-parallel size is 2")));
   EXPECT_EQ(ValidationError("strategy { name: \"ddp\" }", 2), "");
   EXPECT_THAT(ValidationError("strategy { path: \"/p/libx.so\" }"),
               AllOf(HasSubstr("strategy.path (\"/p/libx.so\")"), HasSubstr("strategy.name")));
@@ -488,14 +515,15 @@ TEST(ConfigValidate, Strategy) {
 TEST(ConfigValidate, ParallelLayout) {
   TrainConfig cfg = Text("parallel { tensor: 2 pipeline: 2 } train_micro_batch_size_per_gpu: 4 "
                          "gradient_accumulation_steps: 2");
-  ASSERT_TRUE(ValidateConfig(&cfg, 8, {}).ok());
+  ASSERT_TRUE(Validate(&cfg, 8, {}).ok());
   EXPECT_EQ(cfg.parallel().data(), 2);
   EXPECT_EQ(cfg.train_batch_size(), 4 * 2 * 2);  // data-parallel size 2, not 8 processes
   EXPECT_EQ(cfg.strategy().name(), "pipeline");
-  EXPECT_EQ(cfg.strategy().options().at("stages"), "2");
+  // The strategy's options pass on as written: the stage count is the mesh's, not an option.
+  EXPECT_TRUE(cfg.strategy().options().empty());
 
   TrainConfig tp = Text("parallel { tensor: 2 }");
-  ASSERT_TRUE(ValidateConfig(&tp, 2, {}).ok());
+  ASSERT_TRUE(Validate(&tp, 2, {}).ok());
   EXPECT_EQ(tp.strategy().name(), "single");  // one data-parallel replica
   EXPECT_EQ(tp.parallel().pipeline(), 1);
 
@@ -508,11 +536,15 @@ TEST(ConfigValidate, ParallelLayout) {
   EXPECT_THAT(ValidationError("parallel { tensor: 0 }", 2), HasSubstr("parallel.tensor (0)"));
   EXPECT_THAT(ValidationError("parallel { sequence_parallel: true }", 2),
               HasSubstr("parallel.sequence_parallel splits activations"));
-  EXPECT_THAT(ValidationError("parallel { pipeline: 2 } strategy { name: \"pipeline\" "
-                              "options { key: \"stages\" value: \"4\" } }", 2),
-              HasSubstr("strategy.options stages (4) disagrees with parallel.pipeline (2)"));
-  EXPECT_THAT(ValidationError("parallel { tensor: 2 } strategy { name: \"dp\" }", 2),
-              HasSubstr("cannot run under tensor parallelism"));
+  // Which layers serve the layout is the composer's answer, reported as a problem of the config.
+  TrainConfig refused = Text("parallel { pipeline: 2 } strategy { name: \"mine\" }");
+  StrategyCatalog catalog;
+  catalog.compose = [](int t, int p, int d, const std::string& named) -> absl::StatusOr<std::string> {
+    return absl::InvalidArgumentError(absl::StrCat("layers \"pipeline\" and \"", named, "\" do not stack (",
+                                                   t, "x", p, "x", d, ")"));
+  };
+  EXPECT_EQ(ValidateConfigWith(&refused, 4, catalog).message(),
+            "layers \"pipeline\" and \"mine\" do not stack (1x2x2)");
   EXPECT_THAT(ValidationError("parallel { tensor: 2 } strategy { name: \"zero\" } "
                               "zero_optimization { stage: 3 }", 2, {"zero3"}),
               HasSubstr("zero_optimization.stage 3 with parallel.tensor > 1 is not supported"));
@@ -524,7 +556,7 @@ TEST(ConfigValidate, ParallelLayout) {
 // f32 reduction by DDP only.
 TEST(ConfigValidate, CommunicationDataType) {
   EXPECT_EQ(ValidationError("bf16 { enabled: true } communication_data_type: \"fp32\" "
-                            "strategy { name: \"ddp\" }", 2, {kFeatureBf16}),
+                            "strategy { name: \"ddp\" }", 2, {kFeatureBf16, kFeatureCommFp32}),
             "");
   EXPECT_EQ(ValidationError("fp16 { enabled: true } communication_data_type: \"fp16\"", 1,
                             {kFeatureFp16}),
@@ -537,7 +569,8 @@ TEST(ConfigValidate, CommunicationDataType) {
   EXPECT_THAT(ValidationError("bf16 { enabled: true } communication_data_type: \"fp32\" "
                               "strategy { name: \"zero\" } zero_optimization { stage: 1 }",
                               2, {kFeatureBf16, "zero1"}),
-              HasSubstr("implemented by strategy \"ddp\" only, not \"zero\""));
+              HasSubstr("communication_data_type \"fp32\" needs a strategy that provides "
+                        "\"communication_data_type\"; strategy \"zero\" does not"));
 }
 
 // DeepSpeed's offload sections: the devices Braid has, and pin_memory refused until something
@@ -560,13 +593,13 @@ TEST(ConfigValidate, ZeroOffload) {
   auto json = ParseJsonConfig(R"({"zero_optimization": {"stage": 0,
       "offload_optimizer": {"device": "cpu", "pin_memory": true}}})", "ds.json");
   ASSERT_TRUE(json.ok()) << json.status();
-  EXPECT_THAT(std::string(ValidateConfig(&*json, 1, {}).message()),
+  EXPECT_THAT(std::string(Validate(&*json, 1, {}).message()),
               HasSubstr("zero_optimization.offload_optimizer.pin_memory: true"));
 }
 
 TEST(ConfigValidate, CheckpointSection) {
   TrainConfig cfg = Text("checkpoint { dir: \"runs/x\" }");
-  ASSERT_TRUE(ValidateConfig(&cfg, 1, {}).ok());
+  ASSERT_TRUE(Validate(&cfg, 1, {}).ok());
   EXPECT_EQ(cfg.checkpoint().every_steps(), 0);
   EXPECT_EQ(cfg.checkpoint().keep_last(), 2);
   EXPECT_TRUE(cfg.checkpoint().resume());
@@ -584,7 +617,7 @@ TEST(ConfigValidate, ReportsEveryProblemAtOnce) {
 
 TEST(ConfigValidate, RejectsBadDataParallelSize) {
   TrainConfig cfg;
-  EXPECT_THAT(std::string(ValidateConfig(&cfg, 0, {}).message()),
+  EXPECT_THAT(std::string(Validate(&cfg, 0, {}).message()),
               HasSubstr("data-parallel size (0)"));
 }
 

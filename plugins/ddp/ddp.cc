@@ -484,6 +484,7 @@ void DdpStrategy::WriteTrace() {
 BRAID_PLUGIN(registry) {
   absl::Status s = registry->AddStrategy(
       braid::ddp::kName, [] { return std::make_unique<braid::ddp::DdpStrategy>(); },
-      braid::StrategyTraits{{"fp16", "bf16"}});  // half parameters: core/mixed_precision.h
+      // Half parameters (core/mixed_precision.h), and their gradients reduced in f32 on request.
+      braid::StrategyTraits{{"fp16", "bf16", "communication_data_type"}});
   return s.ok() ? 0 : 1;
 }

@@ -527,6 +527,8 @@ class DataParallelStrategy final : public Strategy {
 
 BRAID_PLUGIN(registry) {
   absl::Status s = registry->AddStrategy(
-      braid::dp::kName, [] { return std::make_unique<braid::dp::DataParallelStrategy>(); });
+      braid::dp::kName, [] { return std::make_unique<braid::dp::DataParallelStrategy>(); },
+      braid::StrategyTraits{{}, {braid::kAxisData},
+                            "it keeps whole replicas of the model, one per device"});
   return s.ok() ? 0 : 1;
 }

@@ -573,6 +573,7 @@ absl::StatusOr<std::map<std::string, Tensor>> ParamServerStrategy::FullStateDict
 
 BRAID_PLUGIN(registry) {
   absl::Status s = registry->AddStrategy(
-      "paramserver", [] { return std::make_unique<braid::paramserver::ParamServerStrategy>(); });
+      "paramserver", [] { return std::make_unique<braid::paramserver::ParamServerStrategy>(); },
+      braid::StrategyTraits{{}, {braid::kAxisData}, "its server keeps the whole model"});
   return s.ok() ? 0 : 1;
 }

@@ -18,7 +18,8 @@ absl::Status Invalid(const std::string& msg) {
 
 }  // namespace
 
-absl::StatusOr<Options> ParseOptions(const std::map<std::string, std::string>& options) {
+absl::StatusOr<Options> ParseOptions(const std::map<std::string, std::string>& options,
+                                     int mesh_stages) {
   Options o;
   for (const auto& [k, v] : options) {
     if (k == "stages") {
@@ -50,7 +51,17 @@ absl::StatusOr<Options> ParseOptions(const std::map<std::string, std::string>& o
                                   "split_backward)"));
     }
   }
-  if (o.stages == 0) return Invalid("option stages is missing: how many pipeline stages?");
+  if (mesh_stages > 0) {
+    // The mesh is the one description of the layout; the option is for runs without one.
+    if (o.stages != 0 && o.stages != mesh_stages) {
+      return Invalid(absl::StrCat("option stages (", o.stages, ") disagrees with parallel.pipeline (",
+                                  mesh_stages, "); give the stage count once, in parallel.pipeline"));
+    }
+    o.stages = mesh_stages;
+  }
+  if (o.stages == 0) {
+    return Invalid("option stages is missing: how many pipeline stages? (set parallel.pipeline)");
+  }
   if (o.schedule != "interleaved" && o.chunks != 1) {
     return Invalid(absl::StrCat("virtual_stages ", o.chunks, " needs schedule 'interleaved'"));
   }

@@ -29,7 +29,10 @@ struct Options {
 };
 
 // The strategy's options (TrainConfig's strategy.options); errors name the option and what to set.
-absl::StatusOr<Options> ParseOptions(const std::map<std::string, std::string>& options);
+// `mesh_stages`: the mesh's pipeline size when the run has a mesh (0: none), which the option
+// "stages" may repeat but not contradict.
+absl::StatusOr<Options> ParseOptions(const std::map<std::string, std::string>& options,
+                                     int mesh_stages = 0);
 
 // Contiguous ranges [begin, end) of layers for each of `parts` pieces: "uniform" (equal layer
 // counts), "parameters" (minimises the largest piece's summed `cost`, whatever the unit: the

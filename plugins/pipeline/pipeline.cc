@@ -65,7 +65,7 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
   if (ctx.comm == nullptr) return Invalid("no communicator in the strategy context");
   if (!make_optimizer) return Invalid("no optimizer factory given");
   if (!ctx.criterion) return Invalid("no criterion in the strategy context: the last stage computes the loss");
-  BRAID_ASSIGN_OR_RETURN(opts_, ParseOptions(ctx.options));
+  BRAID_ASSIGN_OR_RETURN(opts_, ParseOptions(ctx.options, ctx.mesh ? ctx.mesh->shape().pipeline : 0));
   // ZeRO on the data axis (declared as feature zero1): the config's section, when there is one.
   if (ctx.config != nullptr) zero_stage_ = ctx.config->zero_optimization().stage();
   if (zero_stage_ > 2) {
@@ -269,6 +269,8 @@ absl::Status PipelineStrategy::LoadFullStateDict(const std::map<std::string, Ten
 BRAID_PLUGIN(registry) {
   absl::Status s = registry->AddStrategy(
       braid::pipeline::kName, [] { return std::make_unique<braid::pipeline::PipelineStrategy>(); },
-      braid::StrategyTraits{{"zero1", "zero2"}});
+      // Serves the pipeline axis and, inside each stage, the data axis (ZeRO-1/2 over a stage's
+      // replicas: stage_optimizer.h); it does not take a data-axis layer of another strategy yet.
+      braid::StrategyTraits{{"zero1", "zero2"}, {braid::kAxisPipeline, braid::kAxisData}});
   return s.ok() ? 0 : 1;
 }

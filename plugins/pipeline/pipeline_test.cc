@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/deferred_init.h"
 #include "core/in_process_communicator.h"
+#include "core/mesh.h"
 #include "core/micro_batches.h"
 #include "core/ops.h"
 #include "core/optimizer.h"
@@ -494,6 +495,31 @@ TEST_F(PipelineTest, LayoutsThatCannotWorkAreRefusedAtSetup) {
     std::unique_ptr<Module> model = MakeGpt();
     absl::Status st = (*pipe)->Setup(*model, Optim(false), ctx);
     EXPECT_THAT(std::string(st.message()), HasSubstr(want));
+  }
+  // The mesh gives the stage count (no option needed); an option may repeat it but not
+  // contradict it.
+  {
+    absl::StatusOr<std::unique_ptr<DeviceMesh>> mesh = DeviceMesh::Create(*group[0], {1, 1, 1});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    for (auto [options, want] :
+         {std::pair<std::map<std::string, std::string>, std::string>{{}, ""},
+          {{{"stages", "1"}}, ""},
+          {{{"stages", "2"}}, "option stages (2) disagrees with parallel.pipeline (1)"}}) {
+      auto pipe = Registry::Get().MakeStrategy("pipeline");
+      ASSERT_TRUE(pipe.ok());
+      StrategyContext ctx;
+      ctx.comm = group[0].get();
+      ctx.mesh = mesh->get();
+      ctx.options = options;
+      ctx.criterion = CrossEntropyCriterion();
+      std::unique_ptr<Module> model = MakeGpt();
+      absl::Status st = (*pipe)->Setup(*model, Optim(false), ctx);
+      if (want.empty()) {
+        EXPECT_TRUE(st.ok()) << st;
+      } else {
+        EXPECT_THAT(std::string(st.message()), HasSubstr(want));
+      }
+    }
   }
   // A world the stages do not divide.
   std::vector<std::unique_ptr<Communicator>> three = MakeInProcessGroup(3);

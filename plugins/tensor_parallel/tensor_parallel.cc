@@ -233,6 +233,7 @@ BRAID_PLUGIN(registry) {
   absl::Status s = registry->AddStrategy(
       braid::tensor_parallel::kName,
       [] { return std::make_unique<braid::tensor_parallel::TensorParallelStrategy>(); },
-      braid::StrategyTraits{{"tensor_parallel"}});
+      // The tensor axis: splits layers, then wraps the layer below (Strategy::Wrap).
+      braid::StrategyTraits{{"tensor_parallel"}, {braid::kAxisTensor}});
   return s.ok() ? 0 : 1;
 }

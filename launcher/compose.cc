@@ -1,0 +1,175 @@
+#include "launcher/compose.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/check.h"
+#include "core/plugin.h"
+
+namespace braid::launcher {
+namespace {
+
+bool Has(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+std::string Q(const std::string& s) { return absl::StrCat("\"", s, "\""); }
+
+absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+// A layer as messages name it: "pipeline" (pipeline and data axes).
+std::string Named(const std::string& name, const std::vector<std::string>& axes) {
+  return absl::StrCat(Q(name), " (", absl::StrJoin(axes, " and "), " ax", axes.size() > 1 ? "es" : "is",
+                      ")");
+}
+
+// The strategies serving `axis`, for a message: "ddp, zero (plugin libbraid_zero.so)".
+std::string List(const std::vector<std::pair<std::string, std::string>>& found) {
+  std::vector<std::string> names;
+  for (const auto& [name, origin] : found) names.push_back(Q(name));
+  return names.empty() ? "none" : absl::StrJoin(names, ", ");
+}
+
+struct Chosen {
+  std::string name;
+  StrategyTraits traits;
+  std::vector<std::string> axes;
+};
+
+absl::StatusOr<Chosen> Get(const std::string& name, const LayerCatalog& catalog,
+                           const std::string& field) {
+  absl::StatusOr<StrategyTraits> traits = catalog.traits_of(name);
+  if (!traits.ok()) return Invalid(absl::StrCat(field, " ", Q(name), ": ", traits.status().message()));
+  return Chosen{name, *traits, ServedAxes(*traits)};
+}
+
+// The one strategy serving `axis` (the first by name when several do), or why there is none.
+absl::StatusOr<Chosen> ServingAxis(const std::string& axis, int size, const LayerCatalog& catalog,
+                                   const std::string& below) {
+  std::vector<std::pair<std::string, std::string>> found = catalog.serving(axis);
+  if (found.empty()) {
+    return Invalid(absl::StrCat("parallel.", axis, " is ", size, ", but no strategy on the plugin "
+                                "search path serves the ", axis, " axis", below,
+                                "; set parallel.", axis, " to 1 or add a plugin that serves it"));
+  }
+  return Get(found.front().first, catalog, absl::StrCat("the ", axis, "-axis strategy"));
+}
+
+}  // namespace
+
+std::string Stack::Describe() const {
+  std::vector<std::string> parts;
+  for (const Layer& l : layers) {
+    parts.push_back(absl::StrCat(l.strategy, " [", absl::StrJoin(l.axes, ", "), "]"));
+  }
+  return absl::StrJoin(parts, " > ");
+}
+
+LayerCatalog PluginLayerCatalog(const std::vector<std::string>& search_path,
+                                const std::string& strategy_path) {
+  LayerCatalog c;
+  c.traits_of = [search_path, strategy_path](const std::string& name) -> absl::StatusOr<StrategyTraits> {
+    if (!strategy_path.empty()) BRAID_RETURN_IF_ERROR(LoadPlugin(strategy_path, search_path));
+    BRAID_RETURN_IF_ERROR(EnsureStrategy(name, search_path));
+    return Registry::Get().GetStrategyTraits(name);
+  };
+  c.serving = [search_path](const std::string& axis) {
+    // Files that fail to load are reported when a strategy is looked up by name; here they
+    // simply serve nothing.
+    (void)LoadAllPlugins(search_path);
+    return Registry::Get().StrategiesServing(axis);
+  };
+  return c;
+}
+
+absl::StatusOr<Stack> ComposeStack(int tensor, int pipeline, int data, const std::string& named,
+                                   const LayerCatalog& catalog) {
+  BRAID_CHECK(tensor >= 1 && pipeline >= 1 && data >= 1)
+      << "ComposeStack(" << tensor << ", " << pipeline << ", " << data << "): a validated layout";
+  // The layer that holds the training state: the named strategy, or the default for the layout.
+  Chosen base;
+  if (!named.empty()) {
+    BRAID_ASSIGN_OR_RETURN(base, Get(named, catalog, "strategy.name"));
+  } else if (pipeline > 1) {
+    BRAID_ASSIGN_OR_RETURN(base, ServingAxis(kAxisPipeline, pipeline, catalog, ""));
+  } else {
+    const char* fallback = data > 1 ? kDefaultDataLayer : kSingleProcessLayer;
+    BRAID_ASSIGN_OR_RETURN(base, Get(fallback, catalog, "the default strategy"));
+  }
+  if (!Has(base.axes, kAxisData)) {
+    return Invalid(absl::StrCat(
+        "strategy.name ", Named(base.name, base.axes),
+        " does not serve the data axis, and the strategy a config names is the data-axis one; "
+        "name one of ", List(catalog.serving(kAxisData)),
+        " (or none) and give the layout in parallel { tensor pipeline data }"));
+  }
+  std::vector<Chosen> stack = {base};  // innermost first while building
+
+  if (pipeline > 1 && !Has(base.axes, kAxisPipeline)) {
+    BRAID_ASSIGN_OR_RETURN(
+        Chosen pp, ServingAxis(kAxisPipeline, pipeline, catalog,
+                               absl::StrCat(" (", Q(base.name), " serves the data axis)")));
+    if (Has(pp.axes, kAxisData)) {
+      return Invalid(absl::StrCat(
+          "layers ", Named(pp.name, pp.axes), " and ", Named(base.name, {kAxisData}),
+          " do not stack: ", Q(pp.name), " serves the data axis inside each stage itself and "
+          "takes no data-axis layer; leave strategy.name empty (or name ", Q(pp.name),
+          "; zero_optimization.stage 1 or 2 shards its data axis), or set parallel.pipeline to 1"));
+    }
+    if (!base.traits.cannot_be_wrapped.empty()) {
+      return Invalid(absl::StrCat("layers ", Named(pp.name, pp.axes), " and ",
+                                  Named(base.name, {kAxisData}), " do not stack: ", Q(base.name),
+                                  " cannot serve under another layer: ",
+                                  base.traits.cannot_be_wrapped));
+    }
+    stack.push_back(pp);
+  }
+  // (A pipeline strategy named on a layout without pipeline stages serves the data axis: one
+  // stage, or the stages its options give when the config has no parallel section.)
+
+  if (tensor > 1) {
+    const Chosen& below = stack.back();
+    BRAID_ASSIGN_OR_RETURN(
+        Chosen tp, ServingAxis(kAxisTensor, tensor, catalog,
+                               absl::StrCat(" (", Q(below.name), " does not)")));
+    if (!below.traits.cannot_be_wrapped.empty()) {
+      return Invalid(absl::StrCat("layers ", Named(tp.name, tp.axes), " and ",
+                                  Named(below.name, below.axes), " do not stack: ", Q(below.name),
+                                  " cannot serve under a layer that splits the model: ",
+                                  below.traits.cannot_be_wrapped,
+                                  "; use another data-axis strategy (or none) or parallel.tensor 1"));
+    }
+    stack.push_back(tp);
+  }
+
+  Stack out;
+  for (auto it = stack.rbegin(); it != stack.rend(); ++it) {
+    std::vector<std::string> axes;
+    for (const char* a : {kAxisTensor, kAxisPipeline, kAxisData}) {
+      const int size = std::string(a) == kAxisTensor ? tensor : std::string(a) == kAxisPipeline ? pipeline : data;
+      // An axis is shown on the layer that serves it; a pipeline layer's data axis too.
+      if (Has(it->axes, a) && (size > 1 || std::string(a) == kAxisData)) axes.push_back(a);
+    }
+    if (axes.empty()) axes = it->axes;
+    out.layers.push_back({it->name, axes});
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Strategy>> BuildStack(const Stack& stack) {
+  BRAID_CHECK(!stack.layers.empty()) << "an empty stack";
+  std::unique_ptr<Strategy> inner;
+  for (auto it = stack.layers.rbegin(); it != stack.layers.rend(); ++it) {
+    BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Strategy> layer, Registry::Get().MakeStrategy(it->strategy));
+    if (inner != nullptr) BRAID_RETURN_IF_ERROR(layer->Wrap(std::move(inner)));
+    inner = std::move(layer);
+  }
+  return inner;
+}
+
+}  // namespace braid::launcher

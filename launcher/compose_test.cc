@@ -1,0 +1,137 @@
+// The composer against a table of strategies standing for the shipped plugins and a user's:
+// which stack each layout gets, and the one-line refusals of stacks that cannot work.
+#include "launcher/compose.h"
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace braid::launcher {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+// The traits the shipped plugins register, and a user's strategy that declares nothing.
+std::map<std::string, StrategyTraits> Shipped() {
+  return {
+      {"single", StrategyTraits{{"fp16", "bf16"}}},
+      {"ddp", StrategyTraits{{"fp16", "bf16", "communication_data_type"}}},
+      {"zero", StrategyTraits{{"zero1", "zero2", "zero3", "fp16", "bf16"}}},
+      {"dp", StrategyTraits{{}, {kAxisData}, "it keeps whole replicas of the model, one per device"}},
+      {"paramserver", StrategyTraits{{}, {kAxisData}, "its server keeps the whole model"}},
+      {"pipeline", StrategyTraits{{"zero1", "zero2"}, {kAxisPipeline, kAxisData}}},
+      {"tensor_parallel", StrategyTraits{{"tensor_parallel"}, {kAxisTensor}}},
+      {"localsgd", StrategyTraits{}},
+  };
+}
+
+LayerCatalog Catalog(std::map<std::string, StrategyTraits> table) {
+  auto t = std::make_shared<std::map<std::string, StrategyTraits>>(std::move(table));
+  LayerCatalog c;
+  c.traits_of = [t](const std::string& name) -> absl::StatusOr<StrategyTraits> {
+    auto it = t->find(name);
+    if (it == t->end()) return absl::NotFoundError("no plugin registers it");
+    return it->second;
+  };
+  c.serving = [t](const std::string& axis) {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const auto& [name, traits] : *t) {
+      for (const std::string& a : ServedAxes(traits)) {
+        if (a == axis) out.emplace_back(name, "test");
+      }
+    }
+    return out;
+  };
+  return c;
+}
+
+std::vector<std::string> Names(const Stack& s) {
+  std::vector<std::string> out;
+  for (const Layer& l : s.layers) out.push_back(l.strategy);
+  return out;
+}
+
+std::string Compose(int t, int p, int d, const std::string& named, const LayerCatalog& c) {
+  absl::StatusOr<Stack> s = ComposeStack(t, p, d, named, c);
+  if (!s.ok()) return std::string(s.status().message());
+  return s->Describe();
+}
+
+TEST(ComposeStack, DefaultsFollowTheLayout) {
+  const LayerCatalog c = Catalog(Shipped());
+  EXPECT_EQ(Compose(1, 1, 1, "", c), "single [data]");
+  EXPECT_EQ(Compose(1, 1, 4, "", c), "ddp [data]");
+  EXPECT_EQ(Compose(1, 2, 2, "", c), "pipeline [pipeline, data]");
+  EXPECT_EQ(Compose(2, 1, 2, "", c), "tensor_parallel [tensor] > ddp [data]");
+  EXPECT_EQ(Compose(2, 1, 1, "", c), "tensor_parallel [tensor] > single [data]");
+  EXPECT_EQ(Compose(2, 2, 2, "", c), "tensor_parallel [tensor] > pipeline [pipeline, data]");
+}
+
+TEST(ComposeStack, TheNamedStrategyServesTheDataAxis) {
+  const LayerCatalog c = Catalog(Shipped());
+  EXPECT_EQ(Compose(2, 1, 2, "zero", c), "tensor_parallel [tensor] > zero [data]");
+  // A user's strategy that declares nothing serves the data axis, and composes unchanged.
+  EXPECT_EQ(Compose(2, 1, 2, "localsgd", c), "tensor_parallel [tensor] > localsgd [data]");
+  EXPECT_EQ(Compose(1, 1, 4, "localsgd", c), "localsgd [data]");
+  EXPECT_EQ(Compose(2, 2, 1, "pipeline", c), "tensor_parallel [tensor] > pipeline [pipeline, data]");
+  absl::StatusOr<Stack> s = ComposeStack(2, 1, 2, "localsgd", c);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->state_holder(), "localsgd");
+  EXPECT_EQ(Names(*s), (std::vector<std::string>{"tensor_parallel", "localsgd"}));
+}
+
+// The run the issue reported: a user's strategy under parallel { pipeline: 2 data: 2 } trained
+// with no pipelining at all. Now no stack serves it, and the message names both layers.
+TEST(ComposeStack, AnAxisNoLayerHonoursIsRefused) {
+  const LayerCatalog c = Catalog(Shipped());
+  for (const char* data_layer : {"localsgd", "ddp", "zero"}) {
+    EXPECT_THAT(Compose(1, 2, 2, data_layer, c),
+                AllOf(HasSubstr("layers \"pipeline\" (pipeline and data axes) and"),
+                      HasSubstr(std::string("\"") + data_layer + "\" (data axis) do not stack"),
+                      HasSubstr("leave strategy.name empty")))
+        << data_layer;
+  }
+  // Without any pipeline plugin the axis is named with what is missing.
+  std::map<std::string, StrategyTraits> no_pipeline = Shipped();
+  no_pipeline.erase("pipeline");
+  EXPECT_THAT(Compose(1, 2, 2, "ddp", Catalog(no_pipeline)),
+              AllOf(HasSubstr("parallel.pipeline is 2"),
+                    HasSubstr("no strategy on the plugin search path serves the pipeline axis"),
+                    HasSubstr("(\"ddp\" serves the data axis)")));
+  std::map<std::string, StrategyTraits> no_tensor = Shipped();
+  no_tensor.erase("tensor_parallel");
+  EXPECT_THAT(Compose(2, 1, 2, "ddp", Catalog(no_tensor)),
+              HasSubstr("parallel.tensor is 2, but no strategy on the plugin search path serves "
+                        "the tensor axis"));
+}
+
+TEST(ComposeStack, AStrategyThatCannotBeWrappedIsRefusedUnderTensorParallelism) {
+  const LayerCatalog c = Catalog(Shipped());
+  EXPECT_EQ(Compose(2, 1, 2, "dp", c),
+            "layers \"tensor_parallel\" (tensor axis) and \"dp\" (data axis) do not stack: \"dp\" "
+            "cannot serve under a layer that splits the model: it keeps whole replicas of the "
+            "model, one per device; use another data-axis strategy (or none) or parallel.tensor 1");
+  EXPECT_THAT(Compose(2, 1, 2, "paramserver", c), HasSubstr("its server keeps the whole model"));
+  // Alone, on the data axis, both train.
+  EXPECT_EQ(Compose(1, 1, 3, "paramserver", c), "paramserver [data]");
+}
+
+TEST(ComposeStack, NamingALayerThatIsNotTheDataAxisIsRefused) {
+  const LayerCatalog c = Catalog(Shipped());
+  EXPECT_THAT(Compose(2, 1, 2, "tensor_parallel", c),
+              AllOf(HasSubstr("strategy.name \"tensor_parallel\" (tensor axis) does not serve the "
+                              "data axis"),
+                    HasSubstr("\"ddp\""), HasSubstr("\"localsgd\"")));
+  EXPECT_THAT(Compose(1, 1, 2, "no_such", c),
+              HasSubstr("strategy.name \"no_such\": no plugin registers it"));
+}
+
+}  // namespace
+}  // namespace braid::launcher
