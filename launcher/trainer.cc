@@ -30,6 +30,7 @@
 #include "core/store.h"
 #include "launcher/batch_sources.h"
 #include "launcher/compose.h"
+#include "launcher/optimization.h"
 #include "launcher/net.h"
 #include "launcher/run_report.h"
 #include "core/checkpointer.h"
@@ -53,39 +54,6 @@ using config::TrainConfig;
 // section against it and filled in its defaults.
 absl::StatusOr<std::unique_ptr<Module>> BuildModel(const TrainConfig& cfg, Device device) {
   return Registry::Get().MakeModel(cfg.model().name(), cfg.model(), cfg.seed(), device);
-}
-
-OptimizerFactory MakeOptimizerFactory(const TrainConfig& cfg) {
-  return [cfg](const std::vector<std::pair<std::string, Tensor>>& named) {
-    const auto& p = cfg.optimizer().params();
-    // Weight decay where the model asks for it (Linear weights and embeddings, as GPT training
-    // does; not biases or norms).
-    ParamGroup decay, no_decay;
-    decay.lr = no_decay.lr = float(p.lr());
-    decay.weight_decay = float(p.weight_decay());
-    no_decay.weight_decay = 0.0f;
-    // By the attribute the model set (biases and norms off), not by shape: a strategy that
-    // flattens or shards parameters hands over 1-D pieces that keep their parameter's attribute.
-    for (auto& [name, t] : named) (t.weight_decay() ? decay : no_decay).params.push_back(t);
-    std::vector<ParamGroup> groups;
-    for (ParamGroup* g : {&decay, &no_decay}) {
-      if (!g->params.empty()) groups.push_back(*g);
-    }
-    // Registered by core (AdamW, SGD) or a plugin; validation checked the name.
-    absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
-        Registry::Get().MakeOptimizer(cfg.optimizer().type(), std::move(groups), cfg.optimizer());
-    BRAID_CHECK(optimizer.ok()) << optimizer.status().ToString();
-    return std::move(*optimizer);
-  };
-}
-
-std::unique_ptr<LrSchedule> MakeSchedule(const TrainConfig& cfg) {
-  if (cfg.scheduler().type() == "WarmupCosine") {
-    const auto& s = cfg.scheduler().params();
-    return WarmupCosineLr(float(s.warmup_max_lr()), float(s.min_lr()), s.warmup_num_steps(),
-                          s.total_num_steps(), float(s.warmup_min_lr()));
-  }
-  return ConstantLr(float(cfg.optimizer().params().lr()));
 }
 
 }  // namespace
