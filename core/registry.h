@@ -54,6 +54,8 @@ struct StrategyTraits {
   // it this rank's slices of the model); otherwise the reason it cannot, for the message that
   // refuses such a stack ("it keeps whole replicas of the model").
   std::string cannot_be_wrapped;
+  // The most data-parallel ranks it trains (0: any): 1 for a strategy that trains one replica.
+  int max_data_ranks = 0;
 };
 
 // The axes `traits` serves, with the default filled in.

@@ -108,6 +108,12 @@ absl::StatusOr<Stack> ComposeStack(int tensor, int pipeline, int data, const std
         "name one of ", List(catalog.serving(kAxisData)),
         " (or none) and give the layout in parallel { tensor pipeline data }"));
   }
+  if (base.traits.max_data_ranks > 0 && data > base.traits.max_data_ranks) {
+    return Invalid(absl::StrCat("strategy.name ", Q(base.name), " trains ", base.traits.max_data_ranks,
+                                " data-parallel rank(s), but the data-parallel size is ", data,
+                                "; name a data-parallel strategy (one of ", List(catalog.serving(kAxisData)),
+                                ") or none"));
+  }
   std::vector<Chosen> stack = {base};  // innermost first while building
 
   if (pipeline > 1 && !Has(base.axes, kAxisPipeline)) {

@@ -21,7 +21,7 @@ using ::testing::HasSubstr;
 // The traits the shipped plugins register, and a user's strategy that declares nothing.
 std::map<std::string, StrategyTraits> Shipped() {
   return {
-      {"single", StrategyTraits{{"fp16", "bf16"}}},
+      {"single", StrategyTraits{{"fp16", "bf16"}, {}, "", 1}},
       {"ddp", StrategyTraits{{"fp16", "bf16", "communication_data_type"}}},
       {"zero", StrategyTraits{{"zero1", "zero2", "zero3", "fp16", "bf16"}}},
       {"dp", StrategyTraits{{}, {kAxisData}, "it keeps whole replicas of the model, one per device"}},
@@ -121,6 +121,16 @@ TEST(ComposeStack, AStrategyThatCannotBeWrappedIsRefusedUnderTensorParallelism) 
   EXPECT_THAT(Compose(2, 1, 2, "paramserver", c), HasSubstr("its server keeps the whole model"));
   // Alone, on the data axis, both train.
   EXPECT_EQ(Compose(1, 1, 3, "paramserver", c), "paramserver [data]");
+}
+
+TEST(ComposeStack, AOneReplicaStrategyIsRefusedOnSeveralDataRanks) {
+  const LayerCatalog c = Catalog(Shipped());
+  EXPECT_THAT(Compose(1, 1, 2, "single", c),
+              AllOf(HasSubstr("strategy.name \"single\" trains 1 data-parallel rank(s), but the "
+                              "data-parallel size is 2"),
+                    HasSubstr("\"ddp\"")));
+  // Under tensor parallelism with one replica it is the data-axis layer.
+  EXPECT_EQ(Compose(2, 1, 1, "single", c), "tensor_parallel [tensor] > single [data]");
 }
 
 TEST(ComposeStack, NamingALayerThatIsNotTheDataAxisIsRefused) {

@@ -149,6 +149,7 @@ class SingleStrategy final : public Strategy {
 BRAID_PLUGIN(registry) {
   absl::Status s =
       registry->AddStrategy("single", [] { return std::make_unique<braid::SingleStrategy>(); },
-                            braid::StrategyTraits{{"fp16", "bf16"}});  // core/mixed_precision.h
+                            // Half parameters (core/mixed_precision.h); one data-parallel rank.
+                            braid::StrategyTraits{{"fp16", "bf16"}, {}, "", 1});
   return s.ok() ? 0 : 1;
 }

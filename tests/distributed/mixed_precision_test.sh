@@ -110,7 +110,7 @@ refuse() {  # NAME EXPECTED_SUBSTRING CONFIG_TEXT
   grep -q -- "$2" "$T/$1.out" && echo "ok   refused: $1" || { fail "$1: message"; cat "$T/$1.out"; }
 }
 refusals() {
-  refuse fp32_comm_zero 'implemented by strategy "ddp" only' \
+  refuse fp32_comm_zero 'needs a strategy that provides "communication_data_type"; strategy "zero" does not; use strategy.name "ddp"' \
     "model { name: \"mlp\" } data { dataset: \"mnist\" } strategy { name: \"zero\" } zero_optimization { stage: 2 } bf16 { enabled: true } communication_data_type: \"fp32\""
   refuse comm_without_half 'applies under fp16 or bf16 only' \
     "model { name: \"mlp\" } data { dataset: \"mnist\" } communication_data_type: \"fp32\""

@@ -47,6 +47,7 @@ printf 'parallel { pipeline: 2 }\nstrategy { name: "ddp" }\n' > "$tmp/pipe_ddp.p
 printf 'parallel { tensor: 2 }\nstrategy { name: "dp" }\n' > "$tmp/tp_dp.pbtxt"
 expect pipeline-keeps-its-data-axis '^braid train: layers "pipeline" \(pipeline and data axes\) and "ddp" \(data axis\) do not stack: "pipeline" serves the data axis inside each stage itself' -- env WORLD_SIZE=4 RANK=0 "$train" --config="$tmp/pipe_ddp.pbtxt" --log_dir="$tmp/l"
 expect dp-under-tensor-parallel '^braid train: layers "tensor_parallel" \(tensor axis\) and "dp" \(data axis\) do not stack: "dp" cannot serve under a layer that splits the model: it keeps whole replicas' -- env WORLD_SIZE=4 RANK=0 "$train" --config="$tmp/tp_dp.pbtxt" --log_dir="$tmp/l"
+expect single-on-two-ranks '^braid train: strategy.name "single" trains 1 data-parallel rank\(s\), but the data-parallel size is 2' -- env WORLD_SIZE=2 RANK=0 "$train" --strategy=single --steps=1 --log_dir="$tmp/l"
 expect missing-config 'no-such.pbtxt' -- "$train" --config="$tmp/no-such.pbtxt" --log_dir="$tmp/l"
 expect unknown-strategy "nosuch.*(searched|looked)" -- "$train" --strategy=nosuch --steps=1 --log_dir="$tmp/l"
 expect plugin-path-missing 'libbraid_gone.so' -- env BRAID_PLUGIN_PATH=/nonexistent "$train" --steps=1 --log_dir="$tmp/l" --strategy=gone
