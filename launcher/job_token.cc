@@ -118,4 +118,100 @@ absl::StatusOr<SharedToken> LocalJobToken(const std::string& folder, const std::
   return out;
 }
 
+absl::StatusOr<std::string> ReadJobTokenFile(const std::string& path) {
+  // A Secret's file is a symbolic link into the volume's current data: follow it.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat(Errno("--job_token_file: cannot open", path),
+                                            " (is the secret mounted there?)"));
+  }
+  constexpr size_t kMax = 4096;
+  std::string text;
+  char buf[1024];
+  while (text.size() <= kMax) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      errno = err;
+      return absl::PermissionDeniedError(Errno("--job_token_file: cannot read", path));
+    }
+    if (n == 0) break;
+    text.append(buf, n);
+  }
+  ::close(fd);
+  if (text.size() > kMax) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--job_token_file: ", path, " is larger than ", kMax, " bytes; it should hold one token"));
+  }
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+  if (text.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--job_token_file: ", path, " is empty; write a token into it, e.g. openssl rand -hex 32"));
+  }
+  for (char c : text) {
+    if (std::isspace(static_cast<unsigned char>(c)) || std::iscntrl(static_cast<unsigned char>(c))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--job_token_file: ", path, " holds more than one word; it should hold one token "
+          "(e.g. openssl rand -hex 32)"));
+    }
+  }
+  return text;
+}
+
+absl::StatusOr<std::optional<std::string>> GivenJobToken(const std::string& file,
+                                                         const char* env_value) {
+  const bool env_set = env_value != nullptr && *env_value != '\0';
+  if (file.empty()) {
+    if (!env_set) return std::optional<std::string>();
+    return std::optional<std::string>(env_value);
+  }
+  absl::StatusOr<std::string> from_file = ReadJobTokenFile(file);
+  if (!from_file.ok()) return from_file.status();
+  if (env_set && *from_file != env_value) {
+    // Neither value is printed: both are secrets.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the job token in --job_token_file=", file, " differs from $BRAID_JOB_TOKEN; every "
+        "launcher and worker must use one token: unset BRAID_JOB_TOKEN or make them equal"));
+  }
+  return std::optional<std::string>(*std::move(from_file));
+}
+
+absl::StatusOr<std::string> ChooseJobToken(const std::string& file, const char* env_value,
+                                           const JobShape& job) {
+  absl::StatusOr<std::optional<std::string>> given = GivenJobToken(file, env_value);
+  if (!given.ok()) return given.status();
+  if (*given) return **given;
+  if (job.num_launchers > 1 && IsLoopbackAddress(job.master_addr)) {
+    // Every node is on this machine: the launchers share a token through a file only this user
+    // can read, so the two-terminal run needs nothing set.
+    absl::StatusOr<std::string> folder = PrivateFolder();
+    absl::StatusOr<SharedToken> shared =
+        folder.ok() ? LocalJobToken(*folder, job.master_addr, job.master_port)
+                    : absl::StatusOr<SharedToken>(folder.status());
+    if (!shared.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot share a job token between the launchers on this machine: ",
+          shared.status().message(),
+          ". Or set the same BRAID_JOB_TOKEN for every launcher: export "
+          "BRAID_JOB_TOKEN=$(openssl rand -hex 32)"));
+    }
+    return shared->token;
+  }
+  if (job.num_launchers > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "a job of ", job.num_launchers, " launchers (", job.describe,
+        ") needs the same secret job token on every node, and BRAID_JOB_TOKEN is not set. Create "
+        "one and set it everywhere before starting the launchers:\n  export BRAID_JOB_TOKEN=$(openssl "
+        "rand -hex 32)\n(or give every launcher --job_token_file=FILE, e.g. a mounted secret)"));
+  }
+  absl::StatusOr<std::string> t = GenerateJobToken();
+  if (!t.ok()) {
+    return absl::Status(t.status().code(),
+                        absl::StrCat("cannot generate a job token: ", t.status().message()));
+  }
+  return *t;
+}
+
 }  // namespace braid::launcher

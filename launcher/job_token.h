@@ -2,6 +2,7 @@
 #ifndef BRAID_LAUNCHER_JOB_TOKEN_H_
 #define BRAID_LAUNCHER_JOB_TOKEN_H_
 
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -28,6 +29,31 @@ struct SharedToken {
 };
 absl::StatusOr<SharedToken> LocalJobToken(const std::string& folder, const std::string& addr,
                                           int port);
+
+// The job token kept in a file, e.g. a Kubernetes Secret mounted into the pod, so that it is
+// never on a command line (where ps shows it) nor in the pod's spec: the file's text without the
+// trailing newline. Refused when empty, over 4 KiB, or with whitespace inside (a file holding
+// something other than one token).
+absl::StatusOr<std::string> ReadJobTokenFile(const std::string& path);
+
+// The token the user gave, if any: from --job_token_file (`file`, "" = not given) or from
+// $BRAID_JOB_TOKEN (`env_value`, nullptr or "" = not set). Both given must hold the same token,
+// else the error names both. std::nullopt: neither was given.
+absl::StatusOr<std::optional<std::string>> GivenJobToken(const std::string& file,
+                                                         const char* env_value);
+
+// The job's token: the one the user gave (GivenJobToken); else, with several launchers all on
+// this machine (a loopback master), one shared through a private file (LocalJobToken); else,
+// with one launcher, a fresh one. Several launchers on several machines and none given is an
+// error that says how to give one.
+struct JobShape {
+  int num_launchers = 1;
+  std::string master_addr;
+  int master_port = 0;
+  std::string describe;  // the layout, for the message
+};
+absl::StatusOr<std::string> ChooseJobToken(const std::string& file, const char* env_value,
+                                           const JobShape& job);
 
 }  // namespace braid::launcher
 

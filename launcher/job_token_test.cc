@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -86,6 +87,68 @@ TEST(JobToken, PrivateFolderFromXdgRuntimeDir) {
   EXPECT_EQ(*dir, base + "/braid");
   ::chmod(dir->c_str(), 0755);
   EXPECT_THAT(std::string(PrivateFolder().status().message()), HasSubstr("no access for others"));
+}
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  std::string path = TempFolder("files") + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+// A Kubernetes Secret's key as mounted: the value, often with a trailing newline (kubectl
+// create secret --from-file keeps the file's), behind a symbolic link into ..data/.
+TEST(JobTokenFile, ReadsAMountedSecret) {
+  std::string dir = TempFolder("secret");
+  ::mkdir((dir + "/..data").c_str(), 0755);
+  std::ofstream(dir + "/..data/token") << "0123456789abcdef0123456789abcdef\n";
+  ::unlink((dir + "/token").c_str());
+  ASSERT_EQ(::symlink("..data/token", (dir + "/token").c_str()), 0);
+  absl::StatusOr<std::string> t = ReadJobTokenFile(dir + "/token");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(*t, "0123456789abcdef0123456789abcdef");
+  EXPECT_EQ(*ReadJobTokenFile(WriteFile("crlf", "tok\r\n")), "tok");
+}
+
+TEST(JobTokenFile, RefusesWhatIsNotOneToken) {
+  EXPECT_THAT(ReadJobTokenFile(TempFolder("files") + "/missing").status().message(),
+              HasSubstr("--job_token_file: cannot open"));
+  EXPECT_THAT(ReadJobTokenFile(WriteFile("empty", "\n")).status().message(),
+              HasSubstr("is empty"));
+  EXPECT_THAT(ReadJobTokenFile(WriteFile("two", "a b\n")).status().message(),
+              HasSubstr("holds more than one word"));
+  EXPECT_THAT(ReadJobTokenFile(WriteFile("big", std::string(5000, 'a'))).status().message(),
+              HasSubstr("larger than 4096 bytes"));
+}
+
+TEST(JobTokenFile, FileAndEnvironmentMustAgree) {
+  std::string path = WriteFile("tok", "s3cret\n");
+  EXPECT_FALSE(GivenJobToken("", nullptr)->has_value());
+  EXPECT_FALSE(GivenJobToken("", "")->has_value());
+  EXPECT_EQ(**GivenJobToken("", "from-env"), "from-env");
+  EXPECT_EQ(**GivenJobToken(path, nullptr), "s3cret");
+  EXPECT_EQ(**GivenJobToken(path, "s3cret"), "s3cret");
+  absl::StatusOr<std::optional<std::string>> both = GivenJobToken(path, "other");
+  ASSERT_FALSE(both.ok());
+  EXPECT_THAT(both.status().message(),
+              HasSubstr(absl::StrCat("the job token in --job_token_file=", path,
+                                     " differs from $BRAID_JOB_TOKEN")));
+  // Neither secret is printed.
+  EXPECT_THAT(both.status().message(), ::testing::Not(HasSubstr("s3cret")));
+  EXPECT_THAT(both.status().message(), ::testing::Not(HasSubstr("other")));
+}
+
+TEST(ChooseJobToken, OrderOfSources) {
+  std::string path = WriteFile("tok2", "filetoken\n");
+  EXPECT_EQ(*ChooseJobToken(path, nullptr, {2, "10.0.0.1", 29500, "x"}), "filetoken");
+  EXPECT_EQ(*ChooseJobToken("", "envtoken", {2, "10.0.0.1", 29500, "x"}), "envtoken");
+  // Several machines and nothing given: say how to give one.
+  absl::StatusOr<std::string> none = ChooseJobToken("", nullptr, {2, "10.0.0.1", 29500, "--nnodes=2"});
+  ASSERT_FALSE(none.ok());
+  EXPECT_THAT(none.status().message(), HasSubstr("--job_token_file=FILE"));
+  // One launcher: a fresh one.
+  absl::StatusOr<std::string> fresh = ChooseJobToken("", nullptr, {1, "127.0.0.1", 0, ""});
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_EQ(fresh->size(), 64u);
 }
 
 }  // namespace

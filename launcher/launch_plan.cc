@@ -23,57 +23,7 @@ EnvMap CurrentEnvironment() {
   return env;
 }
 
-const char kLauncherUsage[] =
-    "usage: launcher [--nnodes=N --node_rank=K --nproc_per_node=P --master_addr=A\n"
-    "                 --master_port=Q --log_dir=D --max_restarts=R --program=PATH] [--] ARGS\n"
-    "\n"
-    "Starts P workers on this node (ranks K*P .. K*P+P-1 of N*P) running PATH (default: the\n"
-    "training program, //launcher:train) with ARGS, and watches them: one worker failing stops\n"
-    "the job on every node (or restarts it, --max_restarts). Flags it does not know, before --,\n"
-    "go to the program too (e.g. --config=FILE).\n"
-    "\n"
-    "  --nnodes=N            nodes in the job (default 1)\n"
-    "  --node_rank=K         this node's index, 0..N-1 (default 0); node 0 serves the store\n"
-    "  --nproc_per_node=P    workers per node (default 1)\n"
-    "  --master_addr=A       address of node 0 that every node reaches (default: $MASTER_ADDR,\n"
-    "                        else 127.0.0.1: every node on this machine)\n"
-    "  --master_port=Q       port of the rendezvous store on node 0 (default: $MASTER_PORT,\n"
-    "                        else 29500; a single node picks a free port when none is given)\n"
-    "  --log_dir=D           worker logs D/workerlog.<rank> (default runs/workers-<time>, in the\n"
-    "                        workspace under bazel run); the training program gets it too\n"
-    "  --max_restarts=R      restart the whole worker group up to R times on failure (default 0)\n"
-    "  --program=PATH        run this executable instead of the training program\n"
-    "  --scheduler=auto|none|slurm|mpi   where the rank layout comes from (default auto: Slurm\n"
-    "                        or Open MPI variables when present, else the flags)\n"
-    "  --connect_timeout_s=S give up reaching the master's store after S s (default 120)\n"
-    "  --rdzv_timeout_s=S    give up waiting for every node to check in after S s (default 300)\n"
-    "  --stop_grace_s=S      SIGTERM, then SIGKILL after S s (default 10)\n"
-    "  --heartbeat_timeout_s=S  another node's launcher silent this long counts as failed (60)\n"
-    "  --tail_lines=L        lines of a failed worker's log to print (default 10)\n"
-    "\n"
-    "Several nodes need the same secret on every node: export BRAID_JOB_TOKEN=$(openssl rand "
-    "-hex 32).\nSee docs/LAUNCHING.md.\n";
-
-bool LaunchFlags::Given(const std::string& name) const {
-  return std::find(given.begin(), given.end(), name) != given.end();
-}
-
 namespace {
-
-absl::Status BadValue(const std::string& name, const std::string& value, const char* want) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("--", name, " wants ", want, ", got '", value, "'"));
-}
-
-absl::Status ParseInt(const std::string& name, const std::string& v, int* out) {
-  if (!absl::SimpleAtoi(v, out)) return BadValue(name, v, "an integer");
-  return absl::OkStatus();
-}
-
-absl::Status ParseSeconds(const std::string& name, const std::string& v, double* out) {
-  if (!absl::SimpleAtod(v, out) || !(*out > 0)) return BadValue(name, v, "a positive number of seconds");
-  return absl::OkStatus();
-}
 
 absl::StatusOr<int> EnvInt(const EnvMap& env, const std::string& name) {
   auto it = env.find(name);
@@ -97,101 +47,12 @@ bool Has(const EnvMap& env, const char* name) { return env.count(name) > 0; }
 
 }  // namespace
 
-absl::StatusOr<LaunchFlags> ParseLaunchFlags(const std::vector<std::string>& args) {
-  LaunchFlags f;
-  using Setter = std::function<absl::Status(const std::string& name, const std::string& value)>;
-  auto int_flag = [](int* p) -> Setter {
-    return [p](const std::string& n, const std::string& v) { return ParseInt(n, v, p); };
-  };
-  auto seconds_flag = [](double* p) -> Setter {
-    return [p](const std::string& n, const std::string& v) { return ParseSeconds(n, v, p); };
-  };
-  auto string_flag = [](std::string* p) -> Setter {
-    return [p](const std::string&, const std::string& v) {
-      *p = v;
-      return absl::OkStatus();
-    };
-  };
-  const std::map<std::string, Setter> known = {
-      {"nnodes", int_flag(&f.nnodes)},
-      {"node_rank", int_flag(&f.node_rank)},
-      {"nproc_per_node", int_flag(&f.nproc_per_node)},
-      {"master_addr", string_flag(&f.master_addr)},
-      {"master_port", int_flag(&f.master_port)},
-      {"log_dir", string_flag(&f.log_dir)},
-      {"max_restarts", int_flag(&f.max_restarts)},
-      {"program", string_flag(&f.program)},
-      {"scheduler",
-       [&f](const std::string& n, const std::string& v) {
-         if (v == "auto") f.scheduler = SchedulerMode::kAuto;
-         else if (v == "none") f.scheduler = SchedulerMode::kNone;
-         else if (v == "slurm") f.scheduler = SchedulerMode::kSlurm;
-         else if (v == "mpi") f.scheduler = SchedulerMode::kOpenMpi;
-         else return BadValue(n, v, "one of auto, none, slurm, mpi");
-         return absl::OkStatus();
-       }},
-      {"connect_timeout_s", seconds_flag(&f.connect_timeout_s)},
-      {"rdzv_timeout_s", seconds_flag(&f.rdzv_timeout_s)},
-      {"stop_grace_s", seconds_flag(&f.stop_grace_s)},
-      {"heartbeat_timeout_s", seconds_flag(&f.heartbeat_timeout_s)},
-      {"tail_lines", int_flag(&f.tail_lines)},
-  };
-  bool rest = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (rest) {
-      f.program_args.push_back(a);
-      continue;
-    }
-    if (a == "--") {
-      rest = true;
-      continue;
-    }
-    if (a == "--help" || a == "-h") {
-      f.help = true;
-      continue;
-    }
-    if (!absl::StartsWith(a, "--")) {
-      f.program_args.push_back(a);
-      continue;
-    }
-    std::string body = a.substr(2);
-    size_t eq = body.find('=');
-    std::string name = body.substr(0, eq);
-    auto it = known.find(name);
-    if (it == known.end()) {
-      f.program_args.push_back(a);  // the program's flag
-      continue;
-    }
-    std::string value;
-    if (eq != std::string::npos) {
-      value = body.substr(eq + 1);
-    } else if (i + 1 < args.size()) {
-      value = args[++i];
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
-    }
-    auto st = it->second(name, value);
-    if (!st.ok()) return st;
-    f.given.push_back(name);
-  }
-  if (f.nnodes < 1) return BadValue("nnodes", std::to_string(f.nnodes), "a number >= 1");
-  if (f.nproc_per_node < 1) {
-    return BadValue("nproc_per_node", std::to_string(f.nproc_per_node), "a number >= 1");
-  }
-  if (f.Given("master_port") && (f.master_port <= 0 || f.master_port > 65535)) {
-    return BadValue("master_port", std::to_string(f.master_port), "a port in 1..65535");
-  }
-  if (f.max_restarts < 0) return BadValue("max_restarts", std::to_string(f.max_restarts), "a number >= 0");
-  if (f.tail_lines < 0) return BadValue("tail_lines", std::to_string(f.tail_lines), "a number >= 0");
-  return f;
-}
-
 const char* LayoutSourceName(LayoutSource s) {
   switch (s) {
     case LayoutSource::kFlags: return "flags";
     case LayoutSource::kSlurm: return "Slurm";
     case LayoutSource::kOpenMpi: return "Open MPI";
+    case LayoutSource::kTorchEnv: return "RANK/WORLD_SIZE";
   }
   return "?";
 }
@@ -256,7 +117,7 @@ namespace {
 absl::Status CheckAgrees(const LaunchFlags& f, const char* flag, int flag_value, const std::string& var,
                          int var_value) {
   if (f.Given(flag) && flag_value != var_value) {
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", flag_value, " disagrees with ",
+    return absl::InvalidArgumentError(absl::StrCat(f.Origin(flag), "=", flag_value, " disagrees with ",
                                                    var, "=", var_value,
                                                    "; drop the flag or use --scheduler=none"));
   }
@@ -354,6 +215,47 @@ absl::StatusOr<SchedulerLayout> OpenMpiLayout(const EnvMap& env) {
   return l;
 }
 
+// torch's env:// variables, from whatever started this process with them.
+absl::StatusOr<SchedulerLayout> TorchEnvLayout(const EnvMap& env) {
+  SchedulerLayout l;
+  for (const char* v : {"RANK", "WORLD_SIZE"}) {
+    if (!Has(env, v)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("RANK/WORLD_SIZE layout: ", v, " is not set"));
+    }
+  }
+  BRAID_ASSIGN_OR_RETURN(l.rank, EnvInt(env, "RANK"));
+  BRAID_ASSIGN_OR_RETURN(l.world, EnvInt(env, "WORLD_SIZE"));
+  l.rank_var = "RANK";
+  l.world_var = "WORLD_SIZE";
+  if (Has(env, "LOCAL_WORLD_SIZE") && Has(env, "LOCAL_RANK")) {
+    BRAID_ASSIGN_OR_RETURN(l.local_rank, EnvInt(env, "LOCAL_RANK"));
+    BRAID_ASSIGN_OR_RETURN(l.local_world, EnvInt(env, "LOCAL_WORLD_SIZE"));
+    l.local_world_var = "LOCAL_WORLD_SIZE";
+    l.node_var = "RANK/LOCAL_WORLD_SIZE";
+    l.nnodes_var = "WORLD_SIZE/LOCAL_WORLD_SIZE";
+    if (l.local_world < 1 || l.world % l.local_world != 0 ||
+        (l.rank - l.local_rank) % l.local_world != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "RANK/WORLD_SIZE layout: cannot tell the node index of RANK=", l.rank, " (WORLD_SIZE=",
+          l.world, ", LOCAL_WORLD_SIZE=", l.local_world, ", LOCAL_RANK=", l.local_rank,
+          "); ranks must be placed node by node with the same count on every node"));
+    }
+    l.node_rank = (l.rank - l.local_rank) / l.local_world;
+    l.nnodes = l.world / l.local_world;
+  } else {
+    // One process per node (a pod each): the rank is the node's.
+    l.local_rank = 0;
+    l.local_world = 1;
+    l.local_world_var = "one process per node";
+    l.node_rank = l.rank;
+    l.nnodes = l.world;
+    l.node_var = "RANK";
+    l.nnodes_var = "WORLD_SIZE";
+  }
+  return l;
+}
+
 absl::Status CheckRange(const SchedulerLayout& l, const char* who) {
   if (l.world < 1 || l.rank < 0 || l.rank >= l.world || l.local_world < 1 || l.local_rank < 0 ||
       l.local_rank >= l.local_world || l.nnodes < 1 || l.node_rank < 0 || l.node_rank >= l.nnodes) {
@@ -365,11 +267,126 @@ absl::Status CheckRange(const SchedulerLayout& l, const char* who) {
   return absl::OkStatus();
 }
 
+// Where a flag's value came from the environment rather than the command line.
+bool FromEnvironment(const LaunchFlags& f, const std::string& name) {
+  return f.Given(name) && !absl::StartsWith(f.Origin(name), "--");
+}
+
+// A PyTorchJob pod also has RANK (its pod index, = PET_NODE_RANK) and WORLD_SIZE (pods times
+// numeric nprocPerNode, or the pod count when nprocPerNode is auto/cpu/gpu): they must describe
+// the same job as the node layout.
+absl::Status CheckPodNumbers(const LaunchFlags& f, const EnvMap& env, const LaunchPlan& p) {
+  if (!FromEnvironment(f, "node_rank") && !FromEnvironment(f, "nnodes")) return absl::OkStatus();
+  if (Has(env, "RANK")) {
+    BRAID_ASSIGN_OR_RETURN(int rank, EnvInt(env, "RANK"));
+    if (rank != p.node_rank) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RANK=", rank, " disagrees with ", f.Origin("node_rank"), "=", p.node_rank,
+          " (a pod's RANK is its node rank here); fix one of them"));
+    }
+  }
+  if (Has(env, "WORLD_SIZE")) {
+    BRAID_ASSIGN_OR_RETURN(int world, EnvInt(env, "WORLD_SIZE"));
+    if (world != p.world_size && world != p.nnodes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "WORLD_SIZE=", world, " disagrees with ", f.Origin("nnodes"), "=", p.nnodes, " x ",
+          f.Origin("nproc_per_node"), "=", f.nproc_per_node, " (world size ", p.world_size,
+          "); fix one of them"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
+absl::StatusOr<LaunchFlags> FlagsWithEnvironment(LaunchFlags f, const EnvMap& env,
+                                                 const HostFacts& host) {
+  struct Pet {
+    const char* flag;
+    const char* var;
+    bool command_line_wins;  // node 0's address: the command line overrides the environment
+  };
+  static constexpr Pet kPet[] = {
+      {"nnodes", "PET_NNODES", false},         {"node_rank", "PET_NODE_RANK", false},
+      {"nproc_per_node", "PET_NPROC_PER_NODE", false}, {"max_restarts", "PET_MAX_RESTARTS", false},
+      {"rdzv_id", "PET_RDZV_ID", false},       {"rdzv_backend", "PET_RDZV_BACKEND", false},
+      {"master_addr", "PET_MASTER_ADDR", true}, {"master_port", "PET_MASTER_PORT", true},
+      {"rdzv_endpoint", "PET_RDZV_ENDPOINT", true},
+  };
+  if (!f.standalone) {
+    for (const Pet& pet : kPet) {
+      auto it = env.find(pet.var);
+      if (it == env.end()) continue;
+      const std::string& value = it->second;
+      const bool on_command_line = f.Given(pet.flag) && absl::StartsWith(f.Origin(pet.flag), "--");
+      if (on_command_line && pet.command_line_wins) continue;
+      if (std::string(pet.flag) == "master_addr" && f.Given("master_addr") &&
+          f.Origin("master_addr") == "--rdzv_endpoint") {
+        continue;  // the command line's --rdzv_endpoint is node 0's address too
+      }
+      if (on_command_line) {
+        LaunchFlags from_env;
+        BRAID_RETURN_IF_ERROR(SetLaunchFlag(&from_env, pet.flag, value, pet.var));
+        if (LaunchFlagValue(from_env, pet.flag) != LaunchFlagValue(f, pet.flag)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              f.Origin(pet.flag), "=", LaunchFlagValue(f, pet.flag), " disagrees with ", pet.var,
+              "=", value, " from the environment; drop the flag or fix the variable"));
+        }
+        continue;
+      }
+      BRAID_RETURN_IF_ERROR(SetLaunchFlag(&f, pet.flag, value, pet.var));
+    }
+  }
+  // A Kubernetes Indexed Job numbers its pods 0..completions-1: the pod's node rank.
+  if (auto it = env.find("JOB_COMPLETION_INDEX"); it != env.end() && !f.standalone) {
+    int index;
+    if (!absl::SimpleAtoi(it->second, &index) || index < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the environment variable JOB_COMPLETION_INDEX='", it->second, "' is not a pod index"));
+    }
+    if (f.Given("node_rank") && f.node_rank != index) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f.Origin("node_rank"), "=", f.node_rank, " disagrees with JOB_COMPLETION_INDEX=", index,
+          " (this pod's index in the Indexed Job); drop one of them"));
+    }
+    if (!f.Given("node_rank")) {
+      f.node_rank = index;
+      f.given.push_back("node_rank");
+      f.origin["node_rank"] = "JOB_COMPLETION_INDEX";
+    }
+  }
+  // Node 0's address from torchrun's variable and from $MASTER_ADDR: one place, one value.
+  for (const auto& [flag, var] : {std::pair<std::string, std::string>{"master_addr", "MASTER_ADDR"},
+                                  {"master_port", "MASTER_PORT"}}) {
+    auto it = env.find(var);
+    if (!FromEnvironment(f, flag) || it == env.end() || it->second.empty()) continue;
+    if (it->second != LaunchFlagValue(f, flag)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f.Origin(flag), "=", LaunchFlagValue(f, flag), " disagrees with ", var, "=", it->second,
+          " in the environment; set them to the same value, or give --", flag));
+    }
+  }
+  if (f.Given("nnodes") && f.standalone && f.nnodes != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--standalone is a job of one node, but ",
+                                                   f.Origin("nnodes"), "=", f.nnodes));
+  }
+  BRAID_RETURN_IF_ERROR(ResolveNprocPerNode(&f, host));
+  return f;
+}
+
 absl::StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchFlags& f, const EnvMap& env) {
+  if (!f.nproc_per_node_kind.empty() && !f.nproc_resolved) {
+    return absl::InternalError("--nproc_per_node=auto|cpu|gpu reached MakeLaunchPlan unresolved "
+                               "(call FlagsWithEnvironment first)");
+  }
   LaunchPlan p;
-  SchedulerMode mode = f.scheduler;
+  p.role = f.role;
+  p.run_id = f.rdzv_id;
+  p.max_restarts = f.max_restarts;
+  SchedulerMode mode = f.standalone ? SchedulerMode::kNone : f.scheduler;
+  // The node layout came from torchrun's variables or a pod index: a PyTorchJob or Indexed Job
+  // pod, whose RANK/WORLD_SIZE (if any) only describe the pods (checked below).
+  const bool layout_from_env = FromEnvironment(f, "node_rank") || FromEnvironment(f, "nnodes");
   if (mode == SchedulerMode::kAuto) {
     // mpirun inside a Slurm allocation: the Open MPI variables describe this very process.
     if (Has(env, "OMPI_COMM_WORLD_RANK") && Has(env, "OMPI_COMM_WORLD_SIZE")) {
@@ -379,6 +396,8 @@ absl::StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchFlags& f, const EnvMap& en
       // Only inside a job step (srun): a batch script also has SLURM_PROCID=0, but there the
       // launcher is the only one and should spawn the workers itself.
       mode = SchedulerMode::kSlurm;
+    } else if (!layout_from_env && Has(env, "RANK") && Has(env, "WORLD_SIZE")) {
+      mode = SchedulerMode::kTorchEnv;
     } else {
       mode = SchedulerMode::kNone;
     }
@@ -387,7 +406,8 @@ absl::StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchFlags& f, const EnvMap& en
     p.source = LayoutSource::kFlags;
     if (f.node_rank < 0 || f.node_rank >= f.nnodes) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--node_rank=", f.node_rank, " is outside [0, --nnodes=", f.nnodes, ")"));
+          absl::StrCat(f.Origin("node_rank"), "=", f.node_rank, " is outside [0, ",
+                       f.Origin("nnodes"), "=", f.nnodes, ")"));
     }
     p.nnodes = f.nnodes;
     p.node_rank = f.node_rank;
@@ -396,12 +416,23 @@ absl::StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchFlags& f, const EnvMap& en
     p.num_launchers = f.nnodes;
     p.launcher_id = f.node_rank;
     for (int i = 0; i < f.nproc_per_node; ++i) p.workers.push_back({f.node_rank * f.nproc_per_node + i, i});
-    p.describe = absl::StrCat("--nnodes=", f.nnodes, " --nproc_per_node=", f.nproc_per_node);
+    p.describe = absl::StrCat(f.Origin("nnodes"), "=", f.nnodes, " ", f.Origin("nproc_per_node"),
+                              "=", f.nproc_per_node);
+    if (!f.nproc_per_node_kind.empty()) absl::StrAppend(&p.describe, " (", f.nproc_per_node_kind, ")");
+    if (f.Given("node_rank") && f.Origin("node_rank") != "--node_rank") {
+      absl::StrAppend(&p.describe, " ", f.Origin("node_rank"), "=", f.node_rank);
+    }
+    BRAID_RETURN_IF_ERROR(CheckPodNumbers(f, env, p));
   } else {
-    const char* who = mode == SchedulerMode::kSlurm ? "Slurm" : "Open MPI";
-    p.source = mode == SchedulerMode::kSlurm ? LayoutSource::kSlurm : LayoutSource::kOpenMpi;
-    BRAID_ASSIGN_OR_RETURN(SchedulerLayout l,
-                              mode == SchedulerMode::kSlurm ? SlurmLayout(env) : OpenMpiLayout(env));
+    const char* who = mode == SchedulerMode::kSlurm     ? "Slurm"
+                      : mode == SchedulerMode::kOpenMpi ? "Open MPI"
+                                                        : "RANK/WORLD_SIZE";
+    p.source = mode == SchedulerMode::kSlurm     ? LayoutSource::kSlurm
+               : mode == SchedulerMode::kOpenMpi ? LayoutSource::kOpenMpi
+                                                 : LayoutSource::kTorchEnv;
+    BRAID_ASSIGN_OR_RETURN(SchedulerLayout l, mode == SchedulerMode::kSlurm     ? SlurmLayout(env)
+                                              : mode == SchedulerMode::kOpenMpi ? OpenMpiLayout(env)
+                                                                                : TorchEnvLayout(env));
     BRAID_RETURN_IF_ERROR(CheckRange(l, who));
     if (f.Given("nproc_per_node")) {
       // The scheduler started one launcher per node; each spawns its node's workers.
@@ -409,8 +440,9 @@ absl::StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchFlags& f, const EnvMap& en
         return absl::InvalidArgumentError(absl::StrCat(
             "with --nproc_per_node the launcher spawns the workers of its node, so the ", who,
             " job must start one launcher per node, but it has ", l.local_world_var, "=",
-            l.local_world, mode == SchedulerMode::kSlurm ? " (use srun --ntasks-per-node=1)"
-                                                         : " (use mpirun --map-by ppr:1:node)",
+            l.local_world, mode == SchedulerMode::kSlurm     ? " (use srun --ntasks-per-node=1)"
+                           : mode == SchedulerMode::kOpenMpi ? " (use mpirun --map-by ppr:1:node)"
+                                                             : " (start one launcher per node)",
             "; or drop --nproc_per_node to run one worker per task"));
       }
       BRAID_RETURN_IF_ERROR(CheckAgrees(f, "nnodes", f.nnodes, l.world_var, l.world));
@@ -422,8 +454,8 @@ absl::StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchFlags& f, const EnvMap& en
       p.num_launchers = l.world;
       p.launcher_id = l.rank;
       for (int i = 0; i < f.nproc_per_node; ++i) p.workers.push_back({l.rank * f.nproc_per_node + i, i});
-      p.describe = absl::StrCat(who, ": ", l.world_var, "=", l.world, " --nproc_per_node=",
-                                f.nproc_per_node);
+      p.describe = absl::StrCat(who, ": ", l.world_var, "=", l.world, " ",
+                                f.Origin("nproc_per_node"), "=", f.nproc_per_node);
     } else {
       BRAID_RETURN_IF_ERROR(CheckAgrees(f, "nnodes", f.nnodes, l.nnodes_var, l.nnodes));
       BRAID_RETURN_IF_ERROR(CheckAgrees(f, "node_rank", f.node_rank, l.node_var, l.node_rank));
@@ -438,6 +470,11 @@ absl::StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchFlags& f, const EnvMap& en
     }
   }
 
+  if (f.standalone) {
+    // torchrun --standalone: this machine, a free port; the environment's master is not ours.
+    p.master_addr = "127.0.0.1";
+    return p;
+  }
   // The master: flags, then the environment, then the scheduler's first node.
   p.master_addr = f.master_addr;
   if (p.master_addr.empty()) p.master_addr = EnvOr(env, "MASTER_ADDR", "");
@@ -460,7 +497,7 @@ absl::StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchFlags& f, const EnvMap& en
     p.master_addr = "127.0.0.1";
     p.master_addr_defaulted = p.nnodes > 1;
   }
-  if (f.Given("master_port")) {
+  if (f.Given("master_port") && f.master_port > 0) {
     p.master_port = f.master_port;
     p.master_port_given = true;
   } else if (Has(env, "MASTER_PORT")) {
@@ -473,6 +510,20 @@ absl::StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchFlags& f, const EnvMap& en
     p.master_port_given = true;
   }
   return p;
+}
+
+std::string DescribePlan(const LaunchPlan& p) {
+  std::string out = absl::StrCat(
+      "layout: ", p.describe, " (from ", LayoutSourceName(p.source), ")\n",
+      "world_size=", p.world_size, " nnodes=", p.nnodes, " node_rank=", p.node_rank,
+      " local_world_size=", p.local_world_size, "\n", "launchers=", p.num_launchers,
+      " launcher_id=", p.launcher_id, "\n", "master=", p.master_addr, ":",
+      p.master_port_given || p.num_launchers > 1 ? std::to_string(p.master_port) : "<free port>",
+      "\n");
+  for (const WorkerPlan& w : p.workers) {
+    absl::StrAppend(&out, "worker rank=", w.rank, " local_rank=", w.local_rank, "\n");
+  }
+  return out;
 }
 
 EnvMap WorkerEnvironment(const LaunchPlan& plan, const WorkerPlan& w, const std::string& token,
@@ -488,6 +539,15 @@ EnvMap WorkerEnvironment(const LaunchPlan& plan, const WorkerPlan& w, const std:
       {"MASTER_PORT", std::to_string(plan.master_port)},
       {"BRAID_JOB_TOKEN", token},
       {"BRAID_RESTART_COUNT", std::to_string(restart_count)},
+      // torchrun's names for the same facts, for programs written against it.
+      {"GROUP_RANK", std::to_string(plan.node_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(plan.nnodes)},
+      {"ROLE_NAME", plan.role},
+      {"ROLE_RANK", std::to_string(w.rank)},
+      {"ROLE_WORLD_SIZE", std::to_string(plan.world_size)},
+      {"TORCHELASTIC_RUN_ID", plan.run_id},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(plan.max_restarts)},
   };
 }
 

@@ -1,5 +1,5 @@
-// What one launcher process has to do: its flags, the rank layout (from flags, Slurm or Open MPI)
-// and the workers it starts. Pure functions of the command line and the environment, so that the
+// What one launcher process has to do: the rank layout (from flags, torchrun's and Kubernetes'
+// variables, Slurm, Open MPI) and the workers it starts. Pure functions of the command line and the environment, so that the
 // layout rules are unit-tested without starting anything.
 #ifndef BRAID_LAUNCHER_LAUNCH_PLAN_H_
 #define BRAID_LAUNCHER_LAUNCH_PLAN_H_
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "launcher/launch_flags.h"
 
 namespace braid::launcher {
 
@@ -17,38 +18,8 @@ using EnvMap = std::map<std::string, std::string>;
 // The environment of this process as a map (for the functions below).
 EnvMap CurrentEnvironment();
 
-enum class SchedulerMode { kAuto, kNone, kSlurm, kOpenMpi };
-
-struct LaunchFlags {
-  int nnodes = 1, node_rank = 0, nproc_per_node = 1;
-  std::string master_addr;  // "" = from the environment or the scheduler, else 127.0.0.1
-  int master_port = 0;      // 0 = not given
-  std::string log_dir;      // "" = the default (see DefaultLogDir)
-  int max_restarts = 0;
-  std::string program;      // "" = //launcher:train
-  SchedulerMode scheduler = SchedulerMode::kAuto;
-  double connect_timeout_s = 120;  // reaching the master's store
-  double rdzv_timeout_s = 300;     // every node checking in (per attempt)
-  double stop_grace_s = 10;        // SIGTERM -> SIGKILL
-  double heartbeat_timeout_s = 60;  // a silent launcher of another node counts as failed
-  int tail_lines = 10;
-  bool help = false;
-  // Which of the flags above were given (by name, without "--").
-  std::vector<std::string> given;
-  // Everything for the program: unknown flags before "--" and all arguments after it.
-  std::vector<std::string> program_args;
-
-  bool Given(const std::string& name) const;
-};
-
-// Parses argv[1..]. Flags the launcher knows are consumed before "--"; anything else before
-// "--" (e.g. --config=FILE) and everything after it goes to the program unchanged.
-absl::StatusOr<LaunchFlags> ParseLaunchFlags(const std::vector<std::string>& args);
-
-extern const char kLauncherUsage[];
-
 // Where the layout came from; named in messages so a user knows which numbers to fix.
-enum class LayoutSource { kFlags, kSlurm, kOpenMpi };
+enum class LayoutSource { kFlags, kSlurm, kOpenMpi, kTorchEnv };
 const char* LayoutSourceName(LayoutSource s);
 
 struct WorkerPlan {
@@ -70,12 +41,32 @@ struct LaunchPlan {
   bool master_addr_defaulted = false;  // none given: 127.0.0.1, every node on this machine
   bool master_port_given = false;  // false: node 0 may pick a free port (single launcher only)
   std::string describe;  // e.g. "--nnodes=2 --nproc_per_node=4" or "Slurm: SLURM_NTASKS=8"
+  // torchrun's names for the job, passed to the workers (ROLE_NAME, TORCHELASTIC_RUN_ID, ...).
+  std::string role = "default", run_id = "none";
+  int max_restarts = 0;
 };
 
-// Combines flags and environment (Slurm: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
-// SLURM_NODEID, SLURM_NNODES, SLURM_TASKS_PER_NODE, SLURM_JOB_NODELIST; Open MPI:
-// OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE; Open MPI names no node index, so the
-// node rank assumes ranks placed node by node, mpirun's default).
+// The flags as the environment completes them, in this order of precedence:
+//   1. the command line;
+//   2. torchrun's own variables for its flags (what Kubeflow's PyTorchJob sets): PET_NNODES,
+//      PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR, PET_MASTER_PORT, PET_RDZV_ENDPOINT,
+//      PET_RDZV_BACKEND, PET_RDZV_ID, PET_MAX_RESTARTS;
+//   3. the scheduler's: JOB_COMPLETION_INDEX (a Kubernetes Indexed Job's pod index) for the
+//      node rank; Slurm's and Open MPI's layouts (MakeLaunchPlan).
+// Two sources of one number (the node count, the node rank, workers per node, restarts, the
+// job id) must agree: a disagreement is an error naming both. Only node 0's address and port
+// given on the command line override the environment's (as $MASTER_ADDR always could);
+// PET_MASTER_ADDR and $MASTER_ADDR must agree with each other. Also resolves
+// --nproc_per_node=auto|cpu|gpu against `host`.
+absl::StatusOr<LaunchFlags> FlagsWithEnvironment(LaunchFlags flags, const EnvMap& env,
+                                                 const HostFacts& host);
+
+// Combines flags (as FlagsWithEnvironment returns them) and environment (Slurm: SLURM_PROCID,
+// SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_NNODES, SLURM_TASKS_PER_NODE,
+// SLURM_JOB_NODELIST; Open MPI: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE; Open MPI
+// names no node index, so the node rank assumes ranks placed node by node, mpirun's default;
+// torch's env:// variables RANK and WORLD_SIZE (LOCAL_RANK, LOCAL_WORLD_SIZE when given), for a
+// process started by something else that speaks them, e.g. an older PyTorchJob).
 // Under a scheduler, one launcher runs one worker, unless --nproc_per_node is given: then the
 // scheduler must have started one task per node and gives only the node rank and count.
 absl::StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchFlags& flags, const EnvMap& env);
@@ -85,6 +76,9 @@ absl::StatusOr<std::string> FirstSlurmHost(const std::string& nodelist);
 
 // Tasks on each node from SLURM_TASKS_PER_NODE: "2(x3),1" -> {2, 2, 2, 1}.
 absl::StatusOr<std::vector<int>> ParseSlurmTasksPerNode(const std::string& spec);
+
+// What --dry_run prints: the layout, the master, and this launcher's workers, one fact per line.
+std::string DescribePlan(const LaunchPlan& plan);
 
 // The variables the launcher sets for one worker (on top of its own environment).
 EnvMap WorkerEnvironment(const LaunchPlan& plan, const WorkerPlan& w, const std::string& token,

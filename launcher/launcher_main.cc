@@ -5,7 +5,8 @@
 //                            --master_port=Q --log_dir=D --max_restarts=R --program=PATH]
 //                           [--] <arguments for the program, e.g. --config=FILE>
 //
-// docs/LAUNCHING.md is the user's guide; `launcher --help` lists the flags.
+// docs/LAUNCHING.md is the user's guide; `launcher --help` lists the flags (launch_flags.h
+// parses them, launch_plan.h turns them and the environment into the job's layout).
 #include <arpa/inet.h>
 #include <errno.h>
 #include <poll.h>
@@ -278,10 +279,12 @@ std::vector<WorkerSpec> Launcher::Specs(int attempt) const {
     for (auto& [k, v] : WorkerEnvironment(plan_, w, token_, attempt)) s.env[k] = v;
     s.log_path = absl::StrCat(log_dir_, "/workerlog.", w.rank);
     s.append_log = attempt > 0;
-    s.echo = w.rank == 0;
+    ConsoleChoice console = ConsoleFor(flags_.console, plan_.role, w.rank, w.local_rank);
+    s.echo = console.echo;
+    s.echo_prefix = console.prefix;
     // A terminal for rank 0 when we have one: the training program then draws its live
     // progress line, as when run on its own.
-    s.echo_tty = s.echo && isatty(STDOUT_FILENO);
+    s.echo_tty = s.echo && console.tty_ok && isatty(STDOUT_FILENO);
     specs.push_back(std::move(s));
   }
   return specs;
@@ -497,11 +500,18 @@ int Main(int argc, char** argv) {
   absl::StatusOr<LaunchFlags> flags = ParseLaunchFlags(args);
   if (!flags.ok()) Die(absl::StrCat(flags.status().message(), " (launcher --help lists the flags)"));
   if (flags->help) {
-    std::printf("%s", kLauncherUsage);
+    std::printf("%s", LauncherUsage().c_str());
     return 0;
   }
-  absl::StatusOr<LaunchPlan> plan = MakeLaunchPlan(*flags, CurrentEnvironment());
+  const EnvMap env = CurrentEnvironment();
+  flags = FlagsWithEnvironment(*std::move(flags), env, DetectHost(env));
+  if (!flags.ok()) Die(std::string(flags.status().message()));
+  absl::StatusOr<LaunchPlan> plan = MakeLaunchPlan(*flags, env);
   if (!plan.ok()) Die(std::string(plan.status().message()));
+  if (flags->dry_run) {
+    std::printf("%s", DescribePlan(*plan).c_str());
+    return 0;
+  }
 
   std::string log_dir = flags->log_dir;
   if (log_dir.empty()) {
@@ -550,37 +560,13 @@ int Main(int argc, char** argv) {
                      plan->master_port, "). For nodes on several machines, pass "
                      "--master_addr=<node 0's address> to every launcher."));
   }
-  std::string token;
-  if (const char* t = std::getenv("BRAID_JOB_TOKEN"); t && *t) {
-    token = t;
-  } else if (plan->num_launchers > 1 && IsLoopbackAddress(plan->master_addr)) {
-    // Every node is on this machine: the launchers share a token through a file only this user
-    // can read, so the two-terminal run needs nothing set.
-    absl::StatusOr<std::string> folder = PrivateFolder();
-    absl::StatusOr<SharedToken> shared =
-        folder.ok() ? LocalJobToken(*folder, plan->master_addr, plan->master_port)
-                    : absl::StatusOr<SharedToken>(folder.status());
-    if (!shared.ok()) {
-      Die(absl::StrCat("cannot share a job token between the launchers on this machine: ",
-                       shared.status().message(),
-                       ". Or set the same BRAID_JOB_TOKEN for every launcher: export "
-                       "BRAID_JOB_TOKEN=$(openssl rand -hex 32)"));
-    }
-    token = shared->token;
-  } else if (plan->num_launchers > 1) {
-    Die(absl::StrCat(
-        "a job of ", plan->num_launchers, " launchers (", plan->describe,
-        ") needs the same secret job token on every node, and BRAID_JOB_TOKEN is not set. Create "
-        "one and set it everywhere before starting the launchers:\n  export BRAID_JOB_TOKEN=$(openssl "
-        "rand -hex 32)"));
-  } else {
-    absl::StatusOr<std::string> t = GenerateJobToken();
-    if (!t.ok()) Die(absl::StrCat("cannot generate a job token: ", t.status().message()));
-    token = *t;
-  }
+  absl::StatusOr<std::string> token = ChooseJobToken(
+      flags->job_token_file, std::getenv("BRAID_JOB_TOKEN"),
+      {plan->num_launchers, plan->master_addr, plan->master_port, plan->describe});
+  if (!token.ok()) Die(std::string(token.status().message()));
 
   Launcher launcher(*std::move(flags), *std::move(plan), std::move(program_argv),
-                    std::move(program.env), log_dir, token);
+                    std::move(program.env), log_dir, *token);
   return launcher.Run();
 }
 

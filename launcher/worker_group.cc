@@ -258,7 +258,7 @@ void WorkerGroup::CopyEcho(Worker& w) {
     ssize_t n = read(w.echo_fd, buf, sizeof buf);
     if (n > 0) {
       WriteAll(w.log_fd, buf, n);
-      WriteAll(1, buf, n);
+      Echo(w, buf, n, false);
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -266,9 +266,32 @@ void WorkerGroup::CopyEcho(Worker& w) {
     if (n == 0 || (n < 0 && errno != EAGAIN)) {
       close(w.echo_fd);
       w.echo_fd = -1;
+      Echo(w, nullptr, 0, true);
     }
     break;
   }
+}
+
+void WorkerGroup::Echo(Worker& w, const char* data, size_t n, bool flush) {
+  const std::string& prefix = w.spec.echo_prefix;
+  if (prefix.empty()) {
+    if (n > 0) WriteAll(1, data, n);
+    return;
+  }
+  w.partial_line.append(data, n);
+  std::string out;
+  size_t start = 0, nl;
+  while ((nl = w.partial_line.find('\n', start)) != std::string::npos) {
+    absl::StrAppend(&out, prefix, absl::string_view(w.partial_line).substr(start, nl + 1 - start));
+    start = nl + 1;
+  }
+  w.partial_line.erase(0, start);
+  // The end of the output, or a line too long to hold back (a progress line redrawn with '\r').
+  if (!w.partial_line.empty() && (flush || w.partial_line.size() > 65536)) {
+    absl::StrAppend(&out, prefix, w.partial_line, "\n");
+    w.partial_line.clear();
+  }
+  if (!out.empty()) WriteAll(1, out.data(), out.size());
 }
 
 void WorkerGroup::DrainOutput() {

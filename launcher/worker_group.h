@@ -33,6 +33,10 @@ struct WorkerSpec {
   // With echo: give the worker a pseudo-terminal instead of a pipe, so that a program that
   // draws a live progress line when it sees a terminal still does (use when our stdout is one).
   bool echo_tty = false;
+  // With echo: put this before every line on the console ("[default3]:"), so that the output of
+  // several workers can be told apart; whole lines only, so theirs never interleave mid-line.
+  // The log gets the output unchanged.
+  std::string echo_prefix;
 };
 
 struct WorkerExit {
@@ -88,7 +92,9 @@ class WorkerGroup {
     bool exited = false;
     bool group_gone = false;  // exited and no process left in its group: never signal it again
     int log_fd = -1, echo_fd = -1;  // echo_fd: read end of the output pipe
+    std::string partial_line;  // with echo_prefix: console output after the last newline
   };
+  void Echo(Worker& w, const char* data, size_t n, bool flush);
   void Reap();
   bool GroupsEmpty();
   void CopyEcho(Worker& w);

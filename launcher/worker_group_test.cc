@@ -17,6 +17,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 
 namespace braid::launcher {
@@ -218,6 +219,40 @@ TEST(WorkerGroup, EchoCopiesOutputToTheConsoleAndTheLog) {
   std::string log = Read(dir + "/workerlog.0");
   EXPECT_THAT(log, HasSubstr("to-stdout\n"));
   EXPECT_THAT(log, HasSubstr("to-stderr\n"));
+}
+
+// Several workers on one console (--tee): every console line carries its worker's prefix and
+// is whole, however the worker wrote it; the logs stay as written.
+TEST(WorkerGroup, EchoPrefixesWholeLines) {
+  std::string dir = TempDir();
+  fflush(stdout);
+  int saved = dup(1);
+  int fd = open((dir + "/console").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(fd, 0);
+  dup2(fd, 1);
+  close(fd);
+  {
+    WorkerGroup g;
+    std::vector<WorkerSpec> specs;
+    for (int r : {0, 1}) {
+      // A line written in pieces, then a last line without a newline.
+      WorkerSpec s = Shell(r, dir, absl::StrCat("printf 'part-a-", r, " '; printf 'part-b-", r,
+                                                "\\n'; printf 'unterminated-", r, "'"));
+      s.echo = true;
+      s.echo_prefix = absl::StrCat("[default", r, "]:");
+      specs.push_back(s);
+    }
+    ASSERT_TRUE(g.Start(specs).ok());
+    std::vector<WorkerExit> exits = WaitAll(g);
+    ASSERT_EQ(exits.size(), 2u);
+  }
+  dup2(saved, 1);
+  close(saved);
+  std::vector<std::string> lines = absl::StrSplit(Read(dir + "/console"), '\n', absl::SkipEmpty());
+  EXPECT_THAT(lines, ::testing::UnorderedElementsAre(
+                         "[default0]:part-a-0 part-b-0", "[default0]:unterminated-0",
+                         "[default1]:part-a-1 part-b-1", "[default1]:unterminated-1"));
+  EXPECT_EQ(Read(dir + "/workerlog.0"), "part-a-0 part-b-0\nunterminated-0");
 }
 
 TEST(WorkerGroup, EchoThroughATerminalWhenAsked) {

@@ -1,0 +1,634 @@
+#include "launcher/launch_flags.h"
+
+#include <dirent.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "launcher/device_binding.h"
+
+namespace braid::launcher {
+
+bool LaunchFlags::Given(const std::string& name) const {
+  return std::find(given.begin(), given.end(), name) != given.end();
+}
+
+std::string LaunchFlags::Origin(const std::string& name) const {
+  auto it = origin.find(name);
+  return it == origin.end() ? absl::StrCat("--", name) : it->second;
+}
+
+namespace {
+
+// The launcher's flags. Bool flags take no value ("--standalone"), or "=true"/"=false".
+struct FlagInfo {
+  const char* name;
+  bool is_bool;
+};
+constexpr FlagInfo kLauncherFlags[] = {
+    {"nnodes", false},          {"node_rank", false},       {"nproc_per_node", false},
+    {"master_addr", false},     {"master_port", false},     {"rdzv_endpoint", false},
+    {"rdzv_backend", false},    {"rdzv_id", false},         {"standalone", true},
+    {"role", false},            {"log_dir", false},         {"max_restarts", false},
+    {"program", false},         {"scheduler", false},       {"job_token_file", false},
+    {"connect_timeout_s", false}, {"rdzv_timeout_s", false}, {"stop_grace_s", false},
+    {"heartbeat_timeout_s", false}, {"tail_lines", false},  {"redirects", false},
+    {"tee", false},             {"local_ranks_filter", false}, {"monitor_interval", false},
+    {"start_method", false},    {"no_python", true},        {"no_local_rank", true},
+    {"dry_run", true},          {"help", true},
+};
+
+const FlagInfo* FindLauncherFlag(const std::string& name) {
+  for (const FlagInfo& f : kLauncherFlags) {
+    if (name == f.name) return &f;
+  }
+  return nullptr;
+}
+
+// The training program's flags (launcher/train_main.cc), accepted before "--" so that the
+// commands in the README keep working; print_config is its only bool.
+bool IsTrainingProgramBool(const std::string& name) { return name == "print_config"; }
+
+// torchrun and DeepSpeed flags the launcher knows but refuses, each with what to do instead.
+std::string Refusal(const std::string& name) {
+  static const std::map<std::string, std::string> kWhy = {
+      {"rdzv_conf", "Braid's rendezvous takes no options; its timeouts are --connect_timeout_s "
+                    "and --rdzv_timeout_s"},
+      {"local_addr", "a Braid launcher needs no address of its own: every node reaches node 0's "
+                     "store at --master_addr"},
+      {"module", "Braid starts an executable, not a Python module: name it with --program=PATH "
+                 "or as the first argument"},
+      {"run_path", "Braid starts an executable, not a Python script: name it with --program=PATH "
+                   "or as the first argument"},
+      {"logs_specs", "Braid's worker logs are <--log_dir>/workerlog.<rank>"},
+      {"numa_binding", "Braid does not bind workers to NUMA nodes: use numactl in the program's "
+                       "command or the scheduler's binding"},
+      {"event_log_handler", "Braid's launcher has no event log"},
+      {"signals_to_handle", "Braid's launcher forwards SIGINT, SIGTERM and SIGHUP to the workers"},
+      {"virtual_local_rank", "Braid gives every worker its own LOCAL_RANK"},
+      {"max_nodes", "Braid's jobs have a fixed number of nodes (--nnodes)"},
+      {"hostfile", "DeepSpeed's hostfile launcher has no Braid equivalent yet: start one launcher "
+                   "per node (docs/LAUNCHING.md)"},
+      {"include", "DeepSpeed's hostfile launcher has no Braid equivalent yet: start one launcher "
+                  "per node (docs/LAUNCHING.md)"},
+      {"exclude", "DeepSpeed's hostfile launcher has no Braid equivalent yet: start one launcher "
+                  "per node (docs/LAUNCHING.md)"},
+      {"ssh_port", "DeepSpeed's hostfile launcher has no Braid equivalent yet: start one launcher "
+                   "per node (docs/LAUNCHING.md)"},
+      {"launcher", "DeepSpeed's --launcher (pdsh, openmpi, slurm) has no Braid equivalent: run "
+                   "Braid's launcher under srun or mpirun instead (docs/LAUNCHING.md)"},
+      {"force_multi", "Braid's launcher needs no flag to run several nodes"},
+  };
+  auto it = kWhy.find(name);
+  return it == kWhy.end() ? "" : it->second;
+}
+
+// Other launchers' names for Braid's flags: the "did you mean" for a command copied from them.
+std::string ForeignName(const std::string& name) {
+  static const std::map<std::string, std::string> kSame = {
+      {"num_gpus", "nproc_per_node"},     {"num_nodes", "nnodes"},
+      {"num_processes", "nproc_per_node"}, {"num_machines", "nnodes"},
+      {"machine_rank", "node_rank"},      {"main_process_ip", "master_addr"},
+      {"main_process_port", "master_port"}, {"nproc", "nproc_per_node"},
+      {"master_ip", "master_addr"},       {"rank", "node_rank"},
+  };
+  auto it = kSame.find(name);
+  return it == kSame.end() ? "" : it->second;
+}
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The closest known flag, if one is close enough to be a typo; "" otherwise.
+std::string Suggest(const std::string& name) {
+  if (std::string f = ForeignName(name); !f.empty()) return f;
+  std::vector<std::string> names;
+  for (const FlagInfo& f : kLauncherFlags) names.push_back(f.name);
+  for (const std::string& t : TrainingProgramFlags()) names.push_back(t);
+  std::string best;
+  size_t best_d = std::string::npos;
+  for (const std::string& n : names) {
+    size_t d = EditDistance(name, n);
+    if (d < best_d) best_d = d, best = n;
+  }
+  if (best_d <= 2 || best_d * 3 <= name.size()) return best;
+  // An abbreviation of exactly one flag ("--nproc_per" for --nproc_per_node).
+  std::string prefix_of;
+  for (const std::string& n : names) {
+    if (name.size() >= 3 && absl::StartsWith(n, name)) {
+      if (!prefix_of.empty()) return "";
+      prefix_of = n;
+    }
+  }
+  return prefix_of;
+}
+
+absl::Status BadValue(const std::string& origin, const std::string& value, const std::string& want) {
+  return absl::InvalidArgumentError(absl::StrCat(origin, " wants ", want, ", got '", value, "'"));
+}
+
+absl::Status ParseInt(const std::string& origin, const std::string& v, int min, int* out) {
+  int x;
+  if (!absl::SimpleAtoi(v, &x)) return BadValue(origin, v, "an integer");
+  if (x < min) return BadValue(origin, v, absl::StrCat("a number >= ", min));
+  *out = x;
+  return absl::OkStatus();
+}
+
+absl::Status ParseSeconds(const std::string& origin, const std::string& v, double* out) {
+  double x;
+  if (!absl::SimpleAtod(v, &x) || !(x > 0)) return BadValue(origin, v, "a positive number of seconds");
+  *out = x;
+  return absl::OkStatus();
+}
+
+absl::Status ParsePort(const std::string& origin, const std::string& v, int* out) {
+  int x;
+  if (!absl::SimpleAtoi(v, &x) || x <= 0 || x > 65535) return BadValue(origin, v, "a port in 1..65535");
+  *out = x;
+  return absl::OkStatus();
+}
+
+absl::Status ParseBool(const std::string& origin, const std::string& v, bool* out) {
+  std::string l = absl::AsciiStrToLower(v);
+  if (l == "" || l == "1" || l == "true" || l == "yes") *out = true;
+  else if (l == "0" || l == "false" || l == "no") *out = false;
+  else return BadValue(origin, v, "true or false");
+  return absl::OkStatus();
+}
+
+// torchrun's --redirects/--tee: "3" for every local rank, or "0:3,1:0" per local rank.
+absl::Status ParseStreams(const std::string& origin, const std::string& v, std::map<int, int>* out) {
+  std::map<int, int> m;
+  auto code = [&](absl::string_view s, int* c) -> absl::Status {
+    if (!absl::SimpleAtoi(s, c) || *c < 0 || *c > 3) {
+      return BadValue(origin, v, "0 (none), 3 (stdout and stderr), or LOCAL_RANK:CODE,... ");
+    }
+    if (*c == 1 || *c == 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          origin, "=", v, ": Braid keeps a worker's stdout and stderr together in one log "
+          "(<--log_dir>/workerlog.<rank>), so it cannot pick one of them (1 = stdout, 2 = "
+          "stderr); use 3 for both, or 0"));
+    }
+    return absl::OkStatus();
+  };
+  if (v.find(':') == std::string::npos) {
+    int c;
+    if (absl::Status st = code(v, &c); !st.ok()) return st;
+    m[-1] = c;
+  } else {
+    for (absl::string_view part : absl::StrSplit(v, ',')) {
+      std::vector<absl::string_view> kv = absl::StrSplit(part, absl::MaxSplits(':', 1));
+      int lr, c;
+      if (kv.size() != 2 || !absl::SimpleAtoi(kv[0], &lr) || lr < 0) {
+        return BadValue(origin, v, "0, 3, or LOCAL_RANK:CODE,... (e.g. 0:3,1:0)");
+      }
+      if (absl::Status st = code(kv[1], &c); !st.ok()) return st;
+      m[lr] = c;
+    }
+  }
+  *out = std::move(m);
+  return absl::OkStatus();
+}
+
+// "host:port", "[v6]:port", or a bare host (no port: the default applies).
+absl::Status ParseEndpoint(const std::string& origin, const std::string& v, std::string* host,
+                           int* port) {
+  *port = 0;
+  if (absl::StartsWith(v, "[")) {
+    size_t rb = v.find(']');
+    if (rb == std::string::npos) return BadValue(origin, v, "HOST:PORT or [IPv6]:PORT");
+    *host = v.substr(1, rb - 1);
+    std::string rest = v.substr(rb + 1);
+    if (rest.empty()) return absl::OkStatus();
+    if (rest[0] != ':') return BadValue(origin, v, "HOST:PORT or [IPv6]:PORT");
+    return ParsePort(origin, rest.substr(1), port);
+  }
+  size_t colon = v.rfind(':');
+  if (colon == std::string::npos || v.find(':') != colon) {
+    *host = v;  // no port, or an IPv6 literal without brackets (and so without a port)
+  } else {
+    *host = v.substr(0, colon);
+    if (absl::Status st = ParsePort(origin, v.substr(colon + 1), port); !st.ok()) return st;
+  }
+  if (host->empty()) return BadValue(origin, v, "HOST:PORT");
+  return absl::OkStatus();
+}
+
+void MarkGiven(LaunchFlags* f, const std::string& name, const std::string& origin) {
+  if (!f->Given(name)) f->given.push_back(name);
+  f->origin[name] = origin;
+}
+
+// master_addr and master_port can come from two flags (--master_addr, --rdzv_endpoint): the
+// second source must agree with the first.
+absl::Status SetMaster(LaunchFlags* f, const std::string& addr, int port, const std::string& origin,
+                       const std::string& shown) {
+  if (!addr.empty()) {
+    if (f->Given("master_addr") && f->Origin("master_addr") != origin && f->master_addr != addr) {
+      return absl::InvalidArgumentError(absl::StrCat(f->Origin("master_addr"), "=", f->master_addr,
+                                                     " disagrees with ", origin, "=", shown,
+                                                     "; give node 0's address once"));
+    }
+    f->master_addr = addr;
+    MarkGiven(f, "master_addr", origin);
+  }
+  if (port != 0) {
+    if (f->Given("master_port") && f->Origin("master_port") != origin && f->master_port != port) {
+      return absl::InvalidArgumentError(absl::StrCat(f->Origin("master_port"), "=", f->master_port,
+                                                     " disagrees with ", origin, "=", shown,
+                                                     "; give the store's port once"));
+    }
+    f->master_port = port;
+    MarkGiven(f, "master_port", origin);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const std::vector<std::string>& TrainingProgramFlags() {
+  static const std::vector<std::string> kFlags = {"config",    "steps",   "threads",     "strategy",
+                                                  "init_from", "save_to", "print_config"};
+  return kFlags;
+}
+
+absl::Status SetLaunchFlag(LaunchFlags* f, const std::string& name, const std::string& v,
+                           const std::string& origin) {
+  absl::Status st;
+  if (name == "nnodes") {
+    // torchrun's elastic form MIN:MAX is accepted only as a fixed count (N or N:N).
+    std::vector<std::string> r = absl::StrSplit(v, ':');
+    int lo = 0, hi = 0;
+    if (r.size() > 2) return BadValue(origin, v, "a number of nodes");
+    st = ParseInt(origin, r[0], 1, &lo);
+    if (st.ok() && r.size() == 2) st = ParseInt(origin, r[1], 1, &hi);
+    if (!st.ok()) return st;
+    if (r.size() == 2 && hi != lo) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          origin, "=", v, " asks for an elastic job (between ", lo, " and ", hi,
+          " nodes); Braid's jobs have a fixed number of nodes: give one number, e.g. ", origin,
+          "=", hi));
+    }
+    f->nnodes = lo;
+  } else if (name == "node_rank") {
+    st = ParseInt(origin, v, 0, &f->node_rank);
+  } else if (name == "nproc_per_node") {
+    if (v == "auto" || v == "cpu" || v == "gpu") {
+      f->nproc_per_node_kind = v;
+      f->nproc_resolved = false;
+    } else if (int n; absl::SimpleAtoi(v, &n)) {
+      st = ParseInt(origin, v, 1, &f->nproc_per_node);
+      f->nproc_per_node_kind.clear();
+    } else {
+      return BadValue(origin, v, "a number >= 1, auto, cpu or gpu");
+    }
+  } else if (name == "master_addr") {
+    if (v.empty()) return BadValue(origin, v, "an address of node 0");
+    return SetMaster(f, v, 0, origin, v);
+  } else if (name == "master_port") {
+    int port;
+    if (st = ParsePort(origin, v, &port); !st.ok()) return st;
+    return SetMaster(f, "", port, origin, v);
+  } else if (name == "rdzv_endpoint") {
+    std::string host;
+    int port;
+    if (st = ParseEndpoint(origin, v, &host, &port); !st.ok()) return st;
+    st = SetMaster(f, host, port, origin, v);
+  } else if (name == "rdzv_backend") {
+    if (v == "static" || v == "c10d") {
+      f->rdzv_backend = v;
+    } else if (v == "etcd" || v == "etcd-v2") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          origin, "=", v, ": Braid's launchers meet in their own store, served by node 0's "
+          "launcher at --master_addr/--rdzv_endpoint (what torchrun's c10d backend does); there "
+          "is no etcd backend: use c10d, or leave the flag out"));
+    } else {
+      return BadValue(origin, v, "static or c10d (both mean Braid's own store on node 0)");
+    }
+  } else if (name == "rdzv_id") {
+    if (v.empty() || v.find_first_of(" \t\n=") != std::string::npos) {
+      return BadValue(origin, v, "an id without spaces or '='");
+    }
+    f->rdzv_id = v;
+  } else if (name == "role") {
+    if (v.empty() || v.find_first_of(" \t\n[]:") != std::string::npos) {
+      return BadValue(origin, v, "a name without spaces, brackets or ':'");
+    }
+    f->role = v;
+  } else if (name == "standalone") {
+    st = ParseBool(origin, v, &f->standalone);
+  } else if (name == "log_dir") {
+    f->log_dir = v;
+  } else if (name == "max_restarts") {
+    st = ParseInt(origin, v, 0, &f->max_restarts);
+  } else if (name == "program") {
+    if (v.empty()) return BadValue(origin, v, "the path or name of an executable");
+    f->program = v;
+  } else if (name == "scheduler") {
+    if (v == "auto") f->scheduler = SchedulerMode::kAuto;
+    else if (v == "none") f->scheduler = SchedulerMode::kNone;
+    else if (v == "slurm") f->scheduler = SchedulerMode::kSlurm;
+    else if (v == "mpi") f->scheduler = SchedulerMode::kOpenMpi;
+    else if (v == "env") f->scheduler = SchedulerMode::kTorchEnv;
+    else return BadValue(origin, v, "one of auto, none, slurm, mpi, env");
+  } else if (name == "job_token_file") {
+    if (v.empty()) return BadValue(origin, v, "the path of a file holding the job token");
+    f->job_token_file = v;
+  } else if (name == "connect_timeout_s") {
+    st = ParseSeconds(origin, v, &f->connect_timeout_s);
+  } else if (name == "rdzv_timeout_s") {
+    st = ParseSeconds(origin, v, &f->rdzv_timeout_s);
+  } else if (name == "stop_grace_s") {
+    st = ParseSeconds(origin, v, &f->stop_grace_s);
+  } else if (name == "heartbeat_timeout_s") {
+    st = ParseSeconds(origin, v, &f->heartbeat_timeout_s);
+  } else if (name == "tail_lines") {
+    st = ParseInt(origin, v, 0, &f->tail_lines);
+  } else if (name == "redirects") {
+    st = ParseStreams(origin, v, &f->console.redirects);
+  } else if (name == "tee") {
+    st = ParseStreams(origin, v, &f->console.tee);
+  } else if (name == "local_ranks_filter") {
+    std::vector<int> ranks;
+    for (absl::string_view s : absl::StrSplit(v, ',')) {
+      int r;
+      if (!absl::SimpleAtoi(s, &r) || r < 0) return BadValue(origin, v, "local ranks, e.g. 0,1");
+      ranks.push_back(r);
+    }
+    f->console.local_ranks_filter = ranks;
+  } else if (name == "monitor_interval") {
+    double unused;  // Braid's launcher watches its workers without a polling interval
+    st = ParseSeconds(origin, v, &unused);
+  } else if (name == "start_method") {
+    // Python multiprocessing's choice; Braid starts every worker with fork + exec.
+    if (v != "spawn" && v != "fork" && v != "forkserver") {
+      return BadValue(origin, v, "spawn, fork or forkserver");
+    }
+  } else if (name == "no_python" || name == "no_local_rank") {
+    // Braid always runs an executable and never passes --local_rank: nothing to change.
+    bool unused;
+    st = ParseBool(origin, v, &unused);
+  } else if (name == "dry_run") {
+    st = ParseBool(origin, v, &f->dry_run);
+  } else if (name == "help") {
+    st = ParseBool(origin, v, &f->help);
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("the launcher has no flag ", origin));
+  }
+  if (!st.ok()) return st;
+  if (name != "master_addr" && name != "master_port" && name != "rdzv_endpoint") {
+    MarkGiven(f, name, origin);
+  }
+  if (name == "rdzv_endpoint") MarkGiven(f, name, origin);
+  return absl::OkStatus();
+}
+
+std::string LaunchFlagValue(const LaunchFlags& f, const std::string& name) {
+  if (name == "nnodes") return std::to_string(f.nnodes);
+  if (name == "node_rank") return std::to_string(f.node_rank);
+  if (name == "nproc_per_node") {
+    return f.nproc_per_node_kind.empty() ? std::to_string(f.nproc_per_node) : f.nproc_per_node_kind;
+  }
+  if (name == "master_addr") return f.master_addr;
+  if (name == "master_port") return std::to_string(f.master_port);
+  if (name == "max_restarts") return std::to_string(f.max_restarts);
+  if (name == "rdzv_backend") return f.rdzv_backend;
+  if (name == "rdzv_id") return f.rdzv_id;
+  if (name == "standalone") return f.standalone ? "true" : "false";
+  return "";
+}
+
+absl::StatusOr<LaunchFlags> ParseLaunchFlags(const std::vector<std::string>& args) {
+  LaunchFlags f;
+  std::string positional_program;
+  std::string first_training_flag;  // the first training program's flag before "--"
+  bool rest = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (rest) {
+      f.program_args.push_back(a);
+      continue;
+    }
+    if (a == "--") {
+      rest = true;
+      continue;
+    }
+    if (a.empty() || a[0] != '-' || a == "-") {
+      // torchrun's "training_script [args...]": the program, then only its arguments.
+      positional_program = a;
+      rest = true;
+      continue;
+    }
+    std::string name, value;
+    bool has_value = false;
+    if (absl::StartsWith(a, "--")) {
+      std::string body = a.substr(2);
+      size_t eq = body.find('=');
+      name = body.substr(0, eq);
+      if (eq != std::string::npos) value = body.substr(eq + 1), has_value = true;
+      std::replace(name.begin(), name.end(), '-', '_');  // torchrun's --nproc-per-node
+    } else {
+      // torchrun's short options: -r (--redirects), -t (--tee), -m (--module), -h.
+      char c = a[1];
+      name = c == 'r' ? "redirects" : c == 't' ? "tee" : c == 'm' ? "module" : c == 'h' ? "help" : "";
+      if (name.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "unknown launcher option ", a, ". Arguments for the program go after --: launcher "
+            "[launcher flags] -- ", a));
+      }
+      if (a.size() > 2) value = a.substr(a[2] == '=' ? 3 : 2), has_value = true;
+    }
+    const std::string shown = absl::StrCat("--", name);
+    if (std::string why = Refusal(name); !why.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(shown, " is not supported: ", why));
+    }
+    const FlagInfo* info = FindLauncherFlag(name);
+    const auto& tf = TrainingProgramFlags();
+    const bool training = std::find(tf.begin(), tf.end(), name) != tf.end();
+    if (!info && !training) {
+      std::string msg = absl::StrCat("unknown launcher flag ", a.substr(0, a.find('=')));
+      if (std::string s = Suggest(name); !s.empty()) absl::StrAppend(&msg, "; did you mean --", s, "?");
+      absl::StrAppend(&msg, " Arguments for the program go after --: launcher [launcher flags] -- ",
+                      a);
+      return absl::InvalidArgumentError(msg);
+    }
+    const bool is_bool = info ? info->is_bool : IsTrainingProgramBool(name);
+    if (!has_value && !is_bool) {
+      if (i + 1 >= args.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(shown, " needs a value"));
+      }
+      value = args[++i];
+      has_value = true;
+    }
+    if (training) {
+      // Passed on in the spelling the training program reads (it has no dashed names).
+      f.program_args.push_back(has_value ? absl::StrCat(shown, "=", value) : shown);
+      if (first_training_flag.empty()) first_training_flag = shown;
+      continue;
+    }
+    if (absl::Status st = SetLaunchFlag(&f, name, value, shown); !st.ok()) return st;
+  }
+  if (!positional_program.empty()) {
+    if (!f.program.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "two programs: --program=", f.program, " and '", positional_program,
+          "'; give one (arguments for the program go after --)"));
+    }
+    f.program = positional_program;
+    MarkGiven(&f, "program", "the program argument");
+  }
+  if (!f.program.empty() && !first_training_flag.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        first_training_flag, " is a flag of the training program (//launcher:train), but this "
+        "launcher runs ", f.program, ": put that program's arguments after --: launcher ",
+        "--program=", f.program, " -- ", first_training_flag, "=..."));
+  }
+  if (f.standalone) {
+    // torchrun's --standalone: a one-node job whose store this launcher serves on a free port.
+    if (f.Given("nnodes") && f.nnodes != 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--standalone is a job of one node, but --nnodes=", f.nnodes, "; drop one of them"));
+    }
+    for (const char* n : {"master_addr", "master_port"}) {
+      if (f.Given(n)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--standalone serves the store on a free port of this machine, so ", f.Origin(n),
+            " has nothing to say; drop one of them"));
+      }
+    }
+  }
+  return f;
+}
+
+HostFacts DetectHost(const std::map<std::string, std::string>& env) {
+  HostFacts h;
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) h.cpus = std::max(1, CPU_COUNT(&set));
+  if (std::optional<std::vector<std::string>> visible = VisibleCudaDevices(env)) {
+    h.gpus = static_cast<int>(visible->size());
+    return h;
+  }
+  // The NVIDIA driver makes /dev/nvidia0, /dev/nvidia1, ... (besides nvidiactl, nvidia-uvm).
+  if (DIR* d = opendir("/dev")) {
+    while (dirent* e = readdir(d)) {
+      const char* n = e->d_name;
+      if (std::strncmp(n, "nvidia", 6) != 0 || !n[6]) continue;
+      bool digits = true;
+      for (const char* p = n + 6; *p; ++p) digits = digits && std::isdigit(static_cast<unsigned char>(*p));
+      if (digits) ++h.gpus;
+    }
+    closedir(d);
+  }
+  return h;
+}
+
+absl::Status ResolveNprocPerNode(LaunchFlags* f, const HostFacts& host) {
+  const std::string& k = f->nproc_per_node_kind;
+  if (k.empty()) return absl::OkStatus();
+  if (k == "gpu" && host.gpus < 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        f->Origin("nproc_per_node"), "=gpu: this machine shows no GPU (no /dev/nvidiaN, or "
+        "CUDA_VISIBLE_DEVICES lists none); give a number of workers, or cpu"));
+  }
+  f->nproc_resolved = true;
+  f->nproc_per_node = k == "cpu" ? host.cpus : k == "gpu" ? host.gpus : (host.gpus > 0 ? host.gpus : host.cpus);
+  return absl::OkStatus();
+}
+
+ConsoleChoice ConsoleFor(const ConsoleSpec& c, const std::string& role, int rank, int local_rank) {
+  ConsoleChoice out;
+  if (c.Default()) {
+    out.echo = rank == 0;
+    out.tty_ok = out.echo;
+    return out;
+  }
+  auto code = [local_rank](const std::map<int, int>& m) {
+    auto it = m.find(local_rank);
+    if (it == m.end()) it = m.find(-1);
+    return it == m.end() ? 0 : it->second;
+  };
+  const auto& filter = c.local_ranks_filter;
+  const bool in_filter = std::find(filter.begin(), filter.end(), local_rank) != filter.end();
+  bool show;
+  if (!c.tee.empty()) show = code(c.tee) != 0;
+  else if (!filter.empty()) show = true;
+  else show = rank == 0;
+  if (!filter.empty()) show = show && in_filter;
+  if (code(c.redirects) != 0 && code(c.tee) == 0) show = false;
+  out.echo = show;
+  if (show) out.prefix = absl::StrCat("[", role, rank, "]:");
+  return out;
+}
+
+std::string LauncherUsage() {
+  return absl::StrCat(
+      "usage: launcher [flags] [--] [ARGS for the program]\n"
+      "       launcher [flags] PROGRAM [ARGS for it]      (torchrun's form)\n"
+      "\n"
+      "Starts P workers on this node (ranks K*P .. K*P+P-1 of N*P) running the training program\n"
+      "(//launcher:train) or PROGRAM with ARGS, and watches them: one worker failing stops the\n"
+      "job on every node (or restarts it, --max_restarts). Flag names take '-' or '_'\n"
+      "(--nproc-per-node); an unknown flag is an error. Before --, the training program's own\n"
+      "flags are passed on to it too: --",
+      absl::StrJoin(TrainingProgramFlags(), ", --"),
+      ".\n"
+      "\n"
+      "  --nnodes=N            nodes in the job (default 1; torchrun's N:N form too)\n"
+      "  --node_rank=K         this node's index, 0..N-1 (default 0); node 0 serves the store\n"
+      "  --nproc_per_node=P    workers per node: a number, auto (one per GPU, else per CPU), gpu\n"
+      "                        or cpu (default 1)\n"
+      "  --master_addr=A       address of node 0 that every node reaches (default: $MASTER_ADDR,\n"
+      "                        else 127.0.0.1: every node on this machine)\n"
+      "  --master_port=Q       port of the rendezvous store on node 0 (default: $MASTER_PORT,\n"
+      "                        else 29500; a single node picks a free port when none is given)\n"
+      "  --rdzv_endpoint=A:Q   the same as --master_addr=A --master_port=Q (torchrun)\n"
+      "  --rdzv_backend=B      static or c10d: both mean Braid's own store on node 0\n"
+      "  --rdzv_id=ID          the job's id; every launcher of the job must give the same\n"
+      "  --standalone          one node, the store on a free port of this machine\n"
+      "  --role=NAME           the workers' role (ROLE_NAME; console prefix), default 'default'\n"
+      "  --log_dir=D           worker logs D/workerlog.<rank> (default runs/workers-<time>, in the\n"
+      "                        workspace under bazel run); the training program gets it too\n"
+      "  --max_restarts=R      restart the whole worker group up to R times on failure (default 0)\n"
+      "  --program=PATH        run this executable instead of the training program\n"
+      "  --job_token_file=F    read the job token from F (a mounted secret) instead of\n"
+      "                        $BRAID_JOB_TOKEN\n"
+      "  --tee=3 | --redirects=3 | --local_ranks_filter=0,1\n"
+      "                        which workers' output the console shows (default: rank 0's);\n"
+      "                        per local rank: --tee=0:3,1:0\n"
+      "  --scheduler=auto|none|slurm|mpi|env   where the rank layout comes from (default auto:\n"
+      "                        Slurm, Open MPI or RANK/WORLD_SIZE variables when present)\n"
+      "  --connect_timeout_s=S give up reaching the master's store after S s (default 120)\n"
+      "  --rdzv_timeout_s=S    give up waiting for every node to check in after S s (default 300)\n"
+      "  --stop_grace_s=S      SIGTERM, then SIGKILL after S s (default 10)\n"
+      "  --heartbeat_timeout_s=S  another node's launcher silent this long counts as failed (60)\n"
+      "  --tail_lines=L        lines of a failed worker's log to print (default 10)\n"
+      "  --dry_run             print what this launcher would start, and exit\n"
+      "\n"
+      "torchrun's PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR and\n"
+      "PET_MASTER_PORT and Kubernetes' JOB_COMPLETION_INDEX stand in for flags not given.\n"
+      "Several nodes need the same secret on every node: export BRAID_JOB_TOKEN=$(openssl rand "
+      "-hex 32),\nor --job_token_file. See docs/LAUNCHING.md.\n");
+}
+
+}  // namespace braid::launcher

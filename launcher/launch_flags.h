@@ -1,0 +1,114 @@
+// The launcher's command line: Braid's own flags and torchrun's spellings of them, the training
+// program's flags that may stand before "--", and the console's choice of which workers' output
+// to show. Pure functions, unit-tested in launch_flags_test.cc; the layout those flags and the
+// environment give is launch_plan.h's business.
+#ifndef BRAID_LAUNCHER_LAUNCH_FLAGS_H_
+#define BRAID_LAUNCHER_LAUNCH_FLAGS_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace braid::launcher {
+
+enum class SchedulerMode { kAuto, kNone, kSlurm, kOpenMpi, kTorchEnv };
+
+// Which workers' output the launcher copies to its console (every worker's output is always in
+// its log). From torchrun's --redirects, --tee and --local_ranks_filter; see ConsoleFor.
+struct ConsoleSpec {
+  // Per local rank, torchrun's stream code (0 none, 3 stdout and stderr); key -1 = every rank.
+  std::map<int, int> redirects, tee;
+  std::vector<int> local_ranks_filter;  // empty = not given
+  bool Default() const { return redirects.empty() && tee.empty() && local_ranks_filter.empty(); }
+};
+
+struct LaunchFlags {
+  int nnodes = 1, node_rank = 0, nproc_per_node = 1;
+  // "auto", "cpu" or "gpu" until ResolveNprocPerNode turns it into nproc_per_node; "" = a number.
+  std::string nproc_per_node_kind;
+  bool nproc_resolved = false;  // ResolveNprocPerNode ran on nproc_per_node_kind
+  std::string master_addr;  // "" = from the environment or the scheduler, else 127.0.0.1
+  int master_port = 0;      // 0 = not given
+  bool standalone = false;  // torchrun --standalone: one node, a free port on this machine
+  std::string rdzv_backend = "static";  // static or c10d: both mean Braid's own store
+  std::string rdzv_id = "none";  // the job's id: every launcher of a job must give the same
+  std::string role = "default";  // torchrun's worker role (ROLE_NAME, the console prefix)
+  std::string log_dir;      // "" = the default (runs/workers-<time>)
+  int max_restarts = 0;
+  std::string program;      // "" = //launcher:train
+  SchedulerMode scheduler = SchedulerMode::kAuto;
+  std::string job_token_file;  // "" = BRAID_JOB_TOKEN or a generated/shared token
+  double connect_timeout_s = 120;  // reaching the master's store
+  double rdzv_timeout_s = 300;     // every node checking in (per attempt)
+  double stop_grace_s = 10;        // SIGTERM -> SIGKILL
+  double heartbeat_timeout_s = 60;  // a silent launcher of another node counts as failed
+  int tail_lines = 10;
+  ConsoleSpec console;
+  bool help = false;
+  bool dry_run = false;  // print the plan and exit: what each node/pod would do
+  // Which of the flags above were given (by canonical name, without "--"), and where each value
+  // came from: "--nnodes" for the command line, or the environment variable ("PET_NNODES",
+  // "JOB_COMPLETION_INDEX") that supplied it (launch_plan.cc).
+  std::vector<std::string> given;
+  std::map<std::string, std::string> origin;
+  // Everything for the program: the training program's flags before "--" (canonical spelling)
+  // and every argument after "--" (or after a positional program), in order.
+  std::vector<std::string> program_args;
+
+  bool Given(const std::string& name) const;
+  // How to name the source of a flag's value in a message: "--nnodes" or "PET_NNODES".
+  std::string Origin(const std::string& name) const;
+};
+
+// Parses argv[1..]. Flag names may use '-' or '_' ("--nproc-per-node"); values follow '=' or
+// come as the next argument. Before "--" the launcher accepts its own flags, torchrun's, and the
+// training program's own flags (--config, --steps, ...: passed on unchanged when the program is
+// the training program); anything else is an error with a "did you mean". The first positional
+// argument names the program (as torchrun's training script), and every argument after it is
+// the program's. Everything after "--" is the program's.
+absl::StatusOr<LaunchFlags> ParseLaunchFlags(const std::vector<std::string>& args);
+
+// Sets one flag from text, as the command line would; `origin` names the source in messages
+// ("--nnodes" or "PET_NNODES"). Used for torchrun's PET_* variables (launch_plan.cc).
+absl::Status SetLaunchFlag(LaunchFlags* f, const std::string& name, const std::string& value,
+                           const std::string& origin);
+
+// A flag's value as text, for comparing two sources of it ("" for flags that have none).
+std::string LaunchFlagValue(const LaunchFlags& f, const std::string& name);
+
+// The training program's flags that may stand before "--" (//launcher:train's own).
+const std::vector<std::string>& TrainingProgramFlags();
+
+// The usage text (`launcher --help`).
+std::string LauncherUsage();
+
+// What this machine offers for --nproc_per_node=auto|cpu|gpu.
+struct HostFacts {
+  int cpus = 1;  // CPUs this process may run on
+  int gpus = 0;  // GPUs it can see
+};
+// CPUs from the affinity mask; GPUs from CUDA_VISIBLE_DEVICES when set, else the /dev/nvidiaN
+// device files.
+HostFacts DetectHost(const std::map<std::string, std::string>& env);
+
+// Turns --nproc_per_node=auto|cpu|gpu into a number, as torchrun: auto = one per GPU when
+// there are GPUs, else one per CPU; gpu = one per GPU (an error without one); cpu = one per CPU.
+absl::Status ResolveNprocPerNode(LaunchFlags* f, const HostFacts& host);
+
+// How one worker's output reaches the console.
+struct ConsoleChoice {
+  bool echo = false;      // copy its output to the launcher's stdout
+  std::string prefix;     // put before each console line ("" = none)
+  bool tty_ok = false;    // may get a pseudo-terminal (only the lone default echo: rank 0)
+};
+// Default: global rank 0 only, unprefixed, as the program run alone. --tee=3 (or per local rank
+// "0:3,1:0"): those ranks too; --local_ranks_filter: only these local ranks; --redirects=3: none
+// of those ranks on the console (their logs only). Any choice but the default prefixes each line
+// with "[<role><rank>]:", as torchrun does.
+ConsoleChoice ConsoleFor(const ConsoleSpec& c, const std::string& role, int rank, int local_rank);
+
+}  // namespace braid::launcher
+
+#endif  // BRAID_LAUNCHER_LAUNCH_FLAGS_H_
