@@ -193,24 +193,39 @@ class SlottedOptimizer : public Optimizer {
   std::vector<std::vector<std::vector<Tensor>>> state_;  // [group][param][slot]
 };
 
+// AdamW, and Adam with L2 weight decay (`decoupled` false). One class: the moments, the bias
+// correction and the state dict are the same; only where weight decay enters differs.
 class AdamW final : public SlottedOptimizer {
  public:
-  AdamW(std::vector<ParamGroup> groups, AdamWOptions opts)
-      : SlottedOptimizer(std::move(groups), {"exp_avg", "exp_avg_sq"}), opts_(opts) {}
+  AdamW(std::vector<ParamGroup> groups, AdamWOptions opts, std::string name, bool decoupled)
+      : SlottedOptimizer(std::move(groups), {"exp_avg", "exp_avg_sq"}),
+        opts_(opts),
+        name_(std::move(name)),
+        decoupled_(decoupled) {}
 
-  std::string name() const override { return "AdamW"; }
+  std::string name() const override { return name_; }
 
   void Step() override {
     SyncState();
     ++step_;
     for (size_t g = 0; g < groups_.size(); ++g) {
       const ParamGroup& group = groups_[g];
-      kernels::AdamWParams params{group.lr,  opts_.beta1,        opts_.beta2,
-                                  opts_.eps, group.weight_decay, step_};
+      const bool l2 = !decoupled_ && group.weight_decay != 0.0f;
+      kernels::AdamWParams params{group.lr,  opts_.beta1,
+                                  opts_.beta2, opts_.eps,
+                                  decoupled_ ? group.weight_decay : 0.0f, step_};
       for (size_t i = 0; i < group.params.size(); ++i) {
         Tensor p = group.params[i];
-        Tensor grad = GradOf(p, "AdamW");
+        Tensor grad = GradOf(p, name_.c_str());
         if (!grad.defined()) continue;
+        if (l2) {
+          // grad + weight_decay × param into a scratch tensor: the parameter's own .grad stays
+          // what backward produced (clipping and logging read it).
+          Tensor decayed = Tensor::Empty(p.shape(), DType::kF32, p.device());
+          kernels::unary.Get(p.device())(kernels::UnaryOp::kScale, p, group.weight_decay, decayed);
+          kernels::binary.Get(p.device())(kernels::BinaryOp::kAdd, grad, decayed, decayed);
+          grad = decayed;
+        }
         kernels::adamw.Get(p.device())(p, grad, Slot(g, i, 0), Slot(g, i, 1), params);
       }
     }
@@ -218,6 +233,8 @@ class AdamW final : public SlottedOptimizer {
 
  private:
   AdamWOptions opts_;
+  std::string name_;
+  bool decoupled_;
 };
 
 class Sgd final : public SlottedOptimizer {
@@ -291,7 +308,14 @@ class WarmupCosine final : public LrSchedule {
 std::unique_ptr<Optimizer> MakeAdamW(std::vector<ParamGroup> groups, AdamWOptions opts) {
   BRAID_CHECK(opts.beta1 >= 0 && opts.beta1 < 1 && opts.beta2 >= 0 && opts.beta2 < 1)
       << "AdamW betas must be in [0, 1): got " << opts.beta1 << ", " << opts.beta2;
-  return std::make_unique<AdamW>(std::move(groups), opts);
+  return std::make_unique<AdamW>(std::move(groups), opts, "AdamW", /*decoupled=*/true);
+}
+
+std::unique_ptr<Optimizer> MakeAdam(std::vector<ParamGroup> groups, AdamOptions opts) {
+  BRAID_CHECK(opts.beta1 >= 0 && opts.beta1 < 1 && opts.beta2 >= 0 && opts.beta2 < 1)
+      << "Adam betas must be in [0, 1): got " << opts.beta1 << ", " << opts.beta2;
+  return std::make_unique<AdamW>(std::move(groups), AdamWOptions{opts.beta1, opts.beta2, opts.eps},
+                                 "Adam", opts.adam_w_mode);
 }
 
 std::unique_ptr<Optimizer> MakeSgd(std::vector<ParamGroup> groups, SgdOptions opts) {
@@ -371,7 +395,7 @@ float ClipGradNormSharded(Optimizer& optimizer, const std::vector<Tensor>& param
 
 // ---------------------------------------------------------------------------------------------
 // Registration of the built-in optimizers (core/registry.h): config validation and the training
-// program find "AdamW" and "SGD" by name in the registry, as they will find plugins' optimizers.
+// program find "AdamW", "Adam" and "SGD" by name in the registry, as they will find plugins' optimizers.
 // (Kept apart, with its own includes, from the optimizers above.)
 
 #include "core/config/train_config.pb.h"
@@ -381,19 +405,26 @@ namespace braid {
 namespace {
 
 constexpr double kAdamWDefaultBeta1 = 0.9, kAdamWDefaultBeta2 = 0.95;  // GPT training's
-constexpr double kAdamWDefaultEps = 1e-8;
 constexpr double kAdamWDefaultWeightDecay = 0.1;
+// DeepSpeed's "Adam" takes FusedAdam's (and PyTorch's) defaults, so that a DeepSpeed config that
+// leaves them out trains as it did there.
+constexpr double kAdamDefaultBeta1 = 0.9, kAdamDefaultBeta2 = 0.999;
+constexpr double kAdamDefaultWeightDecay = 0.0;
+constexpr double kDefaultEps = 1e-8;
 
 void CheckUnitInterval(const std::string& field, double v, ConfigProblems* problems) {  // [0, 1)
   if (!(v >= 0 && v < 1)) problems->push_back(absl::StrCat(field, " (", v, ") must be in [0, 1)"));
 }
 
-void ValidateAdamW(config::OptimizerConfig* opt, ConfigProblems* problems) {
+// betas, eps and weight_decay of Adam and AdamW, with the given defaults; DeepSpeed's Adam
+// switches (adam_w_mode, torch_adam, bias_correction).
+void ValidateAdamFamily(config::OptimizerConfig* opt, double beta1, double beta2,
+                        double weight_decay, ConfigProblems* problems) {
   config::OptimizerParams* p = opt->mutable_params();
-  if (!p->has_weight_decay()) p->set_weight_decay(kAdamWDefaultWeightDecay);
+  if (!p->has_weight_decay()) p->set_weight_decay(weight_decay);
   if (p->betas_size() == 0) {
-    p->add_betas(kAdamWDefaultBeta1);
-    p->add_betas(kAdamWDefaultBeta2);
+    p->add_betas(beta1);
+    p->add_betas(beta2);
   } else if (p->betas_size() != 2) {
     problems->push_back(absl::StrCat("optimizer.params.betas has ", p->betas_size(),
                                      " value(s) [", absl::StrJoin(p->betas(), ", "),
@@ -402,51 +433,100 @@ void ValidateAdamW(config::OptimizerConfig* opt, ConfigProblems* problems) {
     CheckUnitInterval("optimizer.params.betas[0]", p->betas(0), problems);
     CheckUnitInterval("optimizer.params.betas[1]", p->betas(1), problems);
   }
-  if (!p->has_eps()) p->set_eps(kAdamWDefaultEps);
+  if (!p->has_eps()) p->set_eps(kDefaultEps);
   if (!(std::isfinite(p->eps()) && p->eps() > 0)) {
     problems->push_back(
         absl::StrCat("optimizer.params.eps (", p->eps(), ") must be a finite number > 0"));
   }
+  if (p->has_bias_correction() && !p->bias_correction()) {
+    problems->push_back(
+        "optimizer.params.bias_correction false: Braid's Adam and AdamW always correct the "
+        "moments' bias; remove it or set it true");
+  }
+}
+
+void ValidateAdamW(config::OptimizerConfig* opt, ConfigProblems* problems) {
+  ValidateAdamFamily(opt, kAdamWDefaultBeta1, kAdamWDefaultBeta2, kAdamWDefaultWeightDecay,
+                     problems);
+  // DeepSpeed's "AdamW" forces decoupled decay whatever adam_w_mode says; a config saying
+  // false asked for L2, which this type would not give.
+  config::OptimizerParams* p = opt->mutable_params();
+  if (p->has_adam_w_mode() && !p->adam_w_mode()) {
+    problems->push_back(
+        "optimizer.params.adam_w_mode false contradicts optimizer.type \"AdamW\" (decoupled "
+        "weight decay); for L2 weight decay use optimizer.type \"Adam\" with adam_w_mode false");
+  }
+}
+
+void ValidateAdam(config::OptimizerConfig* opt, ConfigProblems* problems) {
+  ValidateAdamFamily(opt, kAdamDefaultBeta1, kAdamDefaultBeta2, kAdamDefaultWeightDecay, problems);
+  config::OptimizerParams* p = opt->mutable_params();
+  if (!p->has_adam_w_mode()) p->set_adam_w_mode(true);  // DeepSpeed's default
 }
 
 void ValidateSgd(config::OptimizerConfig* opt, ConfigProblems* problems) {
   config::OptimizerParams* p = opt->mutable_params();
   if (!p->has_weight_decay()) p->set_weight_decay(0.0);
   if (!p->has_momentum()) p->set_momentum(0.0);
+  if (!p->has_dampening()) p->set_dampening(0.0);
   if (!p->has_nesterov()) p->set_nesterov(false);
   CheckUnitInterval("optimizer.params.momentum", p->momentum(), problems);
+  CheckUnitInterval("optimizer.params.dampening", p->dampening(), problems);
   if (p->nesterov() && !(p->momentum() > 0)) {
     problems->push_back(absl::StrCat(
         "optimizer.params.nesterov needs optimizer.params.momentum > 0 (it is ", p->momentum(),
         ")"));
   }
+  if (p->nesterov() && p->dampening() != 0) {
+    problems->push_back(absl::StrCat("optimizer.params.nesterov needs optimizer.params.dampening 0 "
+                                     "(it is ",
+                                     p->dampening(), "), as in PyTorch"));
+  }
+}
+
+AdamWOptions AdamWOptionsOf(const config::OptimizerParams& p) {
+  AdamWOptions o;
+  if (p.betas_size() == 2) {
+    o.beta1 = float(p.betas(0));
+    o.beta2 = float(p.betas(1));
+  }
+  if (p.has_eps()) o.eps = float(p.eps());
+  return o;
 }
 
 const bool kBuiltInOptimizersRegistered = [] {
+  // DeepSpeed's switches are taken by both Adam types, so that a DeepSpeed section moves between
+  // them unchanged.
+  const std::vector<std::string> adam_params = {"betas", "eps", "adam_w_mode", "torch_adam",
+                                                "bias_correction"};
   OptimizerSpec adamw;
-  adamw.params = {"betas", "eps"};
+  adamw.params = adam_params;
   adamw.validate = ValidateAdamW;
   adamw.is_default = true;  // the reference run's
   adamw.make = [](std::vector<ParamGroup> groups, const config::OptimizerConfig& opt) {
-    const config::OptimizerParams& p = opt.params();
-    AdamWOptions o;
-    if (p.betas_size() == 2) {
-      o.beta1 = float(p.betas(0));
-      o.beta2 = float(p.betas(1));
-    }
-    if (p.has_eps()) o.eps = float(p.eps());
-    return MakeAdamW(std::move(groups), o);
+    return MakeAdamW(std::move(groups), AdamWOptionsOf(opt.params()));
+  };
+  OptimizerSpec adam;
+  adam.params = adam_params;
+  adam.validate = ValidateAdam;
+  adam.make = [](std::vector<ParamGroup> groups, const config::OptimizerConfig& opt) {
+    AdamWOptions w = AdamWOptionsOf(opt.params());
+    AdamOptions o{w.beta1, w.beta2, w.eps, /*adam_w_mode=*/true};
+    if (opt.params().has_adam_w_mode()) o.adam_w_mode = opt.params().adam_w_mode();
+    return MakeAdam(std::move(groups), o);
   };
   OptimizerSpec sgd;
-  sgd.params = {"momentum", "nesterov"};
+  sgd.params = {"momentum", "nesterov", "dampening"};
   sgd.validate = ValidateSgd;
   sgd.make = [](std::vector<ParamGroup> groups, const config::OptimizerConfig& opt) {
     SgdOptions o;
     o.momentum = float(opt.params().momentum());
+    o.dampening = float(opt.params().dampening());
     o.nesterov = opt.params().nesterov();
     return MakeSgd(std::move(groups), o);
   };
   BRAID_CHECK_OK(Registry::Get().AddOptimizer("AdamW", std::move(adamw)));
+  BRAID_CHECK_OK(Registry::Get().AddOptimizer("Adam", std::move(adam)));
   BRAID_CHECK_OK(Registry::Get().AddOptimizer("SGD", std::move(sgd)));
   return true;
 }();

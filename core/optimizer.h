@@ -70,6 +70,15 @@ struct AdamWOptions {
 };
 std::unique_ptr<Optimizer> MakeAdamW(std::vector<ParamGroup> groups, AdamWOptions opts = {});
 
+// DeepSpeed's "Adam": with adam_w_mode (DeepSpeed's default) it is AdamW (decoupled weight
+// decay); without, PyTorch's Adam, whose weight decay is L2 regularisation: weight_decay × param
+// is added to the gradient before the moments, so it is scaled by the adaptive denominator.
+struct AdamOptions {
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  bool adam_w_mode = true;
+};
+std::unique_ptr<Optimizer> MakeAdam(std::vector<ParamGroup> groups, AdamOptions opts = {});
+
 struct SgdOptions {
   float momentum = 0.0f, dampening = 0.0f;
   bool nesterov = false;

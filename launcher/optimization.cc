@@ -6,6 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/check.h"
+#include "core/lr_schedule.h"
 #include "core/registry.h"
 
 namespace braid::launcher {
@@ -37,11 +38,36 @@ OptimizerFactory MakeOptimizerFactory(const TrainConfig& cfg) {
 }
 
 std::unique_ptr<LrSchedule> MakeSchedule(const TrainConfig& cfg) {
-  if (cfg.scheduler().type() == "WarmupCosine") {
-    const auto& s = cfg.scheduler().params();
+  namespace ds = deepspeed_lr;
+  const std::string& type = cfg.scheduler().type();
+  const auto& s = cfg.scheduler().params();
+  const ds::WarmupType warmup_type =
+      s.warmup_type() == "linear" ? ds::WarmupType::kLinear : ds::WarmupType::kLog;
+  if (type == "WarmupCosine") {
     return WarmupCosineLr(float(s.warmup_max_lr()), float(s.min_lr()), s.warmup_num_steps(),
                           s.total_num_steps(), float(s.warmup_min_lr()));
   }
+  if (type == "WarmupLR" || type == "WarmupDecayLR") {
+    ds::WarmupParams w{s.warmup_min_lr(), s.warmup_max_lr(), s.warmup_num_steps(), warmup_type};
+    return type == "WarmupLR" ? ds::WarmupLR(w) : ds::WarmupDecayLR(w, s.total_num_steps());
+  }
+  if (type == "WarmupCosineLR") {
+    // The ratios are of the configured rate, never of the optimizer's current one (DeepSpeed
+    // reads the latter at construction, which after a resume is the schedule's last value).
+    return ds::WarmupCosineLR({cfg.optimizer().params().lr(), s.total_num_steps(),
+                               s.warmup_min_ratio(), s.warmup_num_steps(), s.cos_min_ratio(),
+                               warmup_type});
+  }
+  if (type == "OneCycle") {
+    return ds::OneCycle({s.cycle_min_lr(), s.cycle_max_lr(), s.cycle_first_step_size(),
+                         s.cycle_second_step_size(), s.decay_step_size(), s.decay_lr_rate()});
+  }
+  if (type == "LRRangeTest") {
+    return ds::LRRangeTest({s.lr_range_test_min_lr(), s.lr_range_test_step_size(),
+                            s.lr_range_test_step_rate(), s.lr_range_test_staircase()});
+  }
+  BRAID_CHECK(type == "Constant" || type.empty())
+      << "scheduler.type \"" << type << "\" passed validation but has no schedule here";
   return ConstantLr(float(cfg.optimizer().params().lr()));
 }
 

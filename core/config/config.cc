@@ -26,6 +26,8 @@ namespace {
 namespace pb = google::protobuf;
 
 using internal::CheckFeatures;
+using internal::CheckOptimizer;
+using internal::CheckScheduler;
 using internal::Checker;
 using internal::CheckParallel;
 using internal::Has;
@@ -35,12 +37,10 @@ using internal::Quoted;
 
 constexpr int kDefaultMicroBatch = 16;
 constexpr int kDefaultSteps = 200;
-constexpr double kDefaultLr = 1e-3;
 constexpr uint64_t kDefaultSeed = 1234;
 constexpr int kDefaultPrintEvery = 10;
 
 // Models, datasets and optimizers, and their defaults, come from the registry (core/registry.h).
-const std::vector<std::string> kSchedulers = {"Constant", "WarmupCosine"};
 const std::vector<std::string> kSamplers = {"random", "sequential"};
 
 std::vector<std::string> QuotedAll(const std::vector<std::string>& words) {
@@ -121,97 +121,6 @@ void CheckBatch(Checker& c, TrainConfig* cfg, int dp) {
   cfg->set_train_batch_size(static_cast<int32_t>(product));
   cfg->set_train_micro_batch_size_per_gpu(static_cast<int32_t>(micro));
   cfg->set_gradient_accumulation_steps(static_cast<int32_t>(accum));
-}
-
-void CheckOptimizer(Checker& c, TrainConfig* cfg) {
-  const Registry& registry = Registry::Get();
-  OptimizerConfig* opt = cfg->mutable_optimizer();
-  if (!c.Name(opt->mutable_type(), "optimizer.type", registry.OptimizerNames(),
-              registry.DefaultOptimizer())) {
-    return;
-  }
-  absl::StatusOr<OptimizerSpec> spec = registry.GetOptimizer(opt->type());
-  if (!spec.ok()) {
-    c.Error(std::string(spec.status().message()));
-    return;
-  }
-  OptimizerParams* p = opt->mutable_params();
-  if (!p->has_lr()) p->set_lr(kDefaultLr);
-  c.PositiveReal("optimizer.params.lr", p->lr());
-  if (p->has_weight_decay()) c.NonNegativeReal("optimizer.params.weight_decay", p->weight_decay());
-  // Every optimizer takes lr and weight_decay; the other params belong to those that name them.
-  for (const pb::FieldDescriptor* f : SetFields(*p, {"lr", "weight_decay"})) {
-    if (Has(spec->params, f->name())) continue;
-    std::vector<std::string> takers;
-    for (const std::string& name : registry.OptimizerNames()) {
-      absl::StatusOr<OptimizerSpec> other = registry.GetOptimizer(name);
-      if (other.ok() && Has(other->params, f->name())) takers.push_back(name);
-    }
-    c.Error(absl::StrCat("optimizer.params.", f->name(), " applies to ",
-                         takers.empty() ? "no registered optimizer"
-                                        : absl::StrCat(JoinWords(takers, "and"), " only"),
-                         " (optimizer.type is ", Quoted(opt->type()), ")"));
-  }
-  if (spec->validate) {
-    ConfigProblems problems;
-    spec->validate(opt, &problems);
-    for (std::string& problem : problems) c.Error(std::move(problem));
-  }
-}
-
-void CheckScheduler(Checker& c, TrainConfig* cfg) {
-  SchedulerConfig* s = cfg->mutable_scheduler();
-  if (!c.Name(s->mutable_type(), "scheduler.type", kSchedulers, "Constant")) return;
-  SchedulerParams* p = s->mutable_params();
-  if (s->type() == "Constant") {
-    std::vector<std::string> set;
-    if (p->has_warmup_num_steps()) set.push_back("warmup_num_steps");
-    if (p->has_total_num_steps()) set.push_back("total_num_steps");
-    if (p->has_warmup_max_lr()) set.push_back("warmup_max_lr");
-    if (p->has_warmup_min_lr()) set.push_back("warmup_min_lr");
-    if (p->has_min_lr()) set.push_back("min_lr");
-    if (!set.empty()) {
-      c.Error(absl::StrCat("scheduler.params ", absl::StrJoin(set, ", "),
-                           " apply to scheduler.type \"WarmupCosine\" only (the type is "
-                           "\"Constant\"); remove them or change the type"));
-    }
-    return;
-  }
-  // WarmupCosine.
-  if (!p->has_warmup_num_steps()) p->set_warmup_num_steps(0);
-  if (!p->has_total_num_steps()) {
-    if (cfg->steps() < 1) return;  // reported with steps
-    p->set_total_num_steps(cfg->steps());
-  }
-  if (!p->has_warmup_min_lr()) p->set_warmup_min_lr(0.0);
-  if (!p->has_min_lr()) p->set_min_lr(0.0);
-  bool steps_ok = c.NonNegative("scheduler.params.warmup_num_steps", p->warmup_num_steps());
-  steps_ok &= c.Positive("scheduler.params.total_num_steps", p->total_num_steps());
-  if (steps_ok && p->warmup_num_steps() > p->total_num_steps()) {
-    c.Error(absl::StrCat("scheduler.params.warmup_num_steps (", p->warmup_num_steps(),
-                         ") > scheduler.params.total_num_steps (", p->total_num_steps(), ")"));
-  }
-
-  // The optimizer's lr and the peak rate are one number; two different values would leave it
-  // unclear which one the user meant.
-  const OptimizerParams& opt = cfg->optimizer().params();
-  if (!(std::isfinite(opt.lr()) && opt.lr() > 0)) return;  // reported with the optimizer
-  if (!p->has_warmup_max_lr()) {
-    p->set_warmup_max_lr(opt.lr());
-  } else if (p->warmup_max_lr() != opt.lr()) {
-    c.Error(absl::StrCat("scheduler.params.warmup_max_lr (", Num(p->warmup_max_lr()),
-                         ") != optimizer.params.lr (", Num(opt.lr()),
-                         "): they are the same peak rate; give one of them"));
-    return;
-  }
-  const double max_lr = p->warmup_max_lr();
-  for (const auto& [name, v] : {std::make_pair("warmup_min_lr", p->warmup_min_lr()),
-                                std::make_pair("min_lr", p->min_lr())}) {
-    if (c.NonNegativeReal(absl::StrCat("scheduler.params.", name), v) && v > max_lr) {
-      c.Error(absl::StrCat("scheduler.params.", name, " (", Num(v),
-                           ") > the peak rate scheduler.params.warmup_max_lr (", Num(max_lr), ")"));
-    }
-  }
 }
 
 // activation_checkpointing needs no strategy feature: the training program applies it to the
@@ -415,10 +324,13 @@ absl::Status ValidateConfigWith(TrainConfig* cfg, int data_parallel_size,
     return absl::InvalidArgumentError(
         absl::StrCat("data-parallel size (", data_parallel_size, ") must be >= 1"));
   }
+  internal::ResolveAutoValues(cfg);
   // A schedule's peak rate given alone sets the optimizer's rate (they are one number).
   const SchedulerConfig& sched = cfg->scheduler();
-  if (absl::EqualsIgnoreCase(sched.type(), "WarmupCosine") && sched.params().has_warmup_max_lr() &&
-      !cfg->optimizer().params().has_lr()) {
+  const bool names_peak = absl::EqualsIgnoreCase(sched.type(), "WarmupCosine") ||
+                          absl::EqualsIgnoreCase(sched.type(), "WarmupLR") ||
+                          absl::EqualsIgnoreCase(sched.type(), "WarmupDecayLR");
+  if (names_peak && sched.params().has_warmup_max_lr() && !cfg->optimizer().params().has_lr()) {
     cfg->mutable_optimizer()->mutable_params()->set_lr(sched.params().warmup_max_lr());
   }
   Checker c;

@@ -35,6 +35,11 @@ absl::StatusOr<TrainConfig> LoadConfigFile(const std::string& path);
 std::string ConfigToText(const TrainConfig& cfg);
 std::string ConfigToJson(const TrainConfig& cfg);
 
+// One line per field a JSON config gave as "auto" (TrainConfig.auto_fields): its value after
+// ValidateConfig and where that came from, e.g. `gradient_clipping = 1 ("auto": 1.0, Hugging
+// Face's max_grad_norm default)`. For the training program to print once, at start.
+std::vector<std::string> ConfigNotes(const TrainConfig& cfg);
+
 // Names of plugin-provided features, as listed in ValidateConfig's `available_features`.
 inline constexpr char kFeatureFp16[] = "fp16";
 inline constexpr char kFeatureBf16[] = "bf16";

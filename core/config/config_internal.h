@@ -111,6 +111,17 @@ inline bool Has(const std::vector<std::string>& features, const std::string& nam
 // `layout_ok`: false when the section is inconsistent (the composer is then not asked).
 int CheckParallel(Checker& c, TrainConfig* cfg, int world, bool* layout_ok);
 void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog);
+// The optimizer and scheduler sections (config_optim.cc); CheckScheduler after CheckOptimizer
+// (the warm-up peak is the optimizer's rate).
+void CheckOptimizer(Checker& c, TrainConfig* cfg);
+void CheckScheduler(Checker& c, TrainConfig* cfg);
+
+// "auto" (config_auto.cc). StripAutoValues: `json` without the "auto" values of non-string
+// fields, their paths appended to `paths`; `json` itself when it has none (or does not parse:
+// the reader then reports why). ResolveAutoValues, first in validation: the "auto" fields whose
+// Hugging Face value is not what leaving them out gives (gradient_clipping 1.0, no warm-up).
+std::string StripAutoValues(const std::string& json, std::vector<std::string>* paths);
+void ResolveAutoValues(TrainConfig* cfg);
 
 }  // namespace braid::config::internal
 

@@ -340,11 +340,16 @@ absl::StatusOr<TrainConfig> ParseJsonConfig(const std::string& text, const std::
   TrainConfig cfg;
   pb::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
-  auto status = pb::util::JsonStringToMessage(text, &cfg, options);
+  // "auto" values leave the JSON before it is read as a TrainConfig; positions in errors are
+  // still looked up in the text as written.
+  std::vector<std::string> auto_fields;
+  const std::string json = internal::StripAutoValues(text, &auto_fields);
+  auto status = pb::util::JsonStringToMessage(json, &cfg, options);
   if (!status.ok()) {
     std::string message(status.message().data(), status.message().size());
     return absl::InvalidArgumentError(DescribeJsonError(text, origin, message));
   }
+  for (std::string& path : auto_fields) cfg.add_auto_fields(std::move(path));
   return cfg;
 }
 

@@ -168,10 +168,13 @@ TEST(ConfigValidate, RejectsNonPositiveValuesNamingTheField) {
 }
 
 TEST(ConfigValidate, RejectsUnknownNamesListingTheKnownOnes) {
-  EXPECT_THAT(ValidationError("optimizer { type: \"Lamb\" }"),
-              AllOf(HasSubstr("optimizer.type \"Lamb\" is unknown"), HasSubstr("AdamW, SGD")));
-  EXPECT_THAT(ValidationError("scheduler { type: \"OneCycle\" }"),
-              AllOf(HasSubstr("scheduler.type \"OneCycle\""), HasSubstr("Constant, WarmupCosine")));
+  EXPECT_THAT(ValidationError("optimizer { type: \"Lamb2\" }"),
+              AllOf(HasSubstr("optimizer.type \"Lamb2\" is unknown"),
+                    HasSubstr("Adam, AdamW, SGD")));
+  EXPECT_THAT(ValidationError("scheduler { type: \"StepLR\" }"),
+              AllOf(HasSubstr("scheduler.type \"StepLR\""),
+                    HasSubstr("Constant, WarmupCosine, WarmupLR, WarmupDecayLR, WarmupCosineLR, "
+                              "OneCycle, LRRangeTest")));
   // Models and datasets: the registered names (here the doubles).
   EXPECT_THAT(ValidationError("model { name: \"gpt3\" }"),
               AllOf(HasSubstr("model.name \"gpt3\" is unknown"),
@@ -217,7 +220,7 @@ TEST(ConfigValidate, Betas) {
 
 TEST(ConfigValidate, OptimizerParamsBelongToTheirOptimizer) {
   EXPECT_THAT(ValidationError("optimizer { type: \"SGD\" params { betas: [0.9, 0.9] } }"),
-              AllOf(HasSubstr("optimizer.params.betas applies to AdamW only")));
+              AllOf(HasSubstr("optimizer.params.betas applies to Adam and AdamW only")));
   EXPECT_THAT(ValidationError("optimizer { params { momentum: 0.9 } }"),
               HasSubstr("optimizer.params.momentum applies to SGD only"));
   EXPECT_THAT(ValidationError("optimizer { type: \"SGD\" params { nesterov: true } }"),
@@ -262,7 +265,11 @@ TEST(ConfigValidate, Scheduler) {
   EXPECT_THAT(ValidationError("scheduler { type: \"WarmupCosine\" params { min_lr: 0.01 } }"),
               HasSubstr("scheduler.params.min_lr (0.01) > the peak rate"));
   EXPECT_THAT(ValidationError("scheduler { params { warmup_num_steps: 10 min_lr: 0 } }"),
-              AllOf(HasSubstr("warmup_num_steps, min_lr"), HasSubstr("\"WarmupCosine\" only")));
+              AllOf(HasSubstr("scheduler.params.min_lr applies to scheduler.type "
+                              "\"WarmupCosine\" only (the type is \"Constant\")"),
+                    HasSubstr("scheduler.params.warmup_num_steps applies to scheduler.type "
+                              "\"WarmupCosine\", \"WarmupLR\", \"WarmupDecayLR\" and "
+                              "\"WarmupCosineLR\" only")));
 }
 
 TEST(ConfigValidate, FeatureSectionsNeedAStrategyThatProvidesThem) {

@@ -1,0 +1,273 @@
+// DeepSpeed configs as people write them: DeepSpeed's optimizer and scheduler names with their
+// params and defaults, the names Braid refuses with the nearest equivalent, and JSON "auto"
+// values resolved as Hugging Face's integration does, each reported by ConfigNotes.
+#include <string>
+#include <vector>
+
+#include "core/config/config.h"
+#include "core/config/config_test_util.h"
+#include "core/registry.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace braid::config {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using test_util::Text;
+
+absl::Status Validate(TrainConfig* cfg, int dp = 1) {
+  StrategyCatalog catalog;
+  catalog.features_of = [](const std::string&) { return std::vector<std::string>{}; };
+  catalog.compose = [](int, int, int d, const std::string& named) -> absl::StatusOr<std::string> {
+    return named.empty() ? std::string(d > 1 ? "ddp" : "single") : named;
+  };
+  return ValidateConfigWith(cfg, dp, catalog);
+}
+
+std::string ValidationError(const std::string& text) {
+  TrainConfig cfg = Text(text);
+  absl::Status st = Validate(&cfg);
+  return st.ok() ? "" : std::string(st.message());
+}
+
+TrainConfig Json(const std::string& json) {
+  absl::StatusOr<TrainConfig> cfg = ParseJsonConfig(json, "ds.json");
+  EXPECT_TRUE(cfg.ok()) << cfg.status();
+  return cfg.ok() ? *cfg : TrainConfig();
+}
+
+// ---- Optimizers ------------------------------------------------------------------------------
+
+TEST(DeepSpeedOptimizer, AdamTakesDeepSpeedsDefaults) {
+  TrainConfig cfg = Text("optimizer { type: \"adam\" }");
+  ASSERT_TRUE(Validate(&cfg).ok());
+  const OptimizerParams& p = cfg.optimizer().params();
+  EXPECT_EQ(cfg.optimizer().type(), "Adam");
+  EXPECT_THAT(p.betas(), ElementsAre(0.9, 0.999));
+  EXPECT_DOUBLE_EQ(p.eps(), 1e-8);
+  EXPECT_DOUBLE_EQ(p.weight_decay(), 0.0);
+  EXPECT_TRUE(p.adam_w_mode());
+  // AdamW keeps Braid's (GPT training's) defaults.
+  cfg = Text("optimizer { type: \"AdamW\" params { torch_adam: true } }");
+  ASSERT_TRUE(Validate(&cfg).ok());
+  EXPECT_THAT(cfg.optimizer().params().betas(), ElementsAre(0.9, 0.95));
+  EXPECT_DOUBLE_EQ(cfg.optimizer().params().weight_decay(), 0.1);
+}
+
+TEST(DeepSpeedOptimizer, AdamSwitchesThatWouldTrainAnotherJobAreRefused) {
+  EXPECT_THAT(ValidationError("optimizer { type: \"AdamW\" params { adam_w_mode: false } }"),
+              AllOf(HasSubstr("optimizer.params.adam_w_mode false contradicts"),
+                    HasSubstr("optimizer.type \"Adam\" with adam_w_mode false")));
+  EXPECT_THAT(ValidationError("optimizer { type: \"Adam\" params { bias_correction: false } }"),
+              HasSubstr("optimizer.params.bias_correction false"));
+  EXPECT_EQ(ValidationError("optimizer { type: \"Adam\" params { adam_w_mode: false "
+                            "bias_correction: true torch_adam: false } }"),
+            "");
+  EXPECT_THAT(ValidationError("optimizer { type: \"SGD\" params { adam_w_mode: true } }"),
+              HasSubstr("optimizer.params.adam_w_mode applies to Adam and AdamW only"));
+}
+
+TEST(DeepSpeedOptimizer, SgdDampeningAndNesterov) {
+  TrainConfig cfg = Text("optimizer { type: \"sgd\" params { momentum: 0.9 dampening: 0.1 } }");
+  ASSERT_TRUE(Validate(&cfg).ok());
+  EXPECT_DOUBLE_EQ(cfg.optimizer().params().dampening(), 0.1);
+  EXPECT_THAT(ValidationError("optimizer { type: \"SGD\" params { momentum: 0.9 dampening: 0.1 "
+                              "nesterov: true } }"),
+              HasSubstr("optimizer.params.nesterov needs optimizer.params.dampening 0"));
+  EXPECT_THAT(ValidationError("optimizer { type: \"SGD\" params { dampening: 1.5 } }"),
+              HasSubstr("optimizer.params.dampening (1.5)"));
+}
+
+TEST(DeepSpeedOptimizer, NamesBraidLacksAreRefusedWithTheNearest) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"Lamb", "\"AdamW\""},        {"lamb", "\"AdamW\""},     {"OneBitAdam", "\"Adam\""},
+      {"ZeroOneAdam", "\"Adam\""},  {"OneBitLamb", "\"AdamW\""}, {"Lion", "\"AdamW\""},
+      {"MuSGD", "\"SGD\""},         {"Adagrad", "\"Adam\""},
+  };
+  for (const auto& [name, nearest] : cases) {
+    EXPECT_THAT(ValidationError(absl::StrCat("optimizer { type: \"", name, "\" }")),
+                AllOf(HasSubstr(absl::StrCat("optimizer.type \"", name,
+                                             "\" is a DeepSpeed optimizer Braid does not have")),
+                      HasSubstr(absl::StrCat("use ", nearest, ", the nearest"))))
+        << name;
+  }
+}
+
+// ---- Schedulers ------------------------------------------------------------------------------
+
+TEST(DeepSpeedScheduler, WarmupLRDefaultsAreDeepSpeedsAndThePeakIsTheOptimizersRate) {
+  TrainConfig cfg = Text(R"pb(optimizer { params { lr: 3e-4 } }
+                              scheduler { type: "warmuplr" })pb");
+  ASSERT_TRUE(Validate(&cfg).ok());
+  const SchedulerParams& p = cfg.scheduler().params();
+  EXPECT_EQ(cfg.scheduler().type(), "WarmupLR");
+  EXPECT_EQ(p.warmup_num_steps(), 1000);
+  EXPECT_EQ(p.warmup_type(), "log");
+  EXPECT_DOUBLE_EQ(p.warmup_min_lr(), 0.0);
+  EXPECT_DOUBLE_EQ(p.warmup_max_lr(), 3e-4);
+  // The peak alone sets the optimizer's rate; two different numbers are refused.
+  cfg = Text("scheduler { type: \"WarmupDecayLR\" params { warmup_max_lr: 5e-4 "
+             "warmup_num_steps: 10 } }");
+  ASSERT_TRUE(Validate(&cfg).ok());
+  EXPECT_DOUBLE_EQ(cfg.optimizer().params().lr(), 5e-4);
+  EXPECT_EQ(cfg.scheduler().params().total_num_steps(), 200);  // steps
+  EXPECT_THAT(ValidationError("optimizer { params { lr: 1e-3 } } scheduler { type: \"WarmupLR\" "
+                              "params { warmup_max_lr: 3e-4 } }"),
+              HasSubstr("scheduler.params.warmup_max_lr (0.0003) != optimizer.params.lr (0.001)"));
+}
+
+TEST(DeepSpeedScheduler, WrongOrMissingParamsNameTheField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"scheduler { type: \"WarmupLR\" params { warmup_type: \"cosine\" } }",
+       "scheduler.params.warmup_type \"cosine\" is unknown; known: log, linear"},
+      {"scheduler { type: \"WarmupLR\" params { warmup_num_steps: -1 } }",
+       "scheduler.params.warmup_num_steps (-1) must be >= 0"},
+      {"scheduler { type: \"WarmupLR\" params { warmup_min_lr: 0.5 } }",
+       "scheduler.params.warmup_min_lr (0.5) > the peak rate"},
+      {"steps: 100 scheduler { type: \"WarmupDecayLR\" params { warmup_num_steps: 100 } }",
+       "scheduler.params.total_num_steps (100) must be > the warm-up's 100 steps"},
+      {"scheduler { type: \"WarmupCosineLR\" params { warmup_num_steps: 10 total_num_steps: 2 "
+       "} }",
+       "scheduler.params.total_num_steps (2) must be > the warm-up's 10 steps"},
+      {"scheduler { type: \"WarmupCosineLR\" params { warmup_num_steps: 10 cos_min_ratio: 2 } }",
+       "scheduler.params.cos_min_ratio (2) must be in [0, 1]"},
+      {"scheduler { type: \"OneCycle\" params { cycle_max_lr: 1e-3 cycle_momentum: false } }",
+       "scheduler.params.cycle_min_lr is required by OneCycle"},
+      {"scheduler { type: \"OneCycle\" params { cycle_min_lr: 1e-4 cycle_max_lr: 1e-3 } }",
+       "scheduler.params.cycle_momentum is unset (DeepSpeed's default: true)"},
+      {"scheduler { type: \"OneCycle\" params { cycle_min_lr: 1e-4 cycle_max_lr: 1e-3 "
+       "cycle_momentum: false cycle_first_step_size: 0 } }",
+       "scheduler.params.cycle_first_step_size (0) must be >= 1"},
+      {"scheduler { type: \"LRRangeTest\" params { lr_range_test_step_size: 0 } }",
+       "scheduler.params.lr_range_test_step_size (0) must be >= 1"},
+      {"scheduler { type: \"LRRangeTest\" params { warmup_num_steps: 5 } }",
+       "scheduler.params.warmup_num_steps applies to scheduler.type"},
+      {"scheduler { type: \"WarmupLR\" params { total_num_steps: 5 } }",
+       "scheduler.params.total_num_steps applies to scheduler.type \"WarmupCosine\", "
+       "\"WarmupDecayLR\" and \"WarmupCosineLR\" only (the type is \"WarmupLR\")"},
+  };
+  for (const auto& [text, expected] : cases) {
+    EXPECT_THAT(ValidationError(text), HasSubstr(expected)) << text;
+  }
+}
+
+TEST(DeepSpeedScheduler, OneCycleAndLRRangeTestDefaults) {
+  TrainConfig cfg = Text(R"pb(scheduler {
+                                type: "OneCycle"
+                                params {
+                                  cycle_min_lr: 1e-4
+                                  cycle_max_lr: 1e-3
+                                  cycle_first_step_size: 50
+                                  cycle_momentum: false
+                                }
+                              })pb");
+  ASSERT_TRUE(Validate(&cfg).ok());
+  const SchedulerParams& p = cfg.scheduler().params();
+  EXPECT_EQ(p.cycle_second_step_size(), 50);  // DeepSpeed: the first's
+  EXPECT_EQ(p.decay_step_size(), 0);
+  EXPECT_DOUBLE_EQ(p.decay_lr_rate(), 0.0);
+  cfg = Text("scheduler { type: \"lrrangetest\" }");
+  ASSERT_TRUE(Validate(&cfg).ok());
+  EXPECT_EQ(cfg.scheduler().type(), "LRRangeTest");
+  EXPECT_DOUBLE_EQ(cfg.scheduler().params().lr_range_test_min_lr(), 1e-3);
+  EXPECT_EQ(cfg.scheduler().params().lr_range_test_step_size(), 2000);
+  EXPECT_DOUBLE_EQ(cfg.scheduler().params().lr_range_test_step_rate(), 1.0);
+}
+
+// ---- "auto" ----------------------------------------------------------------------------------
+
+// The shape of Hugging Face's ZeRO-2 test config: "auto" nearly everywhere.
+constexpr char kHuggingFaceJson[] = R"({
+  "fp16": {"enabled": "auto"},
+  "bf16": {"enabled": "auto"},
+  "optimizer": {
+    "type": "AdamW",
+    "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}
+  },
+  "scheduler": {
+    "type": "WarmupDecayLR",
+    "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+               "warmup_num_steps": "auto", "total_num_steps": "auto"}
+  },
+  "gradient_accumulation_steps": "auto",
+  "gradient_clipping": "auto",
+  "train_batch_size": "auto",
+  "train_micro_batch_size_per_gpu": 4,
+  "steps": 50
+})";
+
+TEST(AutoValues, ResolvedAsHuggingFaceDoesAndEachNoted) {
+  TrainConfig cfg = Json(kHuggingFaceJson);
+  EXPECT_THAT(cfg.auto_fields(),
+              ElementsAre("bf16.enabled", "fp16.enabled", "gradient_accumulation_steps",
+                          "gradient_clipping", "optimizer.params.betas", "optimizer.params.eps",
+                          "optimizer.params.lr", "optimizer.params.weight_decay",
+                          "scheduler.params.total_num_steps", "scheduler.params.warmup_max_lr",
+                          "scheduler.params.warmup_min_lr", "scheduler.params.warmup_num_steps",
+                          "train_batch_size"));
+  ASSERT_TRUE(Validate(&cfg, 2).ok());
+  EXPECT_EQ(cfg.gradient_accumulation_steps(), 1);
+  EXPECT_EQ(cfg.train_batch_size(), 8);  // 4 × 1 × 2 ranks
+  EXPECT_DOUBLE_EQ(cfg.gradient_clipping(), 1.0);
+  EXPECT_DOUBLE_EQ(cfg.optimizer().params().lr(), 1e-3);
+  EXPECT_THAT(cfg.optimizer().params().betas(), ElementsAre(0.9, 0.95));
+  const SchedulerParams& s = cfg.scheduler().params();
+  EXPECT_EQ(s.warmup_num_steps(), 0);
+  EXPECT_EQ(s.total_num_steps(), 50);
+  EXPECT_DOUBLE_EQ(s.warmup_max_lr(), 1e-3);
+  EXPECT_FALSE(cfg.fp16().enabled());
+
+  const std::vector<std::string> notes = ConfigNotes(cfg);
+  ASSERT_EQ(notes.size(), 13u);
+  EXPECT_THAT(notes, testing::Contains("gradient_clipping = 1 (\"auto\": 1.0, Hugging Face's "
+                                       "max_grad_norm default)"));
+  EXPECT_THAT(notes, testing::Contains(
+                         "train_batch_size = 8 (\"auto\": train_micro_batch_size_per_gpu × "
+                         "gradient_accumulation_steps × data-parallel size)"));
+  EXPECT_THAT(notes, testing::Contains("optimizer.params.betas = [0.9, 0.95] (\"auto\": AdamW's "
+                                       "default)"));
+  EXPECT_THAT(notes, testing::Contains("scheduler.params.total_num_steps = 50 (\"auto\": steps)"));
+  EXPECT_THAT(notes, testing::Contains(HasSubstr("scheduler.params.warmup_num_steps = 0")));
+  // The printed config holds the resolved values (what --print_config shows).
+  EXPECT_THAT(ConfigToText(cfg), AllOf(HasSubstr("gradient_clipping: 1"),
+                                       HasSubstr("total_num_steps: 50")));
+}
+
+TEST(AutoValues, ExplicitValuesWinAndStringsKeepAuto) {
+  TrainConfig cfg = Json(R"({"optimizer": {"type": "Adam", "params": {"lr": "auto"}},
+                             "scheduler": {"type": "WarmupLR",
+                                           "params": {"warmup_max_lr": 2e-4}}})");
+  ASSERT_TRUE(Validate(&cfg).ok());
+  EXPECT_DOUBLE_EQ(cfg.optimizer().params().lr(), 2e-4);
+  EXPECT_THAT(ConfigNotes(cfg),
+              ElementsAre("optimizer.params.lr = 0.0002 (\"auto\": "
+                          "scheduler.params.warmup_max_lr)"));
+  // In a string field "auto" is a name like any other (and here an unknown one).
+  cfg = Json(R"({"device": "auto", "steps": "auto"})");
+  EXPECT_THAT(cfg.auto_fields(), ElementsAre("steps"));
+  absl::Status st = Validate(&cfg);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("device \"auto\" is unknown"));
+  // Without "auto" nothing is noted, and a config without it is read as it always was.
+  cfg = Json(R"({"steps": 3})");
+  ASSERT_TRUE(Validate(&cfg).ok());
+  EXPECT_TRUE(ConfigNotes(cfg).empty());
+}
+
+TEST(AutoValues, ErrorsStillNameTheFileAndPosition) {
+  absl::StatusOr<TrainConfig> cfg =
+      ParseJsonConfig("{\n  \"steps\": \"auto\",\n  \"bogus\": 1\n}", "ds.json");
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_THAT(std::string(cfg.status().message()),
+              AllOf(HasSubstr("ds.json:3:3:"), HasSubstr("unknown field \"bogus\"")));
+  cfg = ParseJsonConfig(R"({"optimizer": {"params": {"lr": "fast", "eps": "auto"}}})", "ds.json");
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_THAT(std::string(cfg.status().message()),
+              AllOf(HasSubstr("optimizer.params.lr"), Not(HasSubstr("eps"))));
+}
+
+}  // namespace
+}  // namespace braid::config
