@@ -201,10 +201,6 @@ int CheckParallel(Checker& c, TrainConfig* cfg, int world, bool* layout_ok) {
             "parallel.tensor is 1; set parallel.tensor > 1 or turn it off");
   }
   if (p->tensor() > 1) {
-    if (cfg->zero_optimization().stage() == 3) {
-      c.Error("zero_optimization.stage 3 with parallel.tensor > 1 is not supported: tensor "
-              "parallelism slices each parameter from its full initial value; use stage 1 or 2");
-    }
     if (cfg->fp16().enabled() || cfg->bf16().enabled()) {
       c.Error(absl::StrCat(cfg->fp16().enabled() ? "fp16" : "bf16",
                            ".enabled with parallel.tensor > 1 is not supported yet: the "

@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/check.h"
+#include "core/deferred_init.h"
 #include "core/ops.h"
 
 namespace braid::tensor_parallel {
@@ -289,9 +290,9 @@ absl::StatusOr<ShardMap> ApplyPlan(Module& model, const Plan& plan, Communicator
               what, ": module '", name, "' (", m->type_name(), ") has no ", ndim,
               "-D parameter 'weight' to split"));
         }
-        if (!it->second.has_data()) {
+        if (!it->second.has_data() && !IsDeferred(it->second)) {
           return absl::FailedPreconditionError(absl::StrCat(
-              what, ": '", name, ".weight' has no values yet (deferred initialisation); tensor "
+              what, ": '", name, ".weight' has no values (released by a strategy?); tensor "
               "parallelism splits parameters from their full initial values"));
         }
         return absl::OkStatus();
@@ -347,6 +348,10 @@ absl::StatusOr<ShardMap> ApplyPlan(Module& model, const Plan& plan, Communicator
       }
       continue;
     }
+    // A deferred parameter (the layer below is ZeRO-3, core/deferred_init.h) gets its full
+    // initial values for as long as slicing takes: one whole parameter at a time, never the
+    // whole model. Its slice is then materialised, which the layer below shards in turn.
+    if (IsDeferred(p)) braid::Materialize(p);
     p.RebindToPart(SliceForRank(p.Detach(), it->second, rank, size));
   }
   for (const Change& c : changes) {

@@ -40,6 +40,11 @@ class TensorParallelStrategy : public Strategy {
     inner_ = std::move(inner);
     return absl::OkStatus();
   }
+  // As the layer below wants it (ZeRO-3: no parameter memory until it materialises its shards):
+  // the plan materialises each parameter it splits one at a time, just before slicing it.
+  bool wants_deferred_init(const StrategyContext& ctx) const override {
+    return inner_ != nullptr && inner_->wants_deferred_init(ctx);
+  }
 
   absl::Status Setup(Module& model, const OptimizerFactory& make_optimizer,
                      const StrategyContext& ctx) override {

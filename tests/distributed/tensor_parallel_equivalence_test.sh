@@ -5,7 +5,7 @@
 # gradient clipping at 0.5 that binds (gpt-mini's norm starts near 1.4; a norm that counts a
 # replicated weight twice, or misses another rank's slices, clips differently and moves the
 # weights by ~1e-4), 3 steps, the sequential loader making replicas' rows the one process's:
-#   tensor 2 and 4 (around single), tensor 2 x data 2 (DDP, and ZeRO stages 1 and 2 on the data axis),
+#   tensor 2 and 4 (around single), tensor 2 x data 2 (DDP, and ZeRO stages 1, 2 and 3 on the data axis),
 #   tensor 2 x pipeline 2 x data 2 (8 processes, 1F1B; and with ZeRO-1 and 2 on the data axis); with
 #   sequence parallelism, tensor 2 and
 #   tensor 2 x pipeline 2 x data 2.
@@ -60,7 +60,7 @@ assert n[0] > 8 and n[-1] < 8, n
 print("   one process: gradient norms", n)
 PY
 
-# Shards balanced by their runs' processes (8 + 8 + 2, 8 + 8 + 2, 4 + 4 + 4 + 4).
+# Shards balanced by their runs' processes (8 + 8 + 2, 8 + 8 + 2, 4 + 4 + 4 + 4 + 4).
 if shard 0; then
   tp_case t2 2 'parallel { tensor: 2 } strategy { name: "single" }' 4
   tp_case t2p2d2 8 'parallel { tensor: 2 pipeline: 2 data: 2 } strategy { name: "pipeline" }'
@@ -81,6 +81,9 @@ if shard 2; then
   tp_case t2d2 4 'parallel { tensor: 2 data: 2 } strategy { name: "ddp" }'
   tp_case t2d2_zero1 4 'parallel { tensor: 2 data: 2 } strategy { name: "zero" } zero_optimization { stage: 1 }'
   tp_case t2d2_zero2 4 'parallel { tensor: 2 data: 2 } strategy { name: "zero" } zero_optimization { stage: 2 }'
+  # ZeRO-3 shards the tensor-parallel slices over the data axis (built deferred: each split
+  # parameter is whole only while it is sliced).
+  tp_case t2d2_zero3 4 'parallel { tensor: 2 data: 2 } strategy { name: "zero" } zero_optimization { stage: 3 }'
   # An impossible layout is refused at start, in one line naming the sizes.
   cfg "$T/bad.pbtxt" 4 4 'parallel { tensor: 2 pipeline: 2 data: 2 }'
   bounded "$L" --nproc_per_node=2 --log_dir="$T/bad.logs" -- --config="$T/bad.pbtxt" --log_dir="$T/bad" > "$T/bad.out" 2>&1
