@@ -263,6 +263,7 @@ void Launcher::ServeAndConnect() {
   info.label = Label();
   info.host = host_;
   info.layout = plan_.describe;
+  info.run_id = plan_.run_id;
   rdzv_ = std::make_unique<LauncherRendezvous>(client_.get(), info);
 }
 

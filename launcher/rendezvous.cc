@@ -13,7 +13,7 @@ std::string LauncherInfo::Serialize() const {
   return absl::StrCat("id=", id, "\nnum_launchers=", num_launchers, "\nworld_size=", world_size,
                       "\nlocal_workers=", local_workers, "\nuniform=", uniform ? 1 : 0,
                       "\nmax_restarts=", max_restarts, "\nlabel=", label, "\nhost=", host,
-                      "\nlayout=", layout);
+                      "\nlayout=", layout, "\nrun_id=", run_id);
 }
 
 absl::StatusOr<LauncherInfo> LauncherInfo::Parse(const std::string& s) {
@@ -40,6 +40,8 @@ absl::StatusOr<LauncherInfo> LauncherInfo::Parse(const std::string& s) {
   info.label = kv["label"];
   info.host = kv["host"];
   info.layout = kv["layout"];
+  // A launcher of a Braid without run ids has none, which is torchrun's default "none".
+  info.run_id = kv.count("run_id") ? kv["run_id"] : "none";
   return info;
 }
 
@@ -72,6 +74,11 @@ absl::Status LauncherRendezvous::Disagree(int attempt, const LauncherInfo& o) {
     msg = absl::StrCat("world size disagreement between ", Who(s), ": world size ", s.world_size,
                        ", and ", Who(o), ": world size ", o.world_size,
                        "; start every node with the same --nnodes and --nproc_per_node");
+  } else if (o.run_id != s.run_id) {
+    msg = absl::StrCat("--rdzv_id disagreement: ", Who(s), " has --rdzv_id=", s.run_id, ", ",
+                       Who(o), " has --rdzv_id=", o.run_id,
+                       "; these launchers belong to different jobs: give every launcher of one "
+                       "job the same id (and different jobs different --master_port)");
   } else if (o.max_restarts != s.max_restarts) {
     msg = absl::StrCat("--max_restarts disagreement: ", Who(s), " has --max_restarts=",
                        s.max_restarts, ", ", Who(o), " has --max_restarts=", o.max_restarts,

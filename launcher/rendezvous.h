@@ -32,6 +32,9 @@ struct LauncherInfo {
   std::string label;      // "node 1" or "rank 5's launcher"
   std::string host;       // for messages
   std::string layout;     // how the numbers were given: "--nnodes=2 --nproc_per_node=4"
+  // --rdzv_id: the job's id. Launchers of two jobs that share a master address and token (a
+  // rerun started before the old one ended) then refuse each other instead of mixing.
+  std::string run_id = "none";
 
   std::string Serialize() const;
   static absl::StatusOr<LauncherInfo> Parse(const std::string& s);

@@ -117,6 +117,7 @@ TEST(LauncherInfo, RoundTrip) {
   EXPECT_EQ(b->label, "node 3");
   EXPECT_EQ(b->host, "host3");
   EXPECT_EQ(b->layout, "--nnodes=4 --nproc_per_node=2");
+  EXPECT_EQ(b->run_id, "none");
   EXPECT_FALSE(LauncherInfo::Parse("garbage").ok());
 }
 
@@ -168,6 +169,24 @@ TEST(LauncherRendezvous, MaxRestartsDisagreement) {
   InMemoryStore store;
   auto st = CheckInAll(&store, {Node(0, 2, 1, 0), Node(1, 2, 1, 2)}, kSafetyNet);
   for (const auto& s : st) EXPECT_THAT(std::string(s.message()), HasSubstr("--max_restarts=2"));
+}
+
+TEST(LauncherRendezvous, RunIdDisagreement) {
+  InMemoryStore store;
+  LauncherInfo a = Node(0, 2, 1), b = Node(1, 2, 1);
+  a.run_id = "job-1";
+  b.run_id = "job-2";
+  auto st = CheckInAll(&store, {a, b}, kSafetyNet);
+  for (const auto& s : st) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_THAT(std::string(s.message()),
+                AllOf(HasSubstr("--rdzv_id disagreement"), HasSubstr("--rdzv_id=job-1"),
+                      HasSubstr("--rdzv_id=job-2")));
+  }
+  // A record without the field (an older launcher) means torchrun's default, "none".
+  std::string old = Node(1, 2, 1).Serialize();
+  old = old.substr(0, old.find("\nrun_id="));
+  EXPECT_EQ(LauncherInfo::Parse(old)->run_id, "none");
 }
 
 TEST(LauncherRendezvous, TwoLaunchersWithTheSameNodeRank) {

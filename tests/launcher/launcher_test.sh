@@ -25,12 +25,12 @@ trap cleanup EXIT
 ok() { echo "ok   $1"; }
 fail() { echo "FAIL $1"; fails=$((fails + 1)); }
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
-# Ports are held, never guessed (tests/testing/hold_ports.py says how): 16 for the whole
+# Ports are held, never guessed (tests/testing/hold_ports.py says how): 18 for the whole
 # script; the helper's line of pid and ports is its readiness signal.
-read -r holder held_ports < <(python3 "$TEST_SRCDIR/braid/tests/testing/hold_ports.py" $$ 16)
+read -r holder held_ports < <(python3 "$TEST_SRCDIR/braid/tests/testing/hold_ports.py" $$ 18)
 held_ports=($held_ports)
 next_port=0
-[ -n "${holder:-}" ] && [ ${#held_ports[@]} = 16 ] || { echo "FAIL: could not hold ports"; exit 1; }
+[ -n "${holder:-}" ] && [ ${#held_ports[@]} = 18 ] || { echo "FAIL: could not hold ports"; exit 1; }
 bg+=($holder)
 # Sets $port to a held port no other case uses.
 take_port() {
@@ -485,5 +485,87 @@ for r in 0 1 2; do
   expect_grep "mpi log $r" "exchange ok, sum 8 over 3 ranks" "$d/logs/workerlog.$r"
 done
 assert_gone mpi "$d"
+
+# ---- 8. torchrun's interface, Kubernetes' variables, the token from a file ----------------------
+# An unknown flag is the launcher's own error, before anything starts.
+d=$(case_dir unknown_flag)
+timeout 60 "$L" --nproc-per-node=2 --rdzv-backend=c10d --nproc_per_nod=2 --program="$P" \
+  --log_dir="$d/logs" -- --out_dir="$d/out" > "$d/stdout" 2> "$d/stderr"
+expect_rc unknown_flag 2 $?
+expect_grep unknown_flag "^braid launcher: unknown launcher flag --nproc_per_nod; did you mean --nproc_per_node\? Arguments for the program go after --" "$d/stderr"
+[ -z "$(ls -A "$d/out")$(ls -A "$d/logs")" ] && ok "unknown_flag: no worker started" || fail "unknown_flag: something started"
+
+# A torchrun command line, the program as a positional argument; --tee=3 puts every rank on the
+# console, each line prefixed.
+d=$(case_dir torchrun_style)
+timeout 60 "$L" --standalone --nproc-per-node=2 --rdzv-backend=c10d --rdzv-id=t1 --role=probe \
+  --tee=3 --log-dir="$d/logs" "$P" --out_dir="$d/out" --exchange > "$d/stdout" 2> "$d/stderr"
+expect_rc torchrun_style 0 $?
+for r in 0 1; do
+  expect_grep "torchrun_style env $r" "^RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 NODE_RANK=0 MASTER_ADDR=127.0.0.1 " "$d/out/env.$r.0"
+  expect_grep "torchrun_style console $r" "^\[probe$r\]:probe: rank $r on .*exchange ok, sum 3 over 2 ranks$" "$d/stdout"
+done
+grep -qv '^\[probe[01]\]:' "$d/stdout" && fail "torchrun_style: an unprefixed console line" || ok "torchrun_style: every console line prefixed"
+assert_gone torchrun_style "$d"
+
+# The token from a file (a mounted secret): what the workers get.
+d=$(case_dir token_file)
+printf '%s\n' "${tok_b:0:40}" > "$d/token"
+timeout 60 "$L" --job_token_file="$d/token" --program="$P" --log_dir="$d/logs" -- --out_dir="$d/out" \
+  > "$d/stdout" 2> "$d/stderr"
+expect_rc token_file 0 $?
+expect_grep token_file " TOKEN_LEN=40 " "$d/out/env.0.0"
+
+# Two pods of an Indexed Job: the same command, JOB_COMPLETION_INDEX tells them apart.
+d=$(case_dir indexed_job)
+take_port
+printf '%s\n' "$tok_a" > "$d/token"
+for i in 1 0; do
+  JOB_COMPLETION_INDEX=$i timeout 60 "$L" --nnodes=2 --nproc_per_node=1 --master_addr=127.0.0.1 \
+    --master_port=$port --job_token_file="$d/token" --program="$P" --log_dir="$d/logs$i" -- \
+    --out_dir="$d/out" --exchange > "$d/stdout$i" 2> "$d/stderr$i" &
+  eval "pi$i=$!"; bg+=($!)
+done
+wait_bounded $pi0 60; expect_rc "indexed_job pod 0" 0 "$RC"
+wait_bounded $pi1 60; expect_rc "indexed_job pod 1" 0 "$RC"
+for r in 0 1; do
+  expect_grep "indexed_job env $r" "^RANK=$r LOCAL_RANK=0 WORLD_SIZE=2 LOCAL_WORLD_SIZE=1 NODE_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port TOKEN_LEN=64 " "$d/out/env.$r.0"
+done
+assert_gone indexed_job "$d"
+
+# A PyTorchJob's master and worker pods, with the operator's variables (nprocPerNode: "2").
+d=$(case_dir pytorchjob)
+take_port
+pet() {  # NODE_RANK: the operator's variables for that pod
+  echo MASTER_ADDR=127.0.0.1 PET_MASTER_ADDR=127.0.0.1 MASTER_PORT=$port PET_MASTER_PORT=$port \
+    WORLD_SIZE=4 RANK=$1 PET_NODE_RANK=$1 PET_NNODES=2 PET_NPROC_PER_NODE=2 PYTHONUNBUFFERED=0
+}
+for n in 1 0; do
+  env $(pet $n) BRAID_JOB_TOKEN=$tok_a timeout 60 "$L" --program="$P" --log_dir="$d/logs$n" -- \
+    --out_dir="$d/out" --exchange > "$d/stdout$n" 2> "$d/stderr$n" &
+  eval "pj$n=$!"; bg+=($!)
+done
+wait_bounded $pj0 60; expect_rc "pytorchjob master" 0 "$RC"
+wait_bounded $pj1 60; expect_rc "pytorchjob worker" 0 "$RC"
+for r in 0 1 2 3; do
+  n=$((r / 2)); l=$((r % 2))
+  expect_grep "pytorchjob env $r" "^RANK=$r LOCAL_RANK=$l WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 NODE_RANK=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port " "$d/out/env.$r.0"
+  expect_grep "pytorchjob log $r" "exchange ok, sum 18 over 4 ranks" "$d/logs$n/workerlog.$r"
+done
+assert_gone pytorchjob "$d"
+# Two sources that disagree: one message naming both, nothing started.
+d=$(case_dir pytorchjob_disagree)
+env $(pet 1) BRAID_JOB_TOKEN=$tok_a timeout 60 "$L" --nnodes=3 --program="$P" --log_dir="$d/logs" -- \
+  --out_dir="$d/out" > "$d/stdout" 2> "$d/stderr"
+expect_rc pytorchjob_disagree 2 $?
+expect_grep pytorchjob_disagree "^braid launcher: --nnodes=3 disagrees with PET_NNODES=2 from the environment" "$d/stderr"
+
+# --dry_run: what a pod would do, and nothing else.
+d=$(case_dir dry_run)
+JOB_COMPLETION_INDEX=1 timeout 60 "$L" --dry_run --nnodes=2 --nproc_per_node=2 --master_addr=10.0.0.1 \
+  --program="$P" --log_dir="$d/logs" > "$d/stdout" 2> "$d/stderr"
+expect_rc dry_run 0 $?
+expect_grep dry_run "^worker rank=3 local_rank=1$" "$d/stdout"
+[ -z "$(ls "$d/logs")" ] && ok "dry_run: nothing started" || fail "dry_run: wrote logs"
 
 [ "$fails" = 0 ] && echo PASS || { echo "$fails failure(s)"; exit 1; }
