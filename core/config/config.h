@@ -37,7 +37,9 @@ std::string ConfigToJson(const TrainConfig& cfg);
 
 // One line per field a JSON config gave as "auto" (TrainConfig.auto_fields): its value after
 // ValidateConfig and where that came from, e.g. `gradient_clipping = 1 ("auto": 1.0, Hugging
-// Face's max_grad_norm default)`. For the training program to print once, at start.
+// Face's max_grad_norm default)`; then one per DeepSpeed key accepted without effect or read
+// as Braid's field (TrainConfig.ignored_fields). For the training program to print once, at
+// start.
 std::vector<std::string> ConfigNotes(const TrainConfig& cfg);
 
 // Names of plugin-provided features, as listed in ValidateConfig's `available_features`.

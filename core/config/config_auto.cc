@@ -185,6 +185,9 @@ std::vector<std::string> ConfigNotes(const TrainConfig& cfg) {
                                    internal::SourceOf(cfg, path), ")"));
     }
   }
+  for (const std::string& entry : cfg.ignored_fields()) {
+    notes.push_back(internal::IgnoredFieldNote(entry));
+  }
   return notes;
 }
 

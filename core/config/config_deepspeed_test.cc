@@ -269,5 +269,62 @@ TEST(AutoValues, ErrorsStillNameTheFileAndPosition) {
               AllOf(HasSubstr("optimizer.params.lr"), Not(HasSubstr("eps"))));
 }
 
+
+// ---- DeepSpeed's own keys, and every problem at once -----------------------------------------
+
+TEST(DeepSpeedKeys, TuningKeysAreAcceptedWithANoteAndLegacySpellingsMapped) {
+  TrainConfig cfg = Json(R"({
+    "wall_clock_breakdown": false,
+    "steps_per_print": 25,
+    "zero_allow_untested_optimizer": true,
+    "fp16": {"enabled": false, "fp16_master_weights_and_grads": false},
+    "zero_optimization": {"stage": 0, "sub_group_size": 1e9, "round_robin_gradients": true,
+                          "stage3_max_live_parameters": 1e9, "cpu_offload": true}
+  })");
+  EXPECT_EQ(cfg.log().print_every(), 25);
+  EXPECT_EQ(cfg.zero_optimization().offload_optimizer().device(), "cpu");
+  const std::vector<std::string> notes = ConfigNotes(cfg);
+  EXPECT_EQ(notes.size(), 8u);
+  EXPECT_THAT(notes, testing::Contains(HasSubstr(
+                         "zero_optimization.sub_group_size: accepted, no effect in Braid (")));
+  EXPECT_THAT(notes, testing::Contains("steps_per_print: read as log.print_every"));
+  EXPECT_THAT(notes, testing::Contains(HasSubstr("zero_optimization.cpu_offload: read as "
+                                                 "zero_optimization.offload_optimizer.device")));
+  EXPECT_THAT(notes, testing::Contains("fp16.fp16_master_weights_and_grads: false, Braid's "
+                                       "behaviour"));
+  // An explicit log.print_every wins over steps_per_print.
+  cfg = Json(R"({"steps_per_print": 25, "log": {"print_every": 5}})");
+  EXPECT_EQ(cfg.log().print_every(), 5);
+}
+
+TEST(DeepSpeedKeys, EveryProblemAtOnceWithPositions) {
+  absl::StatusOr<TrainConfig> cfg = ParseJsonConfig(R"({
+  "stepz": 3,
+  "fp16": {"enabled": true, "fp16_master_weights_and_grads": true},
+  "zero_optimization": {"stage": 2, "cpu_offload": true, "offload_optimizer": {"device": "cpu"},
+                        "overlap_com": true},
+  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decy": 0.1}}
+})",
+                                                    "ds.json");
+  ASSERT_FALSE(cfg.ok());
+  const std::string message(cfg.status().message());
+  EXPECT_THAT(message,
+              AllOf(HasSubstr("5 problems in ds.json: ds.json:2:3: "),  // in the file's order
+                    HasSubstr("ds.json:2:3: unknown field \"stepz\" (did you mean \"steps\"?)"),
+                    HasSubstr("ds.json:3:29: fp16.fp16_master_weights_and_grads is accepted only "
+                              "as false"),
+                    HasSubstr("zero_optimization.cpu_offload and "
+                              "zero_optimization.offload_optimizer are one setting"),
+                    HasSubstr("unknown field \"zero_optimization.overlap_com\" (did you mean "
+                              "\"zero_optimization.overlap_comm\"?)"),
+                    HasSubstr("ds.json:6:57: unknown field \"optimizer.params.weight_decy\" (did "
+                              "you mean \"optimizer.params.weight_decay\"?)")));
+  // A name far from every known one gets no guess.
+  cfg = ParseJsonConfig(R"({"flops_profiler": {"enabled": false}})", "ds.json");
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_THAT(std::string(cfg.status().message()),
+              AllOf(HasSubstr("unknown field \"flops_profiler\""), Not(HasSubstr("did you mean"))));
+}
+
 }  // namespace
 }  // namespace braid::config

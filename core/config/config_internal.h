@@ -123,6 +123,22 @@ void CheckScheduler(Checker& c, TrainConfig* cfg);
 std::string StripAutoValues(const std::string& json, std::vector<std::string>* paths);
 void ResolveAutoValues(TrainConfig* cfg);
 
+// The keys of a JSON config (config_json_keys.cc), checked all at once before protobuf reads
+// it: `problems` gets every unknown key (position, "did you mean") and every refused DeepSpeed
+// value; `ignored_fields` the DeepSpeed keys accepted without a field here. Returns `json`
+// without those keys (DeepSpeed's legacy spellings rewritten as Braid's fields). `text` is the
+// file as written, for positions.
+struct JsonKeys {
+  std::vector<std::string> problems;
+  std::vector<std::string> ignored_fields;
+};
+std::string CheckJsonKeys(const std::string& text, const std::string& json,
+                          const std::string& origin, JsonKeys* out);
+// The note for one TrainConfig.ignored_fields entry.
+std::string IgnoredFieldNote(const std::string& entry);
+// ":line:column" of `"key":` in `text` when it occurs exactly once, else "" (config_parse.cc).
+std::string KeyPosition(const std::string& text, const std::string& key);
+
 }  // namespace braid::config::internal
 
 #endif  // BRAID_CORE_CONFIG_CONFIG_INTERNAL_H_

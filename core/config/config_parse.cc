@@ -315,6 +315,12 @@ std::string ProblemInStrings(const pb::Message& m, const std::string& prefix) {
 
 }  // namespace
 
+namespace internal {
+std::string KeyPosition(const std::string& text, const std::string& key) {
+  return JsonKeyPosition(text, {key});
+}
+}  // namespace internal
+
 // -------------------------------------------------------------------------------------------------
 // Public API
 
@@ -343,13 +349,23 @@ absl::StatusOr<TrainConfig> ParseJsonConfig(const std::string& text, const std::
   // "auto" values leave the JSON before it is read as a TrainConfig; positions in errors are
   // still looked up in the text as written.
   std::vector<std::string> auto_fields;
-  const std::string json = internal::StripAutoValues(text, &auto_fields);
+  std::string json = internal::StripAutoValues(text, &auto_fields);
+  // Every unknown key at once (protobuf's reader would stop at the first), and DeepSpeed's
+  // keys that have no field here.
+  internal::JsonKeys keys;
+  json = internal::CheckJsonKeys(text, json, origin, &keys);
+  if (keys.problems.size() == 1) return absl::InvalidArgumentError(keys.problems[0]);
+  if (!keys.problems.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(keys.problems.size(), " problems in ", origin,
+                                                   ": ", absl::StrJoin(keys.problems, "; ")));
+  }
   auto status = pb::util::JsonStringToMessage(json, &cfg, options);
   if (!status.ok()) {
     std::string message(status.message().data(), status.message().size());
     return absl::InvalidArgumentError(DescribeJsonError(text, origin, message));
   }
   for (std::string& path : auto_fields) cfg.add_auto_fields(std::move(path));
+  for (std::string& path : keys.ignored_fields) cfg.add_ignored_fields(std::move(path));
   return cfg;
 }
 

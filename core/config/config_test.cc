@@ -192,8 +192,9 @@ TEST(ConfigParse, TextStringsMustBeUtf8AndMapKeysUnique) {
 }
 
 TEST(ConfigParse, JsonUnknownFieldNamesFilePositionAndPath) {
-  EXPECT_THAT(JsonError("{\n  \"steps\": 3,\n  \"wall_clock_breakdown\": false\n}"),
-              AllOf(HasSubstr("ds.json:3:3:"), HasSubstr("unknown field \"wall_clock_breakdown\""),
+  EXPECT_THAT(JsonError("{\n  \"steps\": 3,\n  \"wall_clock_breakdwn\": false\n}"),
+              AllOf(HasSubstr("ds.json:3:3:"), HasSubstr("unknown field \"wall_clock_breakdwn\""),
+                    HasSubstr("did you mean \"wall_clock_breakdown\"?"),
                     HasSubstr("known fields: train_batch_size")));
   EXPECT_THAT(JsonError(R"({"optimizer": {"params": {"lr": 1, "amsgrad": true}}})"),
               AllOf(HasSubstr("ds.json:1:"), HasSubstr("\"optimizer.params.amsgrad\""),

@@ -1,0 +1,273 @@
+// The keys of a JSON config checked before protobuf reads it, so that one run reports every
+// unknown key at once (protobuf's reader stops at the first), each with its position and the
+// nearest known name; and DeepSpeed's keys that only tune DeepSpeed's own implementation,
+// accepted with a note (TrainConfig.ignored_fields), or mapped onto Braid's (cpu_offload,
+// steps_per_print).
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/config/config_internal.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/struct.pb.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace braid::config::internal {
+namespace {
+
+namespace pb = google::protobuf;
+
+// A DeepSpeed key with no field here. `neutral`: the only value accepted (a JSON literal,
+// "true"/"false"), or null for any value; `why`: the note, or for a value other than the
+// neutral one, what Braid does instead (the refusal).
+struct DeepSpeedKey {
+  const char* path;
+  const char* neutral;
+  const char* why;
+};
+constexpr DeepSpeedKey kDeepSpeedKeys[] = {
+    {"wall_clock_breakdown", nullptr,
+     "Braid's progress line and metrics.jsonl give each step's time; there is no forward/"
+     "backward/step breakdown"},
+    {"prescale_gradients", nullptr,
+     "Braid averages gradients in one reduction; where the division happens changes nothing "
+     "in exact arithmetic"},
+    {"gradient_predivide_factor", nullptr,
+     "Braid averages gradients in one reduction; where the division happens changes nothing "
+     "in exact arithmetic"},
+    {"zero_allow_untested_optimizer", nullptr, "Braid's ZeRO steps any registered optimizer"},
+    {"dump_state", nullptr, "Braid prints no engine state"},
+    {"memory_breakdown", nullptr, "Braid's summary reports the peak memory"},
+    {"zero_optimization.sub_group_size", nullptr,
+     "it sizes DeepSpeed's groups of optimizer steps; Braid steps each shard at once"},
+    {"zero_optimization.stage3_max_live_parameters", nullptr,
+     "it caps DeepSpeed's gathered parameters; Braid's stage 3 gathers per unit with "
+     "stage3_prefetch_bucket_size"},
+    {"zero_optimization.stage3_max_reuse_distance", nullptr,
+     "it tunes DeepSpeed's parameter cache; Braid releases a unit's parameters after use"},
+    {"zero_optimization.round_robin_gradients", nullptr,
+     "it orders DeepSpeed's offloaded gradient copies; no effect on the result"},
+    {"zero_optimization.ignore_unused_parameters", nullptr,
+     "Braid's models use all their parameters"},
+    {"zero_optimization.elastic_checkpoint", nullptr,
+     "Braid's checkpoints are resharded on load whatever the world size"},
+    {"zero_optimization.load_from_fp32_weights", nullptr,
+     "Braid's checkpoints always hold the f32 master weights"},
+    {"zero_optimization.stage3_gather_16bit_weights_on_model_save", nullptr,
+     "save_to writes the full (gathered) weights under every stage"},
+    {"zero_optimization.stage3_gather_fp16_weights_on_model_save", nullptr,
+     "save_to writes the full (gathered) weights under every stage"},
+    {"fp16.fp16_master_weights_and_grads", "false",
+     "Braid keeps f32 master weights and gradients in the optimizer; remove it or set false"},
+    {"fp16.auto_cast", "false",
+     "Braid casts the model's inputs itself under fp16; remove it or set false"},
+};
+
+const DeepSpeedKey* FindDeepSpeedKey(const std::string& path) {
+  for (const DeepSpeedKey& k : kDeepSpeedKeys) {
+    if (path == k.path) return &k;
+  }
+  return nullptr;
+}
+
+const pb::FieldDescriptor* FieldByKey(const pb::Descriptor* d, const std::string& key) {
+  const pb::FieldDescriptor* f = d->FindFieldByName(key);
+  for (int i = 0; f == nullptr && i < d->field_count(); ++i) {
+    if (d->field(i)->json_name() == key) f = d->field(i);
+  }
+  return f;
+}
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
+                         diagonal + (absl::ascii_tolower(a[i - 1]) ==
+                                             absl::ascii_tolower(b[j - 1])
+                                         ? 0
+                                         : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The known name nearest to `key` among `d`'s fields and DeepSpeed's keys under `prefix`, if
+// it is close (a third of the name's letters or fewer changed).
+std::string Nearest(const pb::Descriptor* d, const std::string& prefix, const std::string& key) {
+  std::vector<std::string> names;
+  for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
+  for (const DeepSpeedKey& k : kDeepSpeedKeys) {
+    const std::string path = k.path;
+    if (path.compare(0, prefix.size(), prefix) == 0 &&
+        path.find('.', prefix.size()) == std::string::npos) {
+      names.push_back(path.substr(prefix.size()));
+    }
+  }
+  std::string best;
+  size_t best_distance = key.size() / 3 + 1;
+  for (const std::string& n : names) {
+    const size_t distance = EditDistance(key, n);
+    if (distance < best_distance) best = n, best_distance = distance;
+  }
+  return best;
+}
+
+std::string Literal(const pb::Value& v) {
+  switch (v.kind_case()) {
+    case pb::Value::kBoolValue:
+      return v.bool_value() ? "true" : "false";
+    case pb::Value::kNullValue:
+      return "null";
+    default:
+      return "";
+  }
+}
+
+struct Walk {
+  const std::string& text;
+  const std::string& origin;
+  JsonKeys* out;
+  bool changed = false;
+
+  void Object(pb::Struct* object, const pb::Descriptor* d, const std::string& prefix) {
+    std::vector<std::string> remove;
+    for (auto& [key, value] : *object->mutable_fields()) {
+      const pb::FieldDescriptor* f = FieldByKey(d, key);
+      const std::string path = absl::StrCat(prefix, f != nullptr ? f->name() : key);
+      if (f != nullptr) {
+        if (value.kind_case() == pb::Value::kStructValue && f->message_type() != nullptr &&
+            !f->is_map()) {
+          Object(value.mutable_struct_value(), f->message_type(), path + ".");
+        }
+        continue;
+      }
+      const std::string where = absl::StrCat(origin, KeyPosition(text, key), ": ");
+      if (const DeepSpeedKey* k = FindDeepSpeedKey(path)) {
+        if (k->neutral != nullptr && Literal(value) != k->neutral) {
+          out->problems.push_back(
+              absl::StrCat(where, path, " is accepted only as ", k->neutral, ": ", k->why));
+        } else {
+          out->ignored_fields.push_back(path);
+        }
+        remove.push_back(key);
+        continue;
+      }
+      if (path == "zero_optimization.cpu_offload" || path == "steps_per_print") {
+        remove.push_back(key);  // mapped by Map() below
+        continue;
+      }
+      const std::string near = Nearest(d, prefix, key);
+      out->problems.push_back(absl::StrCat(
+          where, "unknown field \"", path, "\"",
+          near.empty() ? "" : absl::StrCat(" (did you mean \"", prefix, near, "\"?)"),
+          "; known fields", prefix.empty() ? "" : " of " + prefix.substr(0, prefix.size() - 1),
+          ": ", absl::StrJoin(FieldNames(d), ", ")));
+    }
+    Map(object, prefix);
+    for (const std::string& key : remove) object->mutable_fields()->erase(key);
+    changed |= !remove.empty();
+  }
+
+  static std::vector<std::string> FieldNames(const pb::Descriptor* d) {
+    std::vector<std::string> names;
+    for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
+    return names;
+  }
+
+  // DeepSpeed keys with a Braid field of the same meaning under another name.
+  void Map(pb::Struct* object, const std::string& prefix) {
+    auto& fields = *object->mutable_fields();
+    // steps_per_print: DeepSpeed's progress interval is log.print_every (unless that is given).
+    if (prefix.empty() && fields.count("steps_per_print")) {
+      const pb::Value v = fields["steps_per_print"];
+      pb::Value& log = fields["log"];
+      if (log.kind_case() != pb::Value::kStructValue) log.mutable_struct_value();
+      auto& log_fields = *log.mutable_struct_value()->mutable_fields();
+      if (!log_fields.count("print_every") && !log_fields.count("printEvery")) {
+        log_fields["print_every"] = v;
+        out->ignored_fields.push_back("steps_per_print");
+      } else {
+        out->ignored_fields.push_back("steps_per_print (log.print_every given)");
+      }
+    }
+    // zero_optimization.cpu_offload (DeepSpeed's legacy spelling): true is
+    // offload_optimizer.device "cpu".
+    if (prefix == "zero_optimization." && fields.count("cpu_offload")) {
+      const pb::Value v = fields["cpu_offload"];
+      if (v.kind_case() != pb::Value::kBoolValue) {
+        out->problems.push_back(absl::StrCat(origin, KeyPosition(text, "cpu_offload"),
+                                             ": zero_optimization.cpu_offload must be true or "
+                                             "false"));
+      } else if (v.bool_value()) {
+        const bool has_offload = fields.count("offload_optimizer") > 0;
+        if (has_offload) {
+          out->problems.push_back(absl::StrCat(
+              origin, KeyPosition(text, "cpu_offload"),
+              ": zero_optimization.cpu_offload and zero_optimization.offload_optimizer are one "
+              "setting (cpu_offload is its old spelling); keep offload_optimizer"));
+        } else {
+          (*fields["offload_optimizer"].mutable_struct_value()->mutable_fields())["device"]
+              .set_string_value("cpu");
+          out->ignored_fields.push_back("zero_optimization.cpu_offload");
+        }
+      } else {
+        out->ignored_fields.push_back("zero_optimization.cpu_offload (false)");
+      }
+    }
+  }
+};
+
+}  // namespace
+
+std::string CheckJsonKeys(const std::string& text, const std::string& json,
+                          const std::string& origin, JsonKeys* out) {
+  pb::Value root;
+  if (!google::protobuf::util::JsonStringToMessage(json, &root).ok() ||
+      root.kind_case() != pb::Value::kStructValue) {
+    return json;  // the reader reports what is wrong with it
+  }
+  Walk walk{text, origin, out};
+  walk.Object(root.mutable_struct_value(), TrainConfig::descriptor(), "");
+  // In the file's order (the JSON object's keys come unordered), those without a position last.
+  auto position = [&](const std::string& problem) {
+    int line = 1 << 30, column = 0;
+    if (problem.compare(0, origin.size() + 1, origin + ":") == 0) {
+      std::sscanf(problem.c_str() + origin.size(), ":%d:%d", &line, &column);
+    }
+    return std::make_pair(line, column);
+  };
+  std::stable_sort(out->problems.begin(), out->problems.end(),
+                   [&](const std::string& a, const std::string& b) {
+                     return position(a) < position(b);
+                   });
+  if (!walk.changed) return json;
+  std::string rewritten;
+  if (!google::protobuf::util::MessageToJsonString(root, &rewritten).ok()) return json;
+  return rewritten;
+}
+
+std::string IgnoredFieldNote(const std::string& entry) {
+  if (entry == "steps_per_print") return "steps_per_print: read as log.print_every";
+  if (entry == "zero_optimization.cpu_offload") {
+    return "zero_optimization.cpu_offload: read as zero_optimization.offload_optimizer.device "
+           "\"cpu\" (its current spelling)";
+  }
+  if (const DeepSpeedKey* k = FindDeepSpeedKey(entry)) {
+    if (k->neutral != nullptr) return absl::StrCat(entry, ": ", k->neutral, ", Braid's behaviour");
+    return absl::StrCat(entry, ": accepted, no effect in Braid (", k->why, ")");
+  }
+  return absl::StrCat(entry, ": accepted, no effect in Braid");
+}
+
+}  // namespace braid::config::internal
