@@ -32,8 +32,8 @@ struct DeepSpeedKey {
 };
 constexpr DeepSpeedKey kDeepSpeedKeys[] = {
     {"wall_clock_breakdown", nullptr,
-     "Braid's progress line and metrics.jsonl give each step's time; there is no forward/"
-     "backward/step breakdown"},
+     "metrics.jsonl always records each step's forward, backward, exposed communication and "
+     "optimizer time, and the summary their shares"},
     {"prescale_gradients", nullptr,
      "Braid averages gradients in one reduction; where the division happens changes nothing "
      "in exact arithmetic"},
