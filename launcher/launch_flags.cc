@@ -590,7 +590,7 @@ std::string LauncherUsage() {
       "(//launcher:train) or PROGRAM with ARGS, and watches them: one worker failing stops the\n"
       "job on every node (or restarts it, --max_restarts). Flag names take '-' or '_'\n"
       "(--nproc-per-node); an unknown flag is an error. Before --, the training program's own\n"
-      "flags are passed on to it too: --",
+      "flags are passed on to it too:\n  --",
       absl::StrJoin(TrainingProgramFlags(), ", --"),
       ".\n"
       "\n"
