@@ -32,6 +32,7 @@
 #include "absl/strings/str_replace.h"
 #include "core/config/train_config.pb.h"
 #include "core/autograd.h"
+#include "core/broadcast.h"
 #include "core/communicator.h"
 #include "core/micro_batches.h"
 #include "core/ops.h"
@@ -196,7 +197,6 @@ class DdpStrategy final : public Strategy, public DdpIntrospection {
 
  private:
   absl::Status CheckSameModelEverywhere(Module& model);
-  absl::Status BroadcastFromRank0(const std::vector<Tensor>& tensors);
   void RecordEvent(TraceEvent e) {
     e.step = step_;
     current_events_.push_back(std::move(e));
@@ -258,11 +258,12 @@ absl::Status DdpStrategy::Setup(Module& model, const OptimizerFactory& make_opti
   for (const auto& [n, b] : model.NamedBuffers()) b.MoveTo(ctx.device);
   BRAID_RETURN_IF_ERROR(CheckSameModelEverywhere(model));
 
-  // Rank 0's values everywhere: parameters (frozen ones too) and buffers.
-  std::vector<Tensor> state;
-  for (const auto& [n, p] : model.NamedParameters()) state.push_back(p);
-  for (const auto& [n, b] : model.NamedBuffers()) state.push_back(b);
-  BRAID_RETURN_IF_ERROR(BroadcastFromRank0(state));
+  // Rank 0's values everywhere: parameters (frozen ones too) and buffers, about a bucket per
+  // collective.
+  if (absl::Status s = BroadcastModuleState(model, *comm_, 0, int64_t(opts_.bucket_cap_mb * (1 << 20)));
+      !s.ok()) {
+    return Error(s.code(), absl::StrCat("at Setup: ", s.message()));
+  }
 
   Reducer::Options reducer_opts;
   reducer_opts.bucket_cap_mb = opts_.bucket_cap_mb;
@@ -323,47 +324,6 @@ absl::Status DdpStrategy::CheckSameModelEverywhere(Module& model) {
   return absl::OkStatus();
 }
 
-absl::Status DdpStrategy::BroadcastFromRank0(const std::vector<Tensor>& tensors) {
-  // Coalesced into flat chunks of one dtype and device, at most about one bucket each.
-  const int64_t cap = int64_t(opts_.bucket_cap_mb * (1 << 20));
-  std::map<std::pair<int, std::string>, std::vector<Tensor>> groups;
-  for (const Tensor& t : tensors) {
-    groups[{int(t.dtype()), t.device().ToString()}].push_back(t);
-  }
-  autograd::NoGradGuard no_grad;
-  for (auto& [key, members] : groups) {
-    size_t begin = 0;
-    while (begin < members.size()) {
-      size_t end = begin;
-      int64_t numel = 0;
-      while (end < members.size() &&
-             (end == begin ||
-              (numel + members[end].numel()) * int64_t(SizeOf(members[end].dtype())) <= cap)) {
-        numel += members[end].numel();
-        ++end;
-      }
-      Tensor flat = Tensor::Empty({numel}, members[begin].dtype(), members[begin].device());
-      int64_t off = 0;
-      for (size_t i = begin; i < end; ++i) {
-        flat.FlatRange(off, members[i].numel()).CopyFrom(members[i]);
-        off += members[i].numel();
-      }
-      absl::Status s = comm_->Broadcast(flat, 0)->Wait();
-      if (!s.ok()) {
-        return Error(s.code(),
-                     absl::StrCat("broadcasting rank 0's parameters at Setup: ", s.message()));
-      }
-      off = 0;
-      for (size_t i = begin; i < end; ++i) {
-        Tensor dst = members[i];
-        dst.CopyFrom(flat.FlatRange(off, members[i].numel()));
-        off += members[i].numel();
-      }
-      begin = end;
-    }
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<StepStats> DdpStrategy::TrainStep(const std::vector<Batch>& micro_batches,
                                                  const LossFn& loss_fn) {

@@ -6,7 +6,8 @@
 # replicated weight twice, or misses another rank's slices, clips differently and moves the
 # weights by ~1e-4), 3 steps, the sequential loader making replicas' rows the one process's:
 #   tensor 2 and 4 (around single), tensor 2 x data 2 (DDP, and ZeRO stages 1, 2 and 3 on the data axis),
-#   tensor 2 x pipeline 2 x data 2 (8 processes, 1F1B; and with ZeRO-1 and 2 on the data axis); with
+#   tensor 2 x pipeline 2 x data 2 (8 processes, 1F1B; and with ZeRO-1 and 2 on the data axis); the
+#   external example strategy (a user's plugin) on data 2 and tensor 2 x data 2; with
 #   sequence parallelism, tensor 2 and
 #   tensor 2 x pipeline 2 x data 2.
 # Tolerance 2e-6 on the weights: each split matrix product sums its terms in t parts and an
@@ -60,7 +61,7 @@ assert n[0] > 8 and n[-1] < 8, n
 print("   one process: gradient norms", n)
 PY
 
-# Shards balanced by their runs' processes (8 + 8 + 2, 8 + 8 + 2, 4 + 4 + 4 + 4 + 4).
+# Shards balanced by their runs' processes (8 + 8 + 2, 8 + 8 + 2, 4 + 4 + 4 + 4 + 4 + 2 + 4).
 if shard 0; then
   tp_case t2 2 'parallel { tensor: 2 } strategy { name: "single" }' 4
   tp_case t2p2d2 8 'parallel { tensor: 2 pipeline: 2 data: 2 } strategy { name: "pipeline" }'
@@ -84,6 +85,13 @@ if shard 2; then
   # ZeRO-3 shards the tensor-parallel slices over the data axis (built deferred: each split
   # parameter is whole only while it is sliced).
   tp_case t2d2_zero3 4 'parallel { tensor: 2 data: 2 } strategy { name: "zero" } zero_optimization { stage: 3 }'
+  # A user's strategy, built outside plugins/ and declaring no traits (tests/external_plugin):
+  # on the data axis alone, and under tensor parallelism, unchanged.
+  ext="$TEST_SRCDIR/braid/tests/external_plugin/libbraid_external_example.so"
+  tp_case d2_external 2 "strategy { name: \"external_example\" path: \"$ext\" }"
+  tp_case t2d2_external 4 "parallel { tensor: 2 data: 2 } strategy { name: \"external_example\" path: \"$ext\" }"
+  grep -q "^external_example: set up on 1648640 parameters, 2 data-parallel rank(s)" "$T/t2d2_external.out" ||
+    fail "t2d2_external: the external strategy did not report its slice and its 2 replicas"
   # An impossible layout is refused at start, in one line naming the sizes.
   cfg "$T/bad.pbtxt" 4 4 'parallel { tensor: 2 pipeline: 2 data: 2 }'
   bounded "$L" --nproc_per_node=2 --log_dir="$T/bad.logs" -- --config="$T/bad.pbtxt" --log_dir="$T/bad" > "$T/bad.out" 2>&1

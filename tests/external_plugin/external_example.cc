@@ -1,6 +1,10 @@
-// The smallest useful strategy plugin, built outside plugins/: one process, plain gradient
-// accumulation and the optimizer's step. It announces itself on stdout at Setup, so that a test
-// of the training program can tell that this plugin's code ran.
+// A data-parallel strategy plugin built outside plugins/, written only against the documented
+// API (docs/WRITING_A_STRATEGY.md, whose code blocks are regions of this file, checked by
+// //tests/external_plugin:guide_code_test). Each rank runs the shared micro-batch loop, the
+// gradients are averaged over the data-parallel group after backward, clipped by the global norm
+// and stepped: DDP without buckets or overlap. It declares no traits, so it serves the data axis
+// and composes with tensor parallelism unchanged. It announces itself on stdout at Setup, so
+// that a test of the training program can tell that this plugin's code ran.
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -9,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/autograd.h"
+#include "core/broadcast.h"
 #include "core/micro_batches.h"
 #include "core/ops.h"
 #include "core/optimizer.h"
@@ -19,77 +24,113 @@
 namespace braid::external_example {
 namespace {
 
+absl::Status Error(const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("strategy 'external_example': ", what));
+}
+
 class ExternalExampleStrategy final : public Strategy {
  public:
   std::string name() const override { return "external_example"; }
 
+  // [START setup]
   absl::Status Setup(Module& model, const OptimizerFactory& make_optimizer,
                      const StrategyContext& ctx) override {
-    if (ctx.comm != nullptr && ctx.comm->size() != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "strategy 'external_example' trains one process; the world has ", ctx.comm->size()));
-    }
-    if (!ctx.options.empty()) {
-      return absl::InvalidArgumentError("strategy 'external_example' takes no options");
-    }
+    if (!ctx.options.empty()) return Error("takes no options");
+    if (!make_optimizer) return Error("no optimizer factory");
+    // The data-parallel group: the world alone, or the group the layer above hands over (tensor
+    // parallelism: this rank's replicas of its slices). A single process may have none.
+    comm_ = ctx.comm;
+    max_grad_norm_ = ctx.max_grad_norm;
+    model_parallel_sum_ = ctx.model_parallel_sum;
+    for (const auto& [n, p] : model.NamedParameters()) p.MoveTo(ctx.device);
+    for (const auto& [n, b] : model.NamedBuffers()) b.MoveTo(ctx.device);
+    // Rank 0's initial values everywhere, so replicas start equal whatever their seeds.
+    if (comm_ != nullptr) BRAID_RETURN_IF_ERROR(BroadcastModuleState(model, *comm_, /*root=*/0));
     optimizer_ = make_optimizer(model.NamedParameters());
-    if (optimizer_ == nullptr) {
-      return absl::InvalidArgumentError("strategy 'external_example': no optimizer");
-    }
+    if (optimizer_ == nullptr) return Error("the optimizer factory returned null");
     model_ = &model;
-    std::printf("external_example: set up on %lld parameters\n",
-                static_cast<long long>(model.NumParameters()));
+    std::printf("external_example: set up on %lld parameters, %d data-parallel rank(s)\n",
+                static_cast<long long>(model.NumParameters()), data_parallel_size());
     std::fflush(stdout);
     return absl::OkStatus();
   }
+  // [END setup]
 
+  // [START train_step]
   absl::StatusOr<StepStats> TrainStep(const std::vector<Batch>& micro_batches,
                                       const LossFn& loss_fn) override {
-    if (model_ == nullptr || micro_batches.empty()) {
-      return absl::FailedPreconditionError(
-          "strategy 'external_example': TrainStep needs Setup and at least one micro-batch");
-    }
-    optimizer_->ZeroGrad();
+    if (model_ == nullptr) return Error("TrainStep before Setup");
     StepStats stats;
+    optimizer_->ZeroGrad();
     // The loop every strategy shares: forward, loss check, backward of loss / k.
-    absl::Status st = RunMicroBatches(name(), *model_, micro_batches, loss_fn, &stats);
-    if (!st.ok()) return st;
+    BRAID_RETURN_IF_ERROR(RunMicroBatches(name(), *model_, micro_batches, loss_fn, &stats));
+    const absl::Time reduce_start = absl::Now();
+    std::vector<Tensor> params = model_->Parameters();
+    BRAID_RETURN_IF_ERROR(AverageGradients(params, &stats));
+    stats.comm_exposed_s = absl::ToDoubleSeconds(absl::Now() - reduce_start);
+    const absl::Time step_start = absl::Now();
+    // Every rank holds the averaged gradient: the global norm is this rank's, summed over the
+    // ranks holding the other slices of its parameters (tensor parallelism), with the loss
+    // scale of mixed precision divided out; clipping goes through the optimizer.
+    stats.grad_norm = ClipGradNormSharded(*optimizer_, params, max_grad_norm_, [this](double local) {
+      return model_parallel_sum_ ? model_parallel_sum_(local) : local;
+    });
     optimizer_->Step();
+    stats.optimizer_s = absl::ToDoubleSeconds(absl::Now() - step_start);
     return stats;
   }
+  // [END train_step]
 
   Optimizer* optimizer() override { return optimizer_.get(); }
 
   absl::StatusOr<std::map<std::string, Tensor>> FullStateDict() override {
-    if (model_ == nullptr) {
-      return absl::FailedPreconditionError("strategy 'external_example': not set up");
-    }
-    return model_->StateDict();
+    if (model_ == nullptr) return Error("FullStateDict before Setup");
+    return model_->StateDict();  // every replica holds the same whole model
   }
   absl::Status LoadFullStateDict(const std::map<std::string, Tensor>& state) override {
-    if (model_ == nullptr) return absl::FailedPreconditionError("strategy 'external_example': not set up");
+    if (model_ == nullptr) return Error("LoadFullStateDict before Setup");
     return model_->LoadStateDict(state, /*strict=*/true);
   }
-  int data_parallel_rank() const override { return 0; }
-  int data_parallel_size() const override { return 1; }
+  int data_parallel_rank() const override { return comm_ != nullptr ? comm_->rank() : 0; }
+  int data_parallel_size() const override { return comm_ != nullptr ? comm_->size() : 1; }
   absl::Status Evaluate(const std::function<void(Module&)>& eval) override {
-    if (model_ == nullptr) return absl::FailedPreconditionError("strategy 'external_example': not set up");
+    if (model_ == nullptr) return Error("Evaluate before Setup");
     autograd::NoGradGuard no_grad;
     eval(*model_);
     return absl::OkStatus();
   }
 
  private:
+  // The mean of every rank's gradient, in place: one all-reduce per parameter (a production
+  // strategy would bucket them and overlap with backward, as plugins/ddp does).
+  absl::Status AverageGradients(const std::vector<Tensor>& params, StepStats* stats) {
+    if (comm_ == nullptr || comm_->size() == 1) return absl::OkStatus();
+    autograd::NoGradGuard no_grad;
+    for (const Tensor& p : params) {
+      Tensor g = p.grad();
+      if (!g.defined()) continue;  // unused this step on every rank (same model, same graph)
+      BRAID_RETURN_IF_ERROR(comm_->AllReduce(g, ReduceOp::kAvg)->Wait());
+      stats->comm_bytes += int64_t(g.nbytes());
+    }
+    return absl::OkStatus();
+  }
+
   Module* model_ = nullptr;
+  Communicator* comm_ = nullptr;
+  float max_grad_norm_ = 0;
+  std::function<double(double)> model_parallel_sum_;
   std::unique_ptr<Optimizer> optimizer_;
 };
 
 }  // namespace
 }  // namespace braid::external_example
 
+// [START register]
 BRAID_PLUGIN(registry) {
+  // No traits: it serves the data axis (launcher/compose.h), under any layer that wraps it.
   absl::Status s = registry->AddStrategy("external_example", [] {
     return std::make_unique<braid::external_example::ExternalExampleStrategy>();
   });
   return s.ok() ? 0 : 1;
 }
+// [END register]
