@@ -319,6 +319,12 @@ TEST(DeepSpeedKeys, EveryProblemAtOnceWithPositions) {
                               "\"zero_optimization.overlap_comm\"?)"),
                     HasSubstr("ds.json:6:57: unknown field \"optimizer.params.weight_decy\" (did "
                               "you mean \"optimizer.params.weight_decay\"?)")));
+  // A key given twice is named, not a DeepSpeed key beside it.
+  cfg = ParseJsonConfig(R"({"steps": 1, "steps": 2, "wall_clock_breakdown": false})", "ds.json");
+  ASSERT_FALSE(cfg.ok());
+  EXPECT_THAT(std::string(cfg.status().message()),
+              AllOf(HasSubstr("\"steps\" is given more than once"),
+                    Not(HasSubstr("wall_clock_breakdown"))));
   // A name far from every known one gets no guess.
   cfg = ParseJsonConfig(R"({"flops_profiler": {"enabled": false}})", "ds.json");
   ASSERT_FALSE(cfg.ok());

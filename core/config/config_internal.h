@@ -131,6 +131,7 @@ void ResolveAutoValues(TrainConfig* cfg);
 struct JsonKeys {
   std::vector<std::string> problems;
   std::vector<std::string> ignored_fields;
+  bool read = false;  // false: `json` is no JSON object (syntax, a key given twice); unchecked
 };
 std::string CheckJsonKeys(const std::string& text, const std::string& json,
                           const std::string& origin, JsonKeys* out);

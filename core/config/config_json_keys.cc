@@ -237,6 +237,7 @@ std::string CheckJsonKeys(const std::string& text, const std::string& json,
       root.kind_case() != pb::Value::kStructValue) {
     return json;  // the reader reports what is wrong with it
   }
+  out->read = true;
   Walk walk{text, origin, out};
   walk.Object(root.mutable_struct_value(), TrainConfig::descriptor(), "");
   // In the file's order (the JSON object's keys come unordered), those without a position last.

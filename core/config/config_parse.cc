@@ -354,6 +354,18 @@ absl::StatusOr<TrainConfig> ParseJsonConfig(const std::string& text, const std::
   // keys that have no field here.
   internal::JsonKeys keys;
   json = internal::CheckJsonKeys(text, json, origin, &keys);
+  if (!keys.read) {
+    // Not checked (a syntax error, a key given twice): that problem first, not an unknown key
+    // that the check would have accepted.
+    pb::util::JsonParseOptions lenient;
+    lenient.ignore_unknown_fields = true;
+    TrainConfig scratch;
+    auto status = pb::util::JsonStringToMessage(json, &scratch, lenient);
+    if (!status.ok()) {
+      std::string message(status.message().data(), status.message().size());
+      return absl::InvalidArgumentError(DescribeJsonError(text, origin, message));
+    }
+  }
   if (keys.problems.size() == 1) return absl::InvalidArgumentError(keys.problems[0]);
   if (!keys.problems.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(keys.problems.size(), " problems in ", origin,
