@@ -99,4 +99,10 @@ absl::StatusOr<CudaBinding> BindCudaDeviceFromEnvironment(int configured) {
   return BindCudaDevice(configured, env);
 }
 
+absl::StatusOr<int> CudaDeviceIndexFromEnvironment(int configured) {
+  absl::StatusOr<CudaBinding> b = BindCudaDeviceFromEnvironment(configured);
+  if (!b.ok()) return b.status();
+  return b->index;
+}
+
 }  // namespace braid::launcher

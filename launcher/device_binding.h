@@ -39,6 +39,10 @@ absl::StatusOr<CudaBinding> BindCudaDevice(int configured,
 // The same with this process's environment.
 absl::StatusOr<CudaBinding> BindCudaDeviceFromEnvironment(int configured);
 
+// Just the index, for the trainer's one call:
+//   BRAID_ASSIGN_OR_RETURN(device.index, launcher::CudaDeviceIndexFromEnvironment(device.index));
+absl::StatusOr<int> CudaDeviceIndexFromEnvironment(int configured);
+
 }  // namespace braid::launcher
 
 #endif  // BRAID_LAUNCHER_DEVICE_BINDING_H_

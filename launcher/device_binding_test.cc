@@ -1,5 +1,7 @@
 #include "launcher/device_binding.h"
 
+#include <stdlib.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -81,6 +83,22 @@ TEST(BindCudaDevice, SaysWhy) {
   auto b = BindCudaDevice(0, {{"CUDA_VISIBLE_DEVICES", "2,3"}, {"LOCAL_RANK", "1"}});
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->why, "cuda:0 + LOCAL_RANK=1 of the 2 GPUs CUDA_VISIBLE_DEVICES='2,3' shows");
+}
+
+// The trainer's entry point reads this process's environment.
+TEST(BindCudaDevice, FromTheEnvironment) {
+  ::setenv("CUDA_VISIBLE_DEVICES", "7", 1);
+  ::setenv("LOCAL_RANK", "1", 1);
+  EXPECT_EQ(*CudaDeviceIndexFromEnvironment(0), 0);
+  ::setenv("CUDA_VISIBLE_DEVICES", "6,7", 1);
+  EXPECT_EQ(*CudaDeviceIndexFromEnvironment(0), 1);
+  ::unsetenv("CUDA_VISIBLE_DEVICES");
+  ::setenv("LOCAL_RANK", "2", 1);
+  EXPECT_EQ(*CudaDeviceIndexFromEnvironment(1), 3);
+  ::unsetenv("LOCAL_RANK");
+  ::setenv("SLURM_LOCALID", "x", 1);
+  EXPECT_FALSE(CudaDeviceIndexFromEnvironment(0).ok());
+  ::unsetenv("SLURM_LOCALID");
 }
 
 }  // namespace

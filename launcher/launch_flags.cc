@@ -397,10 +397,8 @@ absl::Status SetLaunchFlag(LaunchFlags* f, const std::string& name, const std::s
     return absl::InvalidArgumentError(absl::StrCat("the launcher has no flag ", origin));
   }
   if (!st.ok()) return st;
-  if (name != "master_addr" && name != "master_port" && name != "rdzv_endpoint") {
-    MarkGiven(f, name, origin);
-  }
-  if (name == "rdzv_endpoint") MarkGiven(f, name, origin);
+  // master_addr and master_port were marked by SetMaster, with their own origin.
+  if (name != "master_addr" && name != "master_port") MarkGiven(f, name, origin);
   return absl::OkStatus();
 }
 

@@ -366,10 +366,6 @@ absl::StatusOr<LaunchFlags> FlagsWithEnvironment(LaunchFlags f, const EnvMap& en
           " in the environment; set them to the same value, or give --", flag));
     }
   }
-  if (f.Given("nnodes") && f.standalone && f.nnodes != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("--standalone is a job of one node, but ",
-                                                   f.Origin("nnodes"), "=", f.nnodes));
-  }
   BRAID_RETURN_IF_ERROR(ResolveNprocPerNode(&f, host));
   return f;
 }
