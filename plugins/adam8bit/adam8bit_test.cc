@@ -87,7 +87,7 @@ class Adam8bitTest : public ::testing::Test {
 
 TEST_F(Adam8bitTest, RegisteredAndValidatedLikeAdamW) {
   EXPECT_EQ(Registry::Get().OptimizerNames(),
-            (std::vector<std::string>{"Adam8bit", "AdamW", "SGD"}));
+            (std::vector<std::string>{"Adam", "Adam8bit", "AdamW", "SGD"}));
   // Any case; stored canonical, with AdamW's defaults filled in.
   config::TrainConfig cfg;
   cfg.mutable_optimizer()->set_type("adam8bit");
@@ -110,11 +110,11 @@ TEST_F(Adam8bitTest, RegisteredAndValidatedLikeAdamW) {
 TEST_F(Adam8bitTest, EnsureOptimizerMatchesCaseAndNamesWhereItLooked) {
   EXPECT_TRUE(EnsureOptimizer("adamw", {}).ok());     // core's, nothing to load
   EXPECT_TRUE(EnsureOptimizer("Adam8bit", {}).ok());  // loaded already
-  absl::Status st = EnsureOptimizer("Lamb", {PluginsDir()});
+  absl::Status st = EnsureOptimizer("Sophia", {PluginsDir()});
   EXPECT_TRUE(absl::IsNotFound(st)) << st;
   EXPECT_THAT(std::string(st.message()),
-              AllOf(HasSubstr("unknown optimizer 'Lamb'; known: Adam8bit, AdamW, SGD"),
-                    HasSubstr(PluginsDir() + "/lamb/libbraid_lamb.so")));
+              AllOf(HasSubstr("unknown optimizer 'Sophia'; known: Adam, Adam8bit, AdamW, SGD"),
+                    HasSubstr(PluginsDir() + "/sophia/libbraid_sophia.so")));
   st = EnsureOptimizer("no such", {PluginsDir()});
   EXPECT_THAT(std::string(st.message()), HasSubstr("unknown optimizer 'no such'; known: "));
 }

@@ -18,10 +18,10 @@ printf 'optimizer { type: "adam8bit" }\n' > "$tmp/lower.pbtxt"
 out=$(timeout 60 "$train" --config="$tmp/lower.pbtxt" --print_config 2>&1)
 check lowercase-is-canonical 'type: "Adam8bit"' "$out"
 check adamw-defaults 'betas: 0.95' "$out"
-printf 'optimizer { type: "Lamb" }\n' > "$tmp/lamb.pbtxt"
-out=$(timeout 60 "$train" --config="$tmp/lamb.pbtxt" --log_dir="$tmp/l" 2>&1); rc=$?
+printf 'optimizer { type: "Sophia" }\n' > "$tmp/sophia.pbtxt"
+out=$(timeout 60 "$train" --config="$tmp/sophia.pbtxt" --log_dir="$tmp/l" 2>&1); rc=$?
 [ "$rc" = 1 ] || { echo "FAIL unknown-type: exit code $rc, want 1"; fails=$((fails+1)); }
-check unknown-type "^braid train: optimizer.type: unknown optimizer 'Lamb'; known: AdamW, SGD\..*looked for libbraid_lamb.so at .*/lamb/libbraid_lamb.so" "$out"
+check unknown-type "^braid train: optimizer.type: unknown optimizer 'Sophia'; known: Adam, AdamW, SGD\..*looked for libbraid_sophia.so at .*/sophia/libbraid_sophia.so" "$out"
 if [ "${1:-}" = train ]; then
   out=$(timeout 300 "$train" --config="$TEST_SRCDIR/braid/launcher/configs/gpt-mini-adam8bit.pbtxt" \
     --steps=30 --log_dir="$tmp/run" 2>&1); rc=$?
