@@ -17,6 +17,7 @@
 #include "core/optimizer.h"
 #include "core/plugin_api.h"
 #include "core/registry.h"
+#include "core/replicated_strategy.h"
 #include "core/strategy.h"
 
 namespace braid {
@@ -24,7 +25,7 @@ namespace {
 
 double Seconds(absl::Time from) { return absl::ToDoubleSeconds(absl::Now() - from); }
 
-class SingleStrategy final : public Strategy {
+class SingleStrategy final : public ReplicatedStrategy {
  public:
   std::string name() const override { return "single"; }
 
@@ -47,11 +48,7 @@ class SingleStrategy final : public Strategy {
     }
     for (const auto& [n, p] : model.NamedParameters()) p.MoveTo(ctx.device);
     for (const auto& [n, b] : model.NamedBuffers()) b.MoveTo(ctx.device);
-    optimizer_ = make_optimizer(model.NamedParameters());
-    if (optimizer_ == nullptr) {
-      return absl::InvalidArgumentError("strategy 'single': the optimizer factory returned null");
-    }
-    model_ = &model;
+    BRAID_RETURN_IF_ERROR(Adopt(model, make_optimizer(model.NamedParameters()), /*data=*/nullptr));
     max_grad_norm_ = ctx.max_grad_norm;
     model_parallel_sum_ = ctx.model_parallel_sum;
     return absl::OkStatus();
@@ -86,41 +83,6 @@ class SingleStrategy final : public Strategy {
     return {{"parameters", peak_params_}, {"gradients", peak_grads_}, {"optimizer state", peak_state_}};
   }
 
-  Optimizer* optimizer() override { return optimizer_.get(); }
-
-  absl::StatusOr<std::map<std::string, Tensor>> FullStateDict() override {
-    if (model_ == nullptr) {
-      return absl::FailedPreconditionError("strategy 'single': FullStateDict before Setup");
-    }
-    return model_->StateDict();
-  }
-
-  absl::StatusOr<std::vector<StateChunk>> StateChunks(bool create) override {
-    if (model_ == nullptr) return absl::FailedPreconditionError("strategy 'single': StateChunks before Setup");
-    return WholeModelChunks(*model_, *optimizer_, create, /*write=*/true);
-  }
-  absl::Status AfterStateLoaded(const std::vector<StateChunk>& chunks) override {
-    RestoreOptimizerStep(*optimizer_, chunks);
-    return absl::OkStatus();
-  }
-
-  absl::Status LoadFullStateDict(const std::map<std::string, Tensor>& state) override {
-    if (model_ == nullptr) {
-      return absl::FailedPreconditionError("strategy 'single': LoadFullStateDict before Setup");
-    }
-    return model_->LoadStateDict(state, /*strict=*/true);
-  }
-
-  int data_parallel_rank() const override { return 0; }
-  int data_parallel_size() const override { return 1; }
-
-  absl::Status Evaluate(const std::function<void(Module&)>& eval) override {
-    if (model_ == nullptr) return absl::FailedPreconditionError("strategy 'single': Evaluate before Setup");
-    autograd::NoGradGuard no_grad;
-    eval(*model_);
-    return absl::OkStatus();
-  }
-
  private:
   void RecordPeaks() {
     int64_t params = 0, grads = 0, state = 0;
@@ -137,8 +99,6 @@ class SingleStrategy final : public Strategy {
   }
 
   int64_t peak_params_ = 0, peak_grads_ = 0, peak_state_ = 0;
-  Module* model_ = nullptr;
-  std::unique_ptr<Optimizer> optimizer_;
   float max_grad_norm_ = 0;
   std::function<double(double)> model_parallel_sum_;  // tensor parallelism's, or null
 };

@@ -19,6 +19,7 @@
 #include "core/optimizer.h"
 #include "core/plugin_api.h"
 #include "core/registry.h"
+#include "core/replicated_strategy.h"
 #include "core/strategy.h"
 
 namespace braid::external_example {
@@ -28,7 +29,10 @@ absl::Status Error(const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("strategy 'external_example': ", what));
 }
 
-class ExternalExampleStrategy final : public Strategy {
+// A ReplicatedStrategy (core/replicated_strategy.h): every rank holds the whole model, so the
+// full state, loading it, evaluation, checkpoint chunks and the data shard have their answers
+// there. What is left is what this strategy decides: Setup and TrainStep.
+class ExternalExampleStrategy final : public ReplicatedStrategy {
  public:
   std::string name() const override { return "external_example"; }
 
@@ -37,18 +41,15 @@ class ExternalExampleStrategy final : public Strategy {
                      const StrategyContext& ctx) override {
     if (!ctx.options.empty()) return Error("takes no options");
     if (!make_optimizer) return Error("no optimizer factory");
-    // The data-parallel group: the world alone, or the group the layer above hands over (tensor
-    // parallelism: this rank's replicas of its slices). A single process may have none.
-    comm_ = ctx.comm;
     max_grad_norm_ = ctx.max_grad_norm;
     model_parallel_sum_ = ctx.model_parallel_sum;
     for (const auto& [n, p] : model.NamedParameters()) p.MoveTo(ctx.device);
     for (const auto& [n, b] : model.NamedBuffers()) b.MoveTo(ctx.device);
-    // Rank 0's initial values everywhere, so replicas start equal whatever their seeds.
-    if (comm_ != nullptr) BRAID_RETURN_IF_ERROR(BroadcastModuleState(model, *comm_, /*root=*/0));
-    optimizer_ = make_optimizer(model.NamedParameters());
-    if (optimizer_ == nullptr) return Error("the optimizer factory returned null");
-    model_ = &model;
+    // Rank 0's initial values everywhere, so replicas start equal whatever their seeds. The
+    // group is the world alone, or the one a layer above hands over (tensor parallelism: this
+    // rank's replicas of its slices).
+    if (ctx.comm != nullptr) BRAID_RETURN_IF_ERROR(BroadcastModuleState(model, *ctx.comm, /*root=*/0));
+    BRAID_RETURN_IF_ERROR(Adopt(model, make_optimizer(model.NamedParameters()), ctx.comm));
     std::printf("external_example: set up on %lld parameters, %d data-parallel rank(s)\n",
                 static_cast<long long>(model.NumParameters()), data_parallel_size());
     std::fflush(stdout);
@@ -59,7 +60,7 @@ class ExternalExampleStrategy final : public Strategy {
   // [START train_step]
   absl::StatusOr<StepStats> TrainStep(const std::vector<Batch>& micro_batches,
                                       const LossFn& loss_fn) override {
-    if (model_ == nullptr) return Error("TrainStep before Setup");
+    if (model_ == nullptr) return NotSetUp("TrainStep");
     StepStats stats;
     optimizer_->ZeroGrad();
     // The loop every strategy shares: forward, loss check, backward of loss / k.
@@ -81,45 +82,23 @@ class ExternalExampleStrategy final : public Strategy {
   }
   // [END train_step]
 
-  Optimizer* optimizer() override { return optimizer_.get(); }
-
-  absl::StatusOr<std::map<std::string, Tensor>> FullStateDict() override {
-    if (model_ == nullptr) return Error("FullStateDict before Setup");
-    return model_->StateDict();  // every replica holds the same whole model
-  }
-  absl::Status LoadFullStateDict(const std::map<std::string, Tensor>& state) override {
-    if (model_ == nullptr) return Error("LoadFullStateDict before Setup");
-    return model_->LoadStateDict(state, /*strict=*/true);
-  }
-  int data_parallel_rank() const override { return comm_ != nullptr ? comm_->rank() : 0; }
-  int data_parallel_size() const override { return comm_ != nullptr ? comm_->size() : 1; }
-  absl::Status Evaluate(const std::function<void(Module&)>& eval) override {
-    if (model_ == nullptr) return Error("Evaluate before Setup");
-    autograd::NoGradGuard no_grad;
-    eval(*model_);
-    return absl::OkStatus();
-  }
-
  private:
   // The mean of every rank's gradient, in place: one all-reduce per parameter (a production
   // strategy would bucket them and overlap with backward, as plugins/ddp does).
   absl::Status AverageGradients(const std::vector<Tensor>& params, StepStats* stats) {
-    if (comm_ == nullptr || comm_->size() == 1) return absl::OkStatus();
+    if (data_ == nullptr || data_->size() == 1) return absl::OkStatus();
     autograd::NoGradGuard no_grad;
     for (const Tensor& p : params) {
       Tensor g = p.grad();
       if (!g.defined()) continue;  // unused this step on every rank (same model, same graph)
-      BRAID_RETURN_IF_ERROR(comm_->AllReduce(g, ReduceOp::kAvg)->Wait());
+      BRAID_RETURN_IF_ERROR(data_->AllReduce(g, ReduceOp::kAvg)->Wait());
       stats->comm_bytes += int64_t(g.nbytes());
     }
     return absl::OkStatus();
   }
 
-  Module* model_ = nullptr;
-  Communicator* comm_ = nullptr;
   float max_grad_norm_ = 0;
   std::function<double(double)> model_parallel_sum_;
-  std::unique_ptr<Optimizer> optimizer_;
 };
 
 }  // namespace
