@@ -1,5 +1,6 @@
 #include "core/kernel_checks.h"
 
+#include <cmath>
 #include <ostream>
 
 namespace braid::kernels::checks {
@@ -271,6 +272,83 @@ AttentionDims AttentionBackward(const char* backend, DType dtype, const Tensor& 
   NumelIs(backend, k, att, s.b * s.h * s.t * s.t);
   NumelIs(backend, k, dqkv, qkv.numel());
   return s;
+}
+
+// ---- Llama-family ops ---------------------------------------------------------------------
+
+RowsDims RmsNormForward(const char* backend, DType dtype, const Tensor& x, const Tensor& weight,
+                        const Tensor& out, const Tensor& rstd) {
+  const char* k = rmsnorm_forward.name();
+  DTypesAre(backend, k, dtype, {&x, &weight, &out});
+  DTypeIs(backend, k, rstd, DType::kF32);
+  const int64_t c = weight.numel();
+  RowsOf(backend, k, x, c, weight);
+  const int64_t rows = x.numel() / c;
+  NumelIs(backend, k, out, x.numel());
+  NumelIs(backend, k, rstd, rows);
+  return {rows, c};
+}
+
+RowsDims RmsNormBackward(const char* backend, DType dtype, const Tensor& dout, const Tensor& x,
+                         const Tensor& weight, const Tensor& rstd, const Tensor& dx,
+                         const Tensor& dweight) {
+  const char* k = rmsnorm_backward.name();
+  DTypesAre(backend, k, dtype, {&dout, &x, &weight, &dx, &dweight});
+  DTypeIs(backend, k, rstd, DType::kF32);
+  const int64_t c = weight.numel();
+  RowsOf(backend, k, x, c, weight);
+  const int64_t rows = x.numel() / c;
+  NumelIs(backend, k, dout, x.numel());
+  NumelIs(backend, k, dx, x.numel());
+  NumelIs(backend, k, dweight, c);
+  NumelIs(backend, k, rstd, rows);
+  return {rows, c};
+}
+
+int64_t SwiGluForward(const char* backend, DType dtype, const Tensor& gate, const Tensor& up,
+                      const Tensor& out) {
+  const char* k = swiglu_forward.name();
+  DTypesAre(backend, k, dtype, {&gate, &out});
+  NumelIs(backend, k, out, gate.numel());
+  if (up.defined()) {
+    DTypeIs(backend, k, up, dtype);
+    NumelIs(backend, k, up, gate.numel());
+  }
+  return gate.numel();
+}
+
+int64_t SwiGluBackward(const char* backend, DType dtype, const Tensor& dout, const Tensor& gate,
+                       const Tensor& up, const Tensor& dgate, const Tensor& dup) {
+  const char* k = swiglu_backward.name();
+  DTypesAre(backend, k, dtype, {&dout, &gate, &dgate});
+  const int64_t n = gate.numel();
+  NumelIs(backend, k, dout, n);
+  NumelIs(backend, k, dgate, n);
+  // dup is written exactly when up is given: a caller that passes one without the other has
+  // mixed up SiLU and SwiGLU.
+  BRAID_CHECK(up.defined() == dup.defined())
+      << Where{backend, k} << ": up and dup must be both given (SwiGLU) or both undefined (SiLU)";
+  if (up.defined()) {
+    DTypesAre(backend, k, dtype, {&up, &dup});
+    NumelIs(backend, k, up, n);
+    NumelIs(backend, k, dup, n);
+  }
+  return n;
+}
+
+RopeDims Rope(const char* backend, DType dtype, const Tensor& x, const RopeParams& p,
+              const Tensor& out) {
+  const char* k = rope.name();
+  DTypesAre(backend, k, dtype, {&x, &out});
+  BRAID_CHECK(x.ndim() == 4 && x.size(3) % 2 == 0)
+      << Where{backend, k} << " wants x [B, T, H, D] with D even, got " << x.DescribeForError();
+  NumelIs(backend, k, out, x.numel());
+  BRAID_CHECK(p.theta > 0.0f && std::isfinite(p.theta) && p.position_scale > 0.0f &&
+              std::isfinite(p.position_scale) && p.position_offset >= 0)
+      << Where{backend, k} << ": theta " << p.theta << " and position_scale "
+      << p.position_scale << " must be positive and finite, position_offset "
+      << p.position_offset << " not negative";
+  return {x.size(0), x.size(1), x.size(2), x.size(3)};
 }
 
 // ---- Optimizer updates ------------------------------------------------------------------------

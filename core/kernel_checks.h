@@ -83,6 +83,22 @@ AttentionDims AttentionForward(const char* backend, DType dtype, const Tensor& q
 AttentionDims AttentionBackward(const char* backend, DType dtype, const Tensor& dout,
                                 const Tensor& qkv, const Tensor& att, int n_head,
                                 const Tensor& dqkv);
+RowsDims RmsNormForward(const char* backend, DType dtype, const Tensor& x, const Tensor& weight,
+                        const Tensor& out, const Tensor& rstd);
+RowsDims RmsNormBackward(const char* backend, DType dtype, const Tensor& dout, const Tensor& x,
+                         const Tensor& weight, const Tensor& rstd, const Tensor& dx,
+                         const Tensor& dweight);
+// Returns the element count; `up` (and `dup`) may be undefined (plain SiLU).
+int64_t SwiGluForward(const char* backend, DType dtype, const Tensor& gate, const Tensor& up,
+                      const Tensor& out);
+int64_t SwiGluBackward(const char* backend, DType dtype, const Tensor& dout, const Tensor& gate,
+                       const Tensor& up, const Tensor& dgate, const Tensor& dup);
+// x [b, t, h, d], d even, out x's shape; position_scale > 0 and finite, theta > 0.
+struct RopeDims {
+  int64_t b, t, h, d;
+};
+RopeDims Rope(const char* backend, DType dtype, const Tensor& x, const RopeParams& p,
+              const Tensor& out);
 // The optimizer slots are f32 only (master weights), so they take no dtype.
 void AdamW(const char* backend, const Tensor& param, const Tensor& grad, const Tensor& m,
            const Tensor& v, const AdamWParams& p);

@@ -26,6 +26,11 @@ KernelSlot<EmbeddingFwdFn> embedding_forward("embedding_forward");
 KernelSlot<EmbeddingBwdFn> embedding_backward("embedding_backward");
 KernelSlot<AttentionFwdFn> attention_forward("attention_forward");
 KernelSlot<AttentionBwdFn> attention_backward("attention_backward");
+KernelSlot<RmsNormFwdFn> rmsnorm_forward("rmsnorm_forward");
+KernelSlot<RmsNormBwdFn> rmsnorm_backward("rmsnorm_backward");
+KernelSlot<SwiGluFwdFn> swiglu_forward("swiglu_forward");
+KernelSlot<SwiGluBwdFn> swiglu_backward("swiglu_backward");
+KernelSlot<RopeFn> rope("rope");
 KernelSlot<AdamWFn> adamw("adamw");
 KernelSlot<SgdFn> sgd("sgd");
 
@@ -115,6 +120,11 @@ void RegisterHalfFallbacks(DeviceType type) {
   RegisterFallback<&embedding_backward>(type);
   RegisterFallback<&attention_forward>(type);
   RegisterFallback<&attention_backward>(type);
+  RegisterFallback<&rmsnorm_forward>(type);
+  RegisterFallback<&rmsnorm_backward>(type);
+  RegisterFallback<&swiglu_forward>(type);
+  RegisterFallback<&swiglu_backward>(type);
+  RegisterFallback<&rope>(type);
 }
 
 }  // namespace braid::kernels

@@ -172,6 +172,43 @@ using AttentionBwdFn = void(const Tensor& dout, const Tensor& qkv, const Tensor&
                             Tensor& dqkv);
 extern KernelSlot<AttentionBwdFn> attention_backward;
 
+// ---- Llama-family ops (RMSNorm, SiLU/SwiGLU, rotary embedding) ------------------------------
+// x: [N, C]; weight: [C]; out: [N, C] = x * rstd * weight; rstd: [N] f32 whatever x's dtype,
+// rstd = 1 / sqrt(mean(x^2) + eps), saved for backward (as LayerNorm's).
+using RmsNormFwdFn = void(const Tensor& x, const Tensor& weight, float eps, Tensor& out,
+                          Tensor& rstd);
+extern KernelSlot<RmsNormFwdFn> rmsnorm_forward;
+// Writes dx; adds into dweight (callers zero it first for a fresh gradient).
+using RmsNormBwdFn = void(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                          const Tensor& rstd, Tensor& dx, Tensor& dweight);
+extern KernelSlot<RmsNormBwdFn> rmsnorm_backward;
+
+// out = silu(gate) * up elementwise (silu(g) = g * sigmoid(g)), same numel. `up` may be
+// undefined: out = silu(gate), plain SiLU, so one kernel serves both ops.
+using SwiGluFwdFn = void(const Tensor& gate, const Tensor& up, Tensor& out);
+extern KernelSlot<SwiGluFwdFn> swiglu_forward;
+// dgate = dout * up * silu'(gate), dup = dout * silu(gate) (written, not added). With `up`
+// undefined: dgate = dout * silu'(gate) and dup is not touched (pass an undefined tensor).
+using SwiGluBwdFn = void(const Tensor& dout, const Tensor& gate, const Tensor& up, Tensor& dgate,
+                         Tensor& dup);
+extern KernelSlot<SwiGluBwdFn> swiglu_backward;
+
+// Rotary position embedding, the half-split layout (Hugging Face's rotate_half): x and out are
+// [B, T, H, D] with D even; at sequence index t the position is
+// p = (position_offset + t) / position_scale (linear scaling), and for i < D/2 the pair
+// (x[i], x[i + D/2]) is rotated by the angle p * theta^(-2i/D):
+//   out[i] = x[i] cos - x[i + D/2] sin,   out[i + D/2] = x[i + D/2] cos + x[i] sin.
+// `inverse` rotates by the negative angle: the rotation is orthogonal, so that is the backward.
+// Angles are formed in double (an f32 angle at position 10^4 is off by ~1e-3 rad).
+struct RopeParams {
+  float theta = 10000.0f;
+  float position_scale = 1.0f;
+  int64_t position_offset = 0;
+  bool inverse = false;
+};
+using RopeFn = void(const Tensor& x, const RopeParams& p, Tensor& out);
+extern KernelSlot<RopeFn> rope;
+
 // ---- Optimizer updates (in place, f32 only: mixed precision keeps f32 master weights) ------
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;

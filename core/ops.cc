@@ -4,6 +4,7 @@
 
 #include "core/autograd.h"
 #include "core/kernels.h"
+#include "core/ops_internal.h"
 
 namespace braid::ops {
 
@@ -11,30 +12,12 @@ using autograd::RecordFunction;
 using autograd::SavedTensor;
 using kernels::BinaryOp;
 using kernels::UnaryOp;
+using internal::CheckFloat;
+using internal::CheckSameDType;
+using internal::CheckSameDevice;
+using internal::EmptyLike;
 
 namespace {
-
-Tensor EmptyLike(const Tensor& t) { return Tensor::Empty(t.shape(), t.dtype(), t.device()); }
-
-void CheckSameDevice(const char* op, const Tensor& a, const Tensor& b) {
-  BRAID_CHECK(a.device() == b.device()) << op << ": tensors on different devices: "
-                                        << a.DescribeForError() << " and " << b.DescribeForError();
-}
-
-// Ops compute in f32, bf16 or f16: a half op's kernel computes in f32 and rounds once.
-void CheckFloat(const char* op, const Tensor& a) {
-  BRAID_CHECK(a.dtype() == DType::kF32 || a.dtype() == DType::kBF16 || a.dtype() == DType::kF16)
-      << op << " needs f32, bf16 or f16, got " << a.DescribeForError();
-}
-
-// All floating operands of one op share a dtype: silently promoting would hide where a model
-// meant to compute in half precision and did not (and double the memory). Callers convert
-// explicitly with Cast.
-void CheckSameDType(const char* op, const Tensor& a, const Tensor& b) {
-  BRAID_CHECK(a.dtype() == b.dtype())
-      << op << ": operands have different dtypes: " << a.DescribeForError() << " and "
-      << b.DescribeForError() << " (convert one with ops::Cast)";
-}
 
 bool IsRowBroadcast(const Tensor& a, const Tensor& b) {
   if (b.ndim() == 0 || b.ndim() > a.ndim()) return false;

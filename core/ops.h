@@ -40,6 +40,25 @@ Tensor CrossEntropy(const Tensor& logits, const Tensor& targets);
 // qkv: [B, T, 3C] -> [B, T, C], causal, scale 1/sqrt(C / n_head).
 Tensor CausalSelfAttention(const Tensor& qkv, int n_head);
 
+// ---- Llama-family ops (ops_llama.cc) ----
+// Over the last dimension of x: x / sqrt(mean(x^2) + eps) * weight; weight: [C]. The per-row
+// 1/rms is kept in f32 for backward whatever x's dtype (as LayerNorm's rstd).
+Tensor RmsNorm(const Tensor& x, const Tensor& weight, float eps = 1e-6f);
+Tensor Silu(const Tensor& a);  // a * sigmoid(a)
+// silu(gate) * up, same shapes: Llama's MLP is down(SwiGlu(gate(x), up(x))). One kernel, so the
+// silu(gate) intermediate is never stored.
+Tensor SwiGlu(const Tensor& gate, const Tensor& up);
+struct RopeOptions {
+  float theta = 10000.0f;       // rope_theta: the base of the rotation frequencies
+  float position_scale = 1.0f;  // linear scaling: position t counts as t / position_scale
+  int64_t position_offset = 0;  // the position of x's first time step
+};
+// Rotary position embedding, half-split layout (rotate_half): x [B, T, H, D], D even; the
+// feature pairs (i, i + D/2) of time step t rotate by the angle
+// ((position_offset + t) / position_scale) * theta^(-2i/D). For NTK-aware scaling pass the
+// adjusted theta (theta * s^(D/(D-2)) for a context s times longer).
+Tensor RotaryEmbedding(const Tensor& x, const RopeOptions& opts = {});
+
 // Converts to `t` (returns `a` itself when it already has that dtype); backward converts the
 // gradient back to a's dtype. f32, bf16 and f16 only.
 Tensor Cast(const Tensor& a, DType t);

@@ -281,6 +281,54 @@ void EmbeddingBackward(const Tensor& dout, const Tensor& ids, Tensor& dweight) {
               });
 }
 
+// ---- Llama-family ops ------------------------------------------------------------------------
+
+void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& out, Tensor& rstd) {
+  const char* k = "rmsnorm_forward";
+  Tensor X = Up(k, x), W = Up(k, weight), O = Scratch(k, out), R = Scratch(k, rstd);
+  kernels::rmsnorm_forward.Get(out.device())(X, W, eps, O, R);
+  Down(O, out);
+  Down(R, rstd);
+}
+
+void RmsNormBackward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                     Tensor& dx, Tensor& dweight) {
+  const char* k = "rmsnorm_backward";
+  Tensor G = Up(k, dout), X = Up(k, x), W = Up(k, weight), R = Up(k, rstd);
+  // dweight is added into: its f32 value takes the sum, rounded once after.
+  Tensor DX = Scratch(k, dx), DW = Up(k, dweight);
+  kernels::rmsnorm_backward.Get(dx.device())(G, X, W, R, DX, DW);
+  Down(DX, dx);
+  Down(DW, dweight);
+}
+
+// `up` and `dup` are undefined for plain SiLU: they stay undefined.
+Tensor UpIfDefined(const char* k, const Tensor& t) { return t.defined() ? Up(k, t) : t; }
+Tensor ScratchIfDefined(const char* k, const Tensor& t) { return t.defined() ? Scratch(k, t) : t; }
+
+void SwiGluForward(const Tensor& gate, const Tensor& up, Tensor& out) {
+  const char* k = "swiglu_forward";
+  Tensor G = Up(k, gate), U = UpIfDefined(k, up), O = Scratch(k, out);
+  kernels::swiglu_forward.Get(out.device())(G, U, O);
+  Down(O, out);
+}
+
+void SwiGluBackward(const Tensor& dout, const Tensor& gate, const Tensor& up, Tensor& dgate,
+                    Tensor& dup) {
+  const char* k = "swiglu_backward";
+  Tensor D = Up(k, dout), G = Up(k, gate), U = UpIfDefined(k, up);
+  Tensor DG = Scratch(k, dgate), DU = ScratchIfDefined(k, dup);
+  kernels::swiglu_backward.Get(dgate.device())(D, G, U, DG, DU);
+  Down(DG, dgate);
+  if (dup.defined()) Down(DU, dup);
+}
+
+void Rope(const Tensor& x, const kernels::RopeParams& p, Tensor& out) {
+  Tensor X = Up("rope", x), O = Scratch("rope", out);
+  kernels::rope.Get(out.device())(X, p, O);
+  Down(O, out);
+}
+
 template <typename Fn>
 void RegisterBoth(kernels::KernelSlot<Fn>& slot, Fn* fn) {
   slot.Register(kCpu, DType::kBF16, fn);
@@ -305,6 +353,11 @@ const bool kRegistered = [] {
   RegisterBoth(kernels::embedding_backward, &EmbeddingBackward);
   RegisterBoth(kernels::attention_forward, &AttentionForward);
   RegisterBoth(kernels::attention_backward, &AttentionBackward);
+  RegisterBoth(kernels::rmsnorm_forward, &RmsNormForward);
+  RegisterBoth(kernels::rmsnorm_backward, &RmsNormBackward);
+  RegisterBoth(kernels::swiglu_forward, &SwiGluForward);
+  RegisterBoth(kernels::swiglu_backward, &SwiGluBackward);
+  RegisterBoth(kernels::rope, &Rope);
   return true;
 }();
 

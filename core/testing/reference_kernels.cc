@@ -569,6 +569,11 @@ void RegisterReferenceKernels() {
   RegisterIfEmpty(kernels::embedding_backward, &embedding_backward);
   RegisterIfEmpty(kernels::attention_forward, &attention_forward);
   RegisterIfEmpty(kernels::attention_backward, &attention_backward);
+  RegisterIfEmpty(kernels::rmsnorm_forward, &rmsnorm_forward);
+  RegisterIfEmpty(kernels::rmsnorm_backward, &rmsnorm_backward);
+  RegisterIfEmpty(kernels::swiglu_forward, &swiglu_forward);
+  RegisterIfEmpty(kernels::swiglu_backward, &swiglu_backward);
+  RegisterIfEmpty(kernels::rope, &rope);
   RegisterIfEmpty(kernels::adamw, &adamw);
   RegisterIfEmpty(kernels::sgd, &sgd);
 }

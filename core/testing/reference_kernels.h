@@ -54,6 +54,15 @@ void attention_forward(const Tensor& qkv, int n_head, Tensor& out, Tensor& att);
 void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& att, int n_head,
                         Tensor& dqkv);
 
+// reference_kernels_llama.cc.
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, float eps, Tensor& out, Tensor& rstd);
+void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
+                      const Tensor& rstd, Tensor& dx, Tensor& dweight);
+void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out);
+void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, Tensor& dgate,
+                     Tensor& dup);
+void rope(const Tensor& x, const kernels::RopeParams& p, Tensor& out);
+
 void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p);
 void sgd(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p);
 

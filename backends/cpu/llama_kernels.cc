@@ -1,0 +1,194 @@
+// The Llama-family kernels for the CPU (f32): RMSNorm, SiLU/SwiGLU, rotary embedding.
+//
+// Plain loops that -O3 vectorises (no intrinsics: each is memory-bound next to the matrix
+// products around it), parallel over rows. RMSNorm's weight gradient is summed in a fixed
+// number of row slices, each into its own buffer, added in order: the same result for any thread
+// count (as LayerNorm's backward).
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backends/cpu/simd.h"
+#include "backends/cpu/thread_pool.h"
+#include "core/check.h"
+#include "core/kernel_checks.h"
+#include "core/kernels.h"
+
+namespace braid::cpu {
+namespace {
+
+namespace checks = kernels::checks;
+constexpr DType kF32 = DType::kF32;
+
+int64_t RowGrain(int64_t cols) {
+  return std::max<int64_t>(1, kElementGrain / std::max<int64_t>(cols, 1));
+}
+
+// Sum of a[i] * b[i] in 8 independent f32 lanes (vectorisable without reassociating a single
+// chain), then the lanes in double.
+float Dot8(const float* a, const float* b, int64_t c) {
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= c; i += 8) {
+    for (int j = 0; j < 8; ++j) lane[j] += a[i + j] * b[i + j];
+  }
+  double s = 0;
+  for (int j = 0; j < 8; ++j) s += lane[j];
+  for (; i < c; ++i) s += double(a[i]) * b[i];
+  return float(s);
+}
+
+// ---- RMSNorm --------------------------------------------------------------------------------
+
+void RmsNormForward(const Tensor& x, const Tensor& weight, float eps, Tensor& out, Tensor& rstd) {
+  const auto d = checks::RmsNormForward("cpu", kF32, x, weight, out, rstd);
+  const int64_t c = d.cols;
+  const float* px = x.data<float>();
+  const float* pw = weight.data<float>();
+  float* po = out.data<float>();
+  float* pr = rstd.data<float>();
+  ParallelFor(d.rows, RowGrain(c), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = px + r * c;
+      const float rs = 1.0f / std::sqrt(Dot8(row, row, c) / float(c) + eps);
+      pr[r] = rs;
+      float* o = po + r * c;
+      for (int64_t i = 0; i < c; ++i) o[i] = row[i] * rs * pw[i];
+    }
+  });
+}
+
+constexpr int64_t kRmsNormSlices = 16;
+
+void RmsNormBackward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd,
+                     Tensor& dx, Tensor& dweight) {
+  const auto d = checks::RmsNormBackward("cpu", kF32, dout, x, weight, rstd, dx, dweight);
+  const int64_t rows = d.rows, c = d.cols;
+  if (rows == 0) return;
+  const float* pg = dout.data<float>();
+  const float* px = x.data<float>();
+  const float* pw = weight.data<float>();
+  const float* pr = rstd.data<float>();
+  float* pdx = dx.data<float>();
+  const int64_t slices = std::min(kRmsNormSlices, rows);
+  std::vector<float> part(size_t(slices * c), 0.0f);
+  ParallelFor(slices, std::max<int64_t>(1, RowGrain(c) * slices / rows), [&](int64_t s0,
+                                                                             int64_t s1) {
+    std::vector<float> gw(static_cast<size_t>(c));
+    for (int64_t s = s0; s < s1; ++s) {
+      float* dw = part.data() + s * c;
+      for (int64_t r = rows * s / slices; r < rows * (s + 1) / slices; ++r) {
+        const float* g = pg + r * c;
+        const float* xr = px + r * c;
+        const float rs = pr[r];
+        for (int64_t i = 0; i < c; ++i) gw[size_t(i)] = g[i] * pw[i];
+        // y = x rs w, rs = (mean(x^2) + eps)^-1/2: dx = rs (g w - x rs^2 mean(g w x)).
+        const float k = rs * rs * Dot8(gw.data(), xr, c) / float(c);
+        float* o = pdx + r * c;
+        for (int64_t i = 0; i < c; ++i) {
+          o[i] = rs * (gw[size_t(i)] - xr[i] * k);
+          dw[i] += g[i] * xr[i] * rs;
+        }
+      }
+    }
+  });
+  float* pdw = dweight.data<float>();
+  for (int64_t s = 0; s < slices; ++s) {
+    const float* dw = part.data() + s * c;
+    for (int64_t i = 0; i < c; ++i) pdw[i] += dw[i];
+  }
+}
+
+// ---- SiLU and SwiGLU ------------------------------------------------------------------------
+
+void SwiGluForward(const Tensor& gate, const Tensor& up, Tensor& out) {
+  const int64_t n = checks::SwiGluForward("cpu", kF32, gate, up, out);
+  const float* pg = gate.data<float>();
+  const float* pu = up.defined() ? up.data<float>() : nullptr;
+  float* po = out.data<float>();
+  ParallelFor(n, kElementGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float g = pg[i];
+      // g / (1 + e^-g): for a finite g far below 0, e^-g overflows to inf and the quotient is
+      // -0, not the NaN of g * (1 / (1 + inf)) * ... forms that multiply inf by 0.
+      const float s = g / (1.0f + std::exp(-g));
+      po[i] = pu != nullptr ? s * pu[i] : s;
+    }
+  });
+}
+
+void SwiGluBackward(const Tensor& dout, const Tensor& gate, const Tensor& up, Tensor& dgate,
+                    Tensor& dup) {
+  const int64_t n = checks::SwiGluBackward("cpu", kF32, dout, gate, up, dgate, dup);
+  const float* pd = dout.data<float>();
+  const float* pg = gate.data<float>();
+  const float* pu = up.defined() ? up.data<float>() : nullptr;
+  float* pdg = dgate.data<float>();
+  float* pdu = dup.defined() ? dup.data<float>() : nullptr;
+  ParallelFor(n, kElementGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const float g = pg[i];
+      const float sig = 1.0f / (1.0f + std::exp(-g));
+      const float u = pu != nullptr ? pu[i] : 1.0f;
+      // silu'(g) = sig (1 + g (1 - sig)).
+      pdg[i] = pd[i] * u * sig * (1.0f + g * (1.0f - sig));
+      if (pdu != nullptr) pdu[i] = pd[i] * g * sig;
+    }
+  });
+}
+
+// ---- Rotary embedding -----------------------------------------------------------------------
+
+void Rope(const Tensor& x, const kernels::RopeParams& p, Tensor& out) {
+  const auto d = checks::Rope("cpu", kF32, x, p, out);
+  const int64_t half = d.d / 2;
+  if (x.numel() == 0) return;
+  // cos and sin per (time step, frequency), formed in double once and shared by every batch
+  // entry and head: T * D/2 sincos calls instead of B * T * H * D/2.
+  std::vector<float> cs(size_t(d.t * half)), sn(size_t(d.t * half));
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    inv_freq[size_t(i)] = std::pow(double(p.theta), -2.0 * double(i) / double(d.d));
+  }
+  const double sign = p.inverse ? -1.0 : 1.0;
+  ParallelFor(d.t, std::max<int64_t>(1, 256 / std::max<int64_t>(half, 1)), [&](int64_t t0,
+                                                                                  int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const double pos = double(p.position_offset + t) / double(p.position_scale);
+      for (int64_t i = 0; i < half; ++i) {
+        const double a = pos * inv_freq[size_t(i)];
+        cs[size_t(t * half + i)] = float(std::cos(a));
+        sn[size_t(t * half + i)] = float(sign * std::sin(a));
+      }
+    }
+  });
+  const float* px = x.data<float>();
+  float* po = out.data<float>();
+  const int64_t rows = d.b * d.t * d.h;
+  ParallelFor(rows, RowGrain(d.d), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t t = (r / d.h) % d.t;
+      const float* c = cs.data() + t * half;
+      const float* s = sn.data() + t * half;
+      const float* x1 = px + r * d.d;
+      const float* x2 = x1 + half;
+      float* o1 = po + r * d.d;
+      float* o2 = o1 + half;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = x1[i], b = x2[i];
+        o1[i] = a * c[i] - b * s[i];
+        o2[i] = b * c[i] + a * s[i];
+      }
+    }
+  });
+}
+
+}  // namespace
+
+BRAID_REGISTER_KERNEL(kernels::rmsnorm_forward, DeviceType::kCPU, &RmsNormForward);
+BRAID_REGISTER_KERNEL(kernels::rmsnorm_backward, DeviceType::kCPU, &RmsNormBackward);
+BRAID_REGISTER_KERNEL(kernels::swiglu_forward, DeviceType::kCPU, &SwiGluForward);
+BRAID_REGISTER_KERNEL(kernels::swiglu_backward, DeviceType::kCPU, &SwiGluBackward);
+BRAID_REGISTER_KERNEL(kernels::rope, DeviceType::kCPU, &Rope);
+
+}  // namespace braid::cpu

@@ -1,0 +1,211 @@
+// The Llama-family kernels (RMSNorm, SiLU/SwiGLU, rotary embedding) against the reference
+// kernels, the backward kernels against finite differences of the forward ones, and the same
+// bits for any thread count.
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/test_util.h"
+#include "core/kernels.h"
+#include "core/testing/reference_kernels.h"
+#include "gtest/gtest.h"
+
+namespace braid::cpu {
+namespace {
+
+using testing::AllClose;
+using testing::BitEqual;
+using testing::KernelTest;
+using testing::RandomTensor;
+
+const Device kCpu = Device::CPU();
+
+// (rows, cols): single elements, odd widths around the vector width of 8, and a model's width.
+const std::vector<std::pair<int64_t, int64_t>> kRowShapes = {
+    {1, 1}, {1, 7}, {3, 8}, {5, 9}, {2, 17}, {13, 33}, {64, 256}, {7, 1000}};
+
+class LlamaKernelsTest : public KernelTest {};
+
+TEST_P(LlamaKernelsTest, RmsNormForwardMatchesReference) {
+  for (auto [rows, cols] : kRowShapes) {
+    Tensor x = RandomTensor({rows, cols}, rng_, -2.0f, 3.0f), w = RandomTensor({cols}, rng_);
+    Tensor out = Tensor::Empty({rows, cols}), rstd = Tensor::Empty({rows});
+    Tensor rout = Tensor::Empty({rows, cols}), rrstd = Tensor::Empty({rows});
+    kernels::rmsnorm_forward.Get(kCpu)(x, w, 1e-6f, out, rstd);
+    reference::rmsnorm_forward(x, w, 1e-6f, rout, rrstd);
+    const std::string what = std::to_string(rows) + "x" + std::to_string(cols);
+    EXPECT_TRUE(AllClose(rstd, rrstd, 1e-6f, 1e-5f)) << what;
+    EXPECT_TRUE(AllClose(out, rout, 1e-6f, 1e-5f)) << what;
+  }
+}
+
+TEST_P(LlamaKernelsTest, RmsNormOfZerosIsZerosWithRstdFromEps) {
+  Tensor x = Tensor::Zeros({2, 5}), w = RandomTensor({5}, rng_);
+  Tensor out = Tensor::Empty({2, 5}), rstd = Tensor::Empty({2});
+  kernels::rmsnorm_forward.Get(kCpu)(x, w, 0.25f, out, rstd);
+  EXPECT_EQ(out.ToFloatVector(), std::vector<float>(10, 0.0f));
+  EXPECT_EQ(rstd.ToFloatVector(), std::vector<float>(2, 2.0f));  // 1 / sqrt(0.25)
+}
+
+TEST_P(LlamaKernelsTest, RmsNormBackwardMatchesReference) {
+  for (auto [rows, cols] : kRowShapes) {
+    Tensor x = RandomTensor({rows, cols}, rng_, -2.0f, 3.0f), w = RandomTensor({cols}, rng_);
+    Tensor g = RandomTensor({rows, cols}, rng_);
+    Tensor out = Tensor::Empty({rows, cols}), rstd = Tensor::Empty({rows});
+    reference::rmsnorm_forward(x, w, 1e-6f, out, rstd);
+    // dweight is added into: start both from the same non-zero values.
+    Tensor dw0 = RandomTensor({cols}, rng_);
+    Tensor dx = Tensor::Empty({rows, cols}), dw = dw0.Clone();
+    Tensor rdx = Tensor::Empty({rows, cols}), rdw = dw0.Clone();
+    kernels::rmsnorm_backward.Get(kCpu)(g, x, w, rstd, dx, dw);
+    reference::rmsnorm_backward(g, x, w, rstd, rdx, rdw);
+    const std::string what = std::to_string(rows) + "x" + std::to_string(cols);
+    EXPECT_TRUE(AllClose(dx, rdx, 2e-5f, 2e-5f)) << what;
+    // dweight sums `rows` terms in f32: the reference sums them in double.
+    EXPECT_TRUE(AllClose(dw, rdw, 1e-5f, 2e-6f * float(rows))) << what;
+  }
+}
+
+TEST_P(LlamaKernelsTest, RmsNormBackwardMatchesFiniteDifferences) {
+  const int64_t rows = 3, cols = 11;
+  Tensor x = RandomTensor({rows, cols}, rng_, -1.0f, 2.0f), w = RandomTensor({cols}, rng_);
+  Tensor g = RandomTensor({rows, cols}, rng_);
+  Tensor out = Tensor::Empty({rows, cols}), rstd = Tensor::Empty({rows});
+  auto loss = [&] {
+    kernels::rmsnorm_forward.Get(kCpu)(x, w, 1e-6f, out, rstd);
+    return testing::WeightedSum(out, g);
+  };
+  std::vector<double> nx = testing::NumericGrad(x, loss);
+  std::vector<double> nw = testing::NumericGrad(w, loss);
+  loss();  // rstd of the unperturbed input
+  Tensor dx = Tensor::Empty({rows, cols}), dw = Tensor::Zeros({cols});
+  kernels::rmsnorm_backward.Get(kCpu)(g, x, w, rstd, dx, dw);
+  EXPECT_TRUE(testing::GradClose(dx, nx, 5e-3, 1e-2));
+  EXPECT_TRUE(testing::GradClose(dw, nw, 5e-3, 1e-2));
+}
+
+TEST_P(LlamaKernelsTest, RmsNormBackwardIsTheSameForAnyThreadCount) {
+  Tensor x = RandomTensor({300, 96}, rng_), w = RandomTensor({96}, rng_);
+  Tensor g = RandomTensor({300, 96}, rng_);
+  Tensor out = Tensor::Empty({300, 96}), rstd = Tensor::Empty({300});
+  reference::rmsnorm_forward(x, w, 1e-6f, out, rstd);
+  auto run = [&] {
+    Tensor dx = Tensor::Empty({300, 96}), dw = Tensor::Zeros({96});
+    kernels::rmsnorm_backward.Get(kCpu)(g, x, w, rstd, dx, dw);
+    return std::vector<Tensor>{dx, dw};
+  };
+  auto [one, many] = testing::RunWithThreads(run, 2);
+  EXPECT_TRUE(BitEqual(one[0], many[0]));
+  EXPECT_TRUE(BitEqual(one[1], many[1]));
+}
+
+TEST_P(LlamaKernelsTest, SwiGluAndSiluMatchReference) {
+  for (int64_t n : {1, 7, 64, 1000, 70000}) {
+    Tensor gate = RandomTensor({n}, rng_, -12.0f, 12.0f), up = RandomTensor({n}, rng_);
+    Tensor dout = RandomTensor({n}, rng_);
+    for (bool with_up : {true, false}) {
+      const Tensor u = with_up ? up : Tensor();
+      Tensor out = Tensor::Empty({n}), rout = Tensor::Empty({n});
+      kernels::swiglu_forward.Get(kCpu)(gate, u, out);
+      reference::swiglu_forward(gate, u, rout);
+      const std::string what = std::to_string(n) + (with_up ? " swiglu" : " silu");
+      EXPECT_TRUE(AllClose(out, rout, 1e-6f, 1e-5f)) << what;
+      Tensor dg = Tensor::Empty({n}), rdg = Tensor::Empty({n});
+      Tensor du = with_up ? Tensor::Empty({n}) : Tensor();
+      Tensor rdu = with_up ? Tensor::Empty({n}) : Tensor();
+      kernels::swiglu_backward.Get(kCpu)(dout, gate, u, dg, du);
+      reference::swiglu_backward(dout, gate, u, rdg, rdu);
+      EXPECT_TRUE(AllClose(dg, rdg, 1e-6f, 1e-5f)) << what;
+      if (with_up) {
+        EXPECT_TRUE(AllClose(du, rdu, 1e-6f, 1e-5f)) << what;
+      }
+    }
+  }
+}
+
+TEST_P(LlamaKernelsTest, SiluOfLargeMagnitudesIsFinite) {
+  // e^-g overflows f32 for g < -88: silu must give -0 there, not NaN; large g gives g.
+  std::vector<float> v = {-1000.0f, -100.0f, -89.0f, 0.0f, 89.0f, 1000.0f};
+  Tensor g = Tensor::FromVector(v, {int64_t(v.size())});
+  Tensor out = Tensor::Empty(g.shape()), rout = Tensor::Empty(g.shape());
+  kernels::swiglu_forward.Get(kCpu)(g, Tensor(), out);
+  reference::swiglu_forward(g, Tensor(), rout);
+  EXPECT_TRUE(AllClose(out, rout, 1e-6f, 1e-6f));
+  Tensor dg = Tensor::Empty(g.shape()), rdg = Tensor::Empty(g.shape()), none;
+  Tensor ones = Tensor::FromVector(std::vector<float>(v.size(), 1.0f), g.shape());
+  kernels::swiglu_backward.Get(kCpu)(ones, g, Tensor(), dg, none);
+  reference::swiglu_backward(ones, g, Tensor(), rdg, none);
+  EXPECT_TRUE(AllClose(dg, rdg, 1e-6f, 1e-6f));
+  for (float y : out.ToFloatVector()) EXPECT_TRUE(std::isfinite(y)) << y;
+}
+
+TEST_P(LlamaKernelsTest, SwiGluBackwardMatchesFiniteDifferences) {
+  Tensor gate = RandomTensor({13}, rng_, -4.0f, 4.0f), up = RandomTensor({13}, rng_);
+  Tensor w = RandomTensor({13}, rng_), out = Tensor::Empty({13});
+  auto loss = [&] {
+    kernels::swiglu_forward.Get(kCpu)(gate, up, out);
+    return testing::WeightedSum(out, w);
+  };
+  std::vector<double> ng = testing::NumericGrad(gate, loss, 1e-3f);
+  std::vector<double> nu = testing::NumericGrad(up, loss, 1e-3f);
+  Tensor dg = Tensor::Empty({13}), du = Tensor::Empty({13});
+  kernels::swiglu_backward.Get(kCpu)(w, gate, up, dg, du);
+  EXPECT_TRUE(testing::GradClose(dg, ng, 1e-3, 1e-2));
+  EXPECT_TRUE(testing::GradClose(du, nu, 1e-3, 1e-2));
+}
+
+struct RopeCase {
+  Shape shape;
+  kernels::RopeParams p;
+};
+
+TEST_P(LlamaKernelsTest, RopeMatchesReference) {
+  std::vector<RopeCase> cases = {
+      {{1, 1, 1, 2}, {}},
+      {{2, 5, 3, 8}, {}},
+      {{2, 7, 4, 16}, {500000.0f, 1.0f, 0, false}},
+      {{1, 9, 2, 64}, {10000.0f, 4.0f, 3, false}},
+      {{3, 4, 2, 6}, {10000.0f, 1.0f, 1000, true}},
+      // Long positions: angles in the thousands of radians.
+      {{1, 3, 1, 32}, {10000.0f, 1.0f, 8190, false}},
+  };
+  for (const RopeCase& c : cases) {
+    Tensor x = RandomTensor(c.shape, rng_);
+    Tensor out = Tensor::Empty(c.shape), rout = Tensor::Empty(c.shape);
+    kernels::rope.Get(kCpu)(x, c.p, out);
+    reference::rope(x, c.p, rout);
+    // cos and sin are rounded to f32 once, and each output sums two products.
+    EXPECT_TRUE(AllClose(out, rout, 1e-6f, 1e-5f))
+        << c.shape.size() << "-D, offset " << c.p.position_offset << ", D " << c.shape[3];
+  }
+}
+
+TEST_P(LlamaKernelsTest, RopeInverseUndoesRope) {
+  Tensor x = RandomTensor({2, 6, 3, 10}, rng_);
+  kernels::RopeParams p{10000.0f, 2.0f, 5, false};
+  Tensor y = Tensor::Empty(x.shape()), back = Tensor::Empty(x.shape());
+  kernels::rope.Get(kCpu)(x, p, y);
+  p.inverse = true;
+  kernels::rope.Get(kCpu)(y, p, back);
+  EXPECT_TRUE(AllClose(back, x, 1e-6f, 1e-6f));
+  // ... and y really moved (position 5 / 2 rotates the lowest frequency by 2.5 rad).
+  EXPECT_FALSE(AllClose(y, x, 1e-3f, 0.0f));
+}
+
+TEST_P(LlamaKernelsTest, RopeIsTheSameForAnyThreadCount) {
+  Tensor x = RandomTensor({4, 64, 4, 32}, rng_);
+  auto run = [&] {
+    Tensor y = Tensor::Empty(x.shape());
+    kernels::rope.Get(kCpu)(x, kernels::RopeParams{}, y);
+    return std::vector<Tensor>{y};
+  };
+  auto [one, many] = testing::RunWithThreads(run, 2);
+  EXPECT_TRUE(BitEqual(one[0], many[0]));
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, LlamaKernelsTest, ::testing::ValuesIn(testing::AllConfigs()),
+                         testing::ConfigName);
+
+}  // namespace
+}  // namespace braid::cpu
