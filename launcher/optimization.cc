@@ -29,7 +29,7 @@ OptimizerFactory MakeOptimizerFactory(const TrainConfig& cfg) {
     for (ParamGroup* g : {&decay, &no_decay}) {
       if (!g->params.empty()) groups.push_back(*g);
     }
-    // Registered by core (AdamW, SGD) or a plugin; validation checked the name.
+    // Registered by core (AdamW, Adam, SGD) or a plugin; validation checked the name.
     absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
         Registry::Get().MakeOptimizer(cfg.optimizer().type(), std::move(groups), cfg.optimizer());
     BRAID_CHECK(optimizer.ok()) << optimizer.status().ToString();

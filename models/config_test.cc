@@ -33,7 +33,7 @@ TEST(RegisteredModels, NamesAndDefaults) {
   Registry& r = Registry::Get();
   EXPECT_EQ(r.ModelNames(), (std::vector<std::string>{"gpt-mini", "gpt2-124m", "mlp"}));
   EXPECT_EQ(r.DatasetNames(), (std::vector<std::string>{"mnist", "moby-dick", "tokens"}));
-  EXPECT_EQ(r.OptimizerNames(), (std::vector<std::string>{"AdamW", "SGD"}));
+  EXPECT_EQ(r.OptimizerNames(), (std::vector<std::string>{"Adam", "AdamW", "SGD"}));
   EXPECT_EQ(r.DefaultModel(), "gpt-mini");
   EXPECT_EQ(r.DefaultDataset(), "moby-dick");
   EXPECT_EQ(r.DefaultOptimizer(), "AdamW");
