@@ -513,6 +513,12 @@ int Main(int argc, char** argv) {
     std::printf("%s", DescribePlan(*plan).c_str());
     return 0;
   }
+  // Before anything is made: a missing or wrong token file stops the launcher with nothing left.
+  absl::StatusOr<std::string> token = ChooseJobToken(
+      flags->job_token_file.empty() ? "" : ResolveUserPath(flags->job_token_file),
+      std::getenv("BRAID_JOB_TOKEN"),
+      {plan->num_launchers, plan->master_addr, plan->master_port, plan->describe});
+  if (!token.ok()) Die(std::string(token.status().message()));
 
   std::string log_dir = flags->log_dir;
   if (log_dir.empty()) {
@@ -561,11 +567,6 @@ int Main(int argc, char** argv) {
                      plan->master_port, "). For nodes on several machines, pass "
                      "--master_addr=<node 0's address> to every launcher."));
   }
-  absl::StatusOr<std::string> token = ChooseJobToken(
-      flags->job_token_file, std::getenv("BRAID_JOB_TOKEN"),
-      {plan->num_launchers, plan->master_addr, plan->master_port, plan->describe});
-  if (!token.ok()) Die(std::string(token.status().message()));
-
   Launcher launcher(*std::move(flags), *std::move(plan), std::move(program_argv),
                     std::move(program.env), log_dir, *token);
   return launcher.Run();
