@@ -206,6 +206,21 @@ TEST_P(HalfOpsTest, Attention) {
           {Rounded({2, 5, 12})}, 3, 6);
 }
 
+TEST_P(HalfOpsTest, LlamaOps) {
+  // One kernel each on exact inputs, rounded once (k = 2). RmsNorm keeps rstd in f32 as
+  // LayerNorm does, so its backward rounds only dx and the f32-summed dweight.
+  Compare("RmsNorm", [](const Inputs& x) { return RmsNorm(x[0], x[1]); },
+          {Rounded({3, 8}, -2, 2), Rounded({8}, 0.5f, 1.5f)}, 2, 2);
+  Compare("Silu", [](const Inputs& x) { return Silu(x[0]); }, {Rounded({4, 6}, -4, 4)}, 2, 2);
+  Compare("SwiGlu", [](const Inputs& x) { return SwiGlu(x[0], x[1]); },
+          {Rounded({4, 6}, -4, 4), Rounded({4, 6})}, 2, 2);
+  // The rotation mixes two inputs with f32 cos/sin; its backward is the inverse rotation of the
+  // rounded incoming gradient, one rounding more.
+  RopeOptions o{10000.0f, 2.0f, 5};
+  Compare("RotaryEmbedding", [o](const Inputs& x) { return RotaryEmbedding(x[0], o); },
+          {Rounded({2, 3, 2, 8})}, 2, 2);
+}
+
 TEST_P(HalfOpsTest, CastAndScaleGrad) {
   Tensor a = Rounded({3, 4}).set_requires_grad(true);
   Tensor h = Cast(a, dt());

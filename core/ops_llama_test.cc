@@ -1,0 +1,193 @@
+// The Llama-family ops of core/ops.h (RmsNorm, Silu, SwiGlu, RotaryEmbedding): forward against
+// naive double-precision formulas written here, backward against central differences
+// (test_util's GradCheck). Runs on the reference kernels, like ops_test.
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "core/autograd.h"
+#include "core/ops.h"
+#include "core/testing/test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace braid::ops {
+namespace {
+
+using ::testing::HasSubstr;
+using test::AllClose;
+using test::GradCheck;
+using test::ToDoubles;
+using Inputs = std::vector<Tensor>;
+
+class LlamaOpsTest : public ::testing::Test {
+ protected:
+  Tensor Param(const Shape& shape, float lo = -1.0f, float hi = 1.0f) {
+    Tensor t = test::RandomTensor(shape, rng_, lo, hi);
+    t.set_requires_grad(true);
+    return t;
+  }
+  std::mt19937 rng_{24};
+};
+
+// Forward tolerance for f32 results of double-precision formulas.
+constexpr double kRtol = 1e-5, kAtol = 1e-6;
+
+// As ops_test's Tight: a gradient off by a few tenths of a percent fails.
+test::GradCheckOptions Tight(double atol = 2e-4) {
+  test::GradCheckOptions o;
+  o.rtol = 2e-3;
+  o.atol = atol;
+  return o;
+}
+
+// ---- RmsNorm --------------------------------------------------------------------------------
+
+std::vector<double> NaiveRmsNorm(const Tensor& x, const Tensor& w, double eps) {
+  std::vector<double> X = ToDoubles(x), W = ToDoubles(w), y;
+  const size_t c = W.size();
+  for (size_t r = 0; r < X.size() / c; ++r) {
+    double ms = 0;
+    for (size_t i = 0; i < c; ++i) ms += X[r * c + i] * X[r * c + i] / double(c);
+    for (size_t i = 0; i < c; ++i) y.push_back(X[r * c + i] / std::sqrt(ms + eps) * W[i]);
+  }
+  return y;
+}
+
+TEST_F(LlamaOpsTest, RmsNorm) {
+  Tensor x = Param({2, 3, 6}, -2.0f, 2.0f), w = Param({6}, 0.5f, 1.5f);
+  EXPECT_TRUE(AllClose(RmsNorm(x, w), NaiveRmsNorm(x, w, 1e-6), kRtol, kAtol));
+  EXPECT_TRUE(AllClose(RmsNorm(x, w, 0.5f), NaiveRmsNorm(x, w, 0.5), kRtol, kAtol));
+  EXPECT_TRUE(GradCheck([](const Inputs& in) { return RmsNorm(in[0], in[1]); }, {x, w}, Tight()));
+  EXPECT_TRUE(
+      GradCheck([](const Inputs& in) { return RmsNorm(in[0], in[1], 0.5f); }, {x, w}, Tight()));
+}
+
+TEST_F(LlamaOpsTest, RmsNormIsScaleInvariantUnlikeLayerNormItDoesNotCenter) {
+  // rms(a x) = |a| rms(x): scaling a row leaves the output (eps aside) unchanged; adding a
+  // constant does change it (LayerNorm would remove the constant).
+  Tensor x = Param({2, 8}), w = Param({8}, 0.5f, 1.5f);
+  std::vector<double> base = ToDoubles(RmsNorm(x, w, 0.0f));
+  EXPECT_TRUE(AllClose(RmsNorm(Scale(x, 7.0f), w, 0.0f), base, 1e-5, 1e-6));
+  EXPECT_FALSE(AllClose(RmsNorm(Add(x, Tensor::Full({8}, 3.0f)), w, 0.0f), base, 1e-2, 1e-2));
+}
+
+// ---- Silu and SwiGlu ------------------------------------------------------------------------
+
+double NaiveSilu(double g) { return g / (1.0 + std::exp(-g)); }
+
+TEST_F(LlamaOpsTest, Silu) {
+  Tensor a = Param({3, 7}, -6.0f, 6.0f);
+  std::vector<double> want;
+  for (double v : ToDoubles(a)) want.push_back(NaiveSilu(v));
+  EXPECT_TRUE(AllClose(Silu(a), want, kRtol, kAtol));
+  EXPECT_TRUE(GradCheck([](const Inputs& in) { return Silu(in[0]); }, {a}, Tight()));
+}
+
+TEST_F(LlamaOpsTest, SwiGlu) {
+  Tensor gate = Param({2, 3, 5}, -4.0f, 4.0f), up = Param({2, 3, 5}, -2.0f, 2.0f);
+  std::vector<double> g = ToDoubles(gate), u = ToDoubles(up), want;
+  for (size_t i = 0; i < g.size(); ++i) want.push_back(NaiveSilu(g[i]) * u[i]);
+  EXPECT_TRUE(AllClose(SwiGlu(gate, up), want, kRtol, kAtol));
+  EXPECT_TRUE(GradCheck([](const Inputs& in) { return SwiGlu(in[0], in[1]); }, {gate, up},
+                        Tight()));
+}
+
+TEST_F(LlamaOpsTest, SwiGluEqualsMulOfSilu) {
+  // The fused op against its two-op composition, forward and both gradients.
+  Tensor gate = Param({4, 6}, -3.0f, 3.0f), up = Param({4, 6});
+  Tensor r = test::RandomTensor({4, 6}, rng_);
+  Sum(Mul(SwiGlu(gate, up), r)).Backward();
+  std::vector<double> fused_dg = ToDoubles(gate.grad()), fused_du = ToDoubles(up.grad());
+  std::vector<double> fused = ToDoubles(SwiGlu(gate, up));
+  gate.ZeroGrad();
+  up.ZeroGrad();
+  Tensor composed = Mul(Silu(gate), up);
+  EXPECT_TRUE(AllClose(composed, fused, 1e-6, 1e-7));
+  Sum(Mul(composed, r)).Backward();
+  EXPECT_TRUE(AllClose(gate.grad(), fused_dg, 1e-5, 1e-6));
+  EXPECT_TRUE(AllClose(up.grad(), fused_du, 1e-5, 1e-6));
+}
+
+// ---- RotaryEmbedding ------------------------------------------------------------------------
+
+// Hugging Face's formulation, written independently of the kernels' pair loop:
+// out = x * cos(emb) + rotate_half(x) * sin(emb), emb = cat(freqs, freqs),
+// rotate_half(x) = cat(-x2, x1), freqs[i] = pos / theta^(2i/D).
+std::vector<double> NaiveRope(const Tensor& x, const RopeOptions& o) {
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3), half = D / 2;
+  std::vector<double> X = ToDoubles(x), y(X.size());
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      const double pos = double(o.position_offset + t) / double(o.position_scale);
+      for (int64_t h = 0; h < H; ++h) {
+        const size_t base = size_t(((b * T + t) * H + h) * D);
+        for (int64_t j = 0; j < D; ++j) {
+          const int64_t i = j % half;
+          const double emb = pos / std::pow(double(o.theta), double(2 * i) / double(D));
+          const double rot = j < half ? -X[base + size_t(j + half)] : X[base + size_t(j - half)];
+          y[base + size_t(j)] = X[base + size_t(j)] * std::cos(emb) + rot * std::sin(emb);
+        }
+      }
+    }
+  }
+  return y;
+}
+
+TEST_F(LlamaOpsTest, RotaryEmbeddingForward) {
+  const std::vector<RopeOptions> options = {
+      {}, {500000.0f, 1.0f, 0}, {10000.0f, 4.0f, 0}, {10000.0f, 2.0f, 37}, {1e6f, 8.0f, 4000}};
+  for (const RopeOptions& o : options) {
+    Tensor x = Param({2, 5, 3, 8});
+    EXPECT_TRUE(AllClose(RotaryEmbedding(x, o), NaiveRope(x, o), kRtol, kAtol))
+        << "theta " << o.theta << " scale " << o.position_scale << " offset "
+        << o.position_offset;
+  }
+}
+
+TEST_F(LlamaOpsTest, RotaryEmbeddingBackward) {
+  Tensor x = Param({2, 4, 2, 6});
+  RopeOptions o{10000.0f, 2.0f, 3};
+  EXPECT_TRUE(GradCheck([o](const Inputs& in) { return RotaryEmbedding(in[0], o); }, {x},
+                        Tight()));
+  EXPECT_TRUE(GradCheck([](const Inputs& in) { return RotaryEmbedding(in[0]); }, {x}, Tight()));
+}
+
+TEST_F(LlamaOpsTest, RotaryEmbeddingScoresDependOnRelativePositionOnly) {
+  // What RoPE is for: <rope(q, m), rope(k, n)> depends on m - n only. q at t = 0 and k at
+  // t = 1 of a 2-step sequence, shifted together by the offset, give the same score.
+  Tensor q = test::RandomTensor({1, 1, 1, 16}, rng_), k = test::RandomTensor({1, 1, 1, 16}, rng_);
+  std::vector<float> qk = q.ToFloatVector(), kv = k.ToFloatVector();
+  // Sequence [q, k]: q sits at offset, k at offset + 1.
+  std::vector<float> both = qk;
+  both.insert(both.end(), kv.begin(), kv.end());
+  Tensor seq = Tensor::FromVector(both, {1, 2, 1, 16});
+  auto score = [&](int64_t offset) {
+    std::vector<double> r = ToDoubles(RotaryEmbedding(seq, {10000.0f, 1.0f, offset}));
+    double s = 0;
+    for (size_t i = 0; i < 16; ++i) s += r[i] * r[16 + i];
+    return s;
+  };
+  const double s0 = score(0);
+  for (int64_t offset : {1, 10, 1000}) EXPECT_NEAR(score(offset), s0, 1e-4) << offset;
+  // ... and the rotation did something: the score at distance 1 is not the unrotated dot.
+  double plain = 0;
+  for (size_t i = 0; i < 16; ++i) plain += double(qk[i]) * kv[i];
+  EXPECT_GT(std::fabs(s0 - plain), 1e-3);
+}
+
+// ---- Shape errors -----------------------------------------------------------------------------
+
+TEST(LlamaOpsDeathTest, ShapeErrorsNameTheOpAndShapes) {
+  Tensor x = Tensor::Zeros({2, 6});
+  EXPECT_DEATH(RmsNorm(x, Tensor::Zeros({5})), "RmsNorm: weight .*5.* must be \\[6\\]");
+  EXPECT_DEATH(SwiGlu(x, Tensor::Zeros({2, 5})), "SwiGlu: gate .* and up .* same shape");
+  EXPECT_DEATH(RotaryEmbedding(Tensor::Zeros({1, 2, 1, 5})), "head_dim even");
+  EXPECT_DEATH(RotaryEmbedding(x), "RotaryEmbedding wants x \\[B, T, n_head, head_dim\\]");
+  EXPECT_DEATH(RotaryEmbedding(Tensor::Zeros({1, 2, 1, 4}), {10000.0f, 0.0f, 0}),
+               "position_scale 0 must be positive");
+}
+
+}  // namespace
+}  // namespace braid::ops
