@@ -42,6 +42,12 @@ std::string ConfigToJson(const TrainConfig& cfg);
 // start.
 std::vector<std::string> ConfigNotes(const TrainConfig& cfg);
 
+// True when `type` (any case) names an optimizer DeepSpeed configs use that Braid does not
+// have ("Lamb", "OneBitAdam", ...): unless a plugin registers it, validation refuses it naming
+// the nearest Braid optimizer. For the training program, which looks for an optimizer plugin
+// before validation: a plugin not found for such a name is validation's to report.
+bool IsDeepSpeedOptimizerBraidLacks(const std::string& type);
+
 // Names of plugin-provided features, as listed in ValidateConfig's `available_features`.
 inline constexpr char kFeatureFp16[] = "fp16";
 inline constexpr char kFeatureBf16[] = "bf16";

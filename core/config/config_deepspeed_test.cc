@@ -97,6 +97,13 @@ TEST(DeepSpeedOptimizer, NamesBraidLacksAreRefusedWithTheNearest) {
   }
 }
 
+TEST(DeepSpeedOptimizer, TheTrainingProgramCanTellDeepSpeedNamesFromTypos) {
+  EXPECT_TRUE(IsDeepSpeedOptimizerBraidLacks("Lamb"));
+  EXPECT_TRUE(IsDeepSpeedOptimizerBraidLacks("onebitadam"));
+  EXPECT_FALSE(IsDeepSpeedOptimizerBraidLacks("Adam"));
+  EXPECT_FALSE(IsDeepSpeedOptimizerBraidLacks("Lamb2"));
+}
+
 // ---- Schedulers ------------------------------------------------------------------------------
 
 TEST(DeepSpeedScheduler, WarmupLRDefaultsAreDeepSpeedsAndThePeakIsTheOptimizersRate) {

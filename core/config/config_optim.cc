@@ -294,3 +294,14 @@ void CheckScheduler(Checker& c, TrainConfig* cfg) {
 }
 
 }  // namespace braid::config::internal
+
+namespace braid::config {
+
+bool IsDeepSpeedOptimizerBraidLacks(const std::string& type) {
+  for (const internal::Missing& m : internal::kMissingOptimizers) {
+    if (absl::EqualsIgnoreCase(m.name, type)) return true;
+  }
+  return false;
+}
+
+}  // namespace braid::config
