@@ -219,6 +219,10 @@ TEST_P(HalfOpsTest, LlamaOps) {
   RopeOptions o{10000.0f, 2.0f, 5};
   Compare("RotaryEmbedding", [o](const Inputs& x) { return RotaryEmbedding(x[0], o); },
           {Rounded({2, 3, 2, 8})}, 2, 2);
+  // As CausalSelfAttention: rounded saved probabilities, k = 6 for the gradients.
+  Compare("GroupedQueryAttention",
+          [](const Inputs& x) { return GroupedQueryAttention(x[0], x[1], x[2]); },
+          {Rounded({2, 5, 4, 3}), Rounded({2, 5, 2, 3}), Rounded({2, 5, 2, 3})}, 3, 6);
 }
 
 TEST_P(HalfOpsTest, CastAndScaleGrad) {

@@ -351,6 +351,43 @@ RopeDims Rope(const char* backend, DType dtype, const Tensor& x, const RopeParam
   return {x.size(0), x.size(1), x.size(2), x.size(3)};
 }
 
+namespace {
+GqaDims GqaShapes(const char* backend, const char* k, const Tensor& q, const Tensor& key,
+                  const Tensor& v, const Tensor& att) {
+  BRAID_CHECK(q.ndim() == 4 && key.ndim() == 4 && v.shape() == key.shape() &&
+              key.size(0) == q.size(0) && key.size(1) == q.size(1) && key.size(3) == q.size(3) &&
+              key.size(2) > 0 && q.size(2) % key.size(2) == 0)
+      << Where{backend, k} << " wants q [B, T, H, D] and k, v [B, T, Hkv, D] with H a multiple "
+      << "of Hkv, got q " << q.DescribeForError() << ", k " << key.DescribeForError() << ", v "
+      << v.DescribeForError();
+  const GqaDims d{q.size(0), q.size(1), q.size(2), key.size(2), q.size(3)};
+  NumelIs(backend, k, att, d.b * d.h * d.t * d.t);
+  return d;
+}
+}  // namespace
+
+GqaDims GqaForward(const char* backend, DType dtype, const Tensor& q, const Tensor& k,
+                   const Tensor& v, const Tensor& out, const Tensor& att) {
+  const char* name = gqa_forward.name();
+  DTypesAre(backend, name, dtype, {&q, &k, &v, &out, &att});
+  const GqaDims d = GqaShapes(backend, name, q, k, v, att);
+  NumelIs(backend, name, out, q.numel());
+  return d;
+}
+
+GqaDims GqaBackward(const char* backend, DType dtype, const Tensor& dout, const Tensor& q,
+                    const Tensor& k, const Tensor& v, const Tensor& att, const Tensor& dq,
+                    const Tensor& dk, const Tensor& dv) {
+  const char* name = gqa_backward.name();
+  DTypesAre(backend, name, dtype, {&dout, &q, &k, &v, &att, &dq, &dk, &dv});
+  const GqaDims d = GqaShapes(backend, name, q, k, v, att);
+  NumelIs(backend, name, dout, q.numel());
+  NumelIs(backend, name, dq, q.numel());
+  NumelIs(backend, name, dk, k.numel());
+  NumelIs(backend, name, dv, v.numel());
+  return d;
+}
+
 // ---- Optimizer updates ------------------------------------------------------------------------
 
 void AdamW(const char* backend, const Tensor& param, const Tensor& grad, const Tensor& m,

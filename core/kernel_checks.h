@@ -99,6 +99,15 @@ struct RopeDims {
 };
 RopeDims Rope(const char* backend, DType dtype, const Tensor& x, const RopeParams& p,
               const Tensor& out);
+// q [b, t, h, d], k and v [b, t, hkv, d], h a multiple of hkv.
+struct GqaDims {
+  int64_t b, t, h, hkv, d;
+};
+GqaDims GqaForward(const char* backend, DType dtype, const Tensor& q, const Tensor& k,
+                   const Tensor& v, const Tensor& out, const Tensor& att);
+GqaDims GqaBackward(const char* backend, DType dtype, const Tensor& dout, const Tensor& q,
+                    const Tensor& k, const Tensor& v, const Tensor& att, const Tensor& dq,
+                    const Tensor& dk, const Tensor& dv);
 // The optimizer slots are f32 only (master weights), so they take no dtype.
 void AdamW(const char* backend, const Tensor& param, const Tensor& grad, const Tensor& m,
            const Tensor& v, const AdamWParams& p);

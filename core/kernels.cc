@@ -31,6 +31,8 @@ KernelSlot<RmsNormBwdFn> rmsnorm_backward("rmsnorm_backward");
 KernelSlot<SwiGluFwdFn> swiglu_forward("swiglu_forward");
 KernelSlot<SwiGluBwdFn> swiglu_backward("swiglu_backward");
 KernelSlot<RopeFn> rope("rope");
+KernelSlot<GqaFwdFn> gqa_forward("gqa_forward");
+KernelSlot<GqaBwdFn> gqa_backward("gqa_backward");
 KernelSlot<AdamWFn> adamw("adamw");
 KernelSlot<SgdFn> sgd("sgd");
 
@@ -125,6 +127,8 @@ void RegisterHalfFallbacks(DeviceType type) {
   RegisterFallback<&swiglu_forward>(type);
   RegisterFallback<&swiglu_backward>(type);
   RegisterFallback<&rope>(type);
+  RegisterFallback<&gqa_forward>(type);
+  RegisterFallback<&gqa_backward>(type);
 }
 
 }  // namespace braid::kernels

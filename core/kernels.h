@@ -209,6 +209,18 @@ struct RopeParams {
 using RopeFn = void(const Tensor& x, const RopeParams& p, Tensor& out);
 extern KernelSlot<RopeFn> rope;
 
+// Causal grouped-query attention. q: [B, T, H, D]; k, v: [B, T, Hkv, D] with H a multiple of
+// Hkv: query head h reads K/V head h / (H / Hkv), Hugging Face's repeat_kv grouping, without a
+// repeated copy of K and V. Hkv = H is multi-head attention, Hkv = 1 multi-query. out:
+// [B, T, H, D]; att: [B, H, T, T] softmax probabilities (upper triangle zero) in q's dtype, kept
+// for backward as attention_forward's. Scale 1/sqrt(D).
+using GqaFwdFn = void(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& att);
+extern KernelSlot<GqaFwdFn> gqa_forward;
+// Writes dq, dk, dv (each K/V head's gradient sums over its group of query heads).
+using GqaBwdFn = void(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                      const Tensor& att, Tensor& dq, Tensor& dk, Tensor& dv);
+extern KernelSlot<GqaBwdFn> gqa_backward;
+
 // ---- Optimizer updates (in place, f32 only: mixed precision keeps f32 master weights) ------
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;

@@ -58,6 +58,11 @@ struct RopeOptions {
 // ((position_offset + t) / position_scale) * theta^(-2i/D). For NTK-aware scaling pass the
 // adjusted theta (theta * s^(D/(D-2)) for a context s times longer).
 Tensor RotaryEmbedding(const Tensor& x, const RopeOptions& opts = {});
+// Causal grouped-query attention: q [B, T, H, D], k and v [B, T, Hkv, D] with H a multiple of
+// Hkv; query head h attends with K/V head h / (H / Hkv) (Hugging Face's repeat_kv grouping, K
+// and V never repeated in memory). -> [B, T, H, D]; scale 1/sqrt(D). The probabilities are
+// saved in q's dtype, as CausalSelfAttention's.
+Tensor GroupedQueryAttention(const Tensor& q, const Tensor& k, const Tensor& v);
 
 // Converts to `t` (returns `a` itself when it already has that dtype); backward converts the
 // gradient back to a's dtype. f32, bf16 and f16 only.

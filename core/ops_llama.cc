@@ -1,5 +1,6 @@
-// The Llama-family ops of core/ops.h: RmsNorm, Silu, SwiGlu, RotaryEmbedding. Same shape as
-// ops.cc: check, run the device's kernel, record the backward.
+// The Llama-family ops of core/ops.h: RmsNorm, Silu, SwiGlu, RotaryEmbedding,
+// GroupedQueryAttention. Same shape as ops.cc: check, run the device's kernel, record the
+// backward.
 #include "core/autograd.h"
 #include "core/kernels.h"
 #include "core/ops.h"
@@ -100,6 +101,34 @@ Tensor RotaryEmbedding(const Tensor& x, const RopeOptions& opts) {
     kernels::rope.Get(dx.device(), dx.dtype())(g[0].Reshape(shape), inv, dx);
     return std::vector<Tensor>{dx};
   });
+  return out;
+}
+
+Tensor GroupedQueryAttention(const Tensor& q, const Tensor& k, const Tensor& v) {
+  CheckFloat("GroupedQueryAttention", q);
+  CheckSameDevice("GroupedQueryAttention", q, k);
+  CheckSameDevice("GroupedQueryAttention", q, v);
+  CheckSameDType("GroupedQueryAttention", q, k);
+  CheckSameDType("GroupedQueryAttention", q, v);
+  BRAID_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.shape() == k.shape() && k.size(0) == q.size(0) &&
+              k.size(1) == q.size(1) && k.size(3) == q.size(3) && k.size(2) > 0 &&
+              q.size(2) % k.size(2) == 0)
+      << "GroupedQueryAttention wants q [B, T, n_head, head_dim] and k, v [B, T, n_kv_head, "
+         "head_dim] with n_head a multiple of n_kv_head, got q "
+      << q.DescribeForError() << ", k " << k.DescribeForError() << ", v " << v.DescribeForError();
+  const int64_t b = q.size(0), t = q.size(1), h = q.size(2);
+  Tensor out = EmptyLike(q);
+  Tensor att = Tensor::Empty({b, h, t, t}, q.dtype(), q.device());
+  kernels::gqa_forward.Get(q.device(), q.dtype())(q.Detach(), k.Detach(), v.Detach(), out, att);
+  SavedTensor sq(q), sk(k), sv(v), sa(att);
+  RecordFunction("GroupedQueryAttention", {q, k, v}, {&out},
+                 [sq, sk, sv, sa](const std::vector<Tensor>& g) {
+                   Tensor Q = sq.Get(), K = sk.Get(), V = sv.Get();
+                   Tensor dq = EmptyLike(Q), dk = EmptyLike(K), dv = EmptyLike(V);
+                   kernels::gqa_backward.Get(Q.device(), Q.dtype())(g[0].Reshape(Q.shape()), Q, K,
+                                                                    V, sa.Get(), dq, dk, dv);
+                   return std::vector<Tensor>{dq, dk, dv};
+                 });
   return out;
 }
 

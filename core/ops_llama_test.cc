@@ -177,6 +177,71 @@ TEST_F(LlamaOpsTest, RotaryEmbeddingScoresDependOnRelativePositionOnly) {
   EXPECT_GT(std::fabs(s0 - plain), 1e-3);
 }
 
+// ---- GroupedQueryAttention ------------------------------------------------------------------
+
+// softmax(q k^T / sqrt(D) + causal mask) v per query head, head h reading K/V head
+// h / (H / Hkv), in double.
+std::vector<double> NaiveGqa(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const int64_t B = q.size(0), T = q.size(1), H = q.size(2), D = q.size(3), Hkv = k.size(2);
+  std::vector<double> Q = ToDoubles(q), K = ToDoubles(k), V = ToDoubles(v);
+  std::vector<double> out(Q.size(), 0.0);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / (H / Hkv);
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<double> w(size_t(t + 1));
+        double z = 0;
+        for (int64_t u = 0; u <= t; ++u) {
+          double s = 0;
+          for (int64_t i = 0; i < D; ++i) {
+            s += Q[size_t(((b * T + t) * H + h) * D + i)] * K[size_t(((b * T + u) * Hkv + g) * D + i)];
+          }
+          w[size_t(u)] = std::exp(s / std::sqrt(double(D)));
+          z += w[size_t(u)];
+        }
+        for (int64_t u = 0; u <= t; ++u) {
+          for (int64_t i = 0; i < D; ++i) {
+            out[size_t(((b * T + t) * H + h) * D + i)] +=
+                w[size_t(u)] / z * V[size_t(((b * T + u) * Hkv + g) * D + i)];
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST_F(LlamaOpsTest, GroupedQueryAttention) {
+  for (int64_t hkv : {4, 2, 1}) {
+    Tensor q = Param({2, 5, 4, 3}, -2.0f, 2.0f), k = Param({2, 5, hkv, 3}, -2.0f, 2.0f);
+    Tensor v = Param({2, 5, hkv, 3});
+    EXPECT_TRUE(AllClose(GroupedQueryAttention(q, k, v), NaiveGqa(q, k, v), kRtol, kAtol))
+        << hkv << " K/V heads";
+    EXPECT_TRUE(GradCheck(
+        [](const Inputs& in) { return GroupedQueryAttention(in[0], in[1], in[2]); }, {q, k, v},
+        Tight()))
+        << hkv << " K/V heads";
+  }
+}
+
+TEST_F(LlamaOpsTest, GroupedQueryAttentionWithAllHeadsIsCausalSelfAttention) {
+  // Hkv = H is multi-head attention: the same numbers as CausalSelfAttention on the fused qkv.
+  const int64_t B = 2, T = 6, H = 2, D = 4, C = H * D;
+  Tensor qkv = test::RandomTensor({B, T, 3 * C}, rng_);
+  std::vector<float> all = qkv.ToFloatVector(), q, k, v;
+  for (int64_t r = 0; r < B * T; ++r) {
+    for (int64_t j = 0; j < C; ++j) {
+      q.push_back(all[size_t(r * 3 * C + j)]);
+      k.push_back(all[size_t(r * 3 * C + C + j)]);
+      v.push_back(all[size_t(r * 3 * C + 2 * C + j)]);
+    }
+  }
+  Tensor gqa = GroupedQueryAttention(Tensor::FromVector(q, {B, T, H, D}),
+                                     Tensor::FromVector(k, {B, T, H, D}),
+                                     Tensor::FromVector(v, {B, T, H, D}));
+  EXPECT_TRUE(AllClose(gqa, ToDoubles(CausalSelfAttention(qkv, int(H))), 1e-5, 1e-6));
+}
+
 // ---- Shape errors -----------------------------------------------------------------------------
 
 TEST(LlamaOpsDeathTest, ShapeErrorsNameTheOpAndShapes) {
@@ -187,6 +252,9 @@ TEST(LlamaOpsDeathTest, ShapeErrorsNameTheOpAndShapes) {
   EXPECT_DEATH(RotaryEmbedding(x), "RotaryEmbedding wants x \\[B, T, n_head, head_dim\\]");
   EXPECT_DEATH(RotaryEmbedding(Tensor::Zeros({1, 2, 1, 4}), {10000.0f, 0.0f, 0}),
                "position_scale 0 must be positive");
+  EXPECT_DEATH(GroupedQueryAttention(Tensor::Zeros({1, 2, 3, 4}), Tensor::Zeros({1, 2, 2, 4}),
+                                     Tensor::Zeros({1, 2, 2, 4})),
+               "n_head a multiple of n_kv_head");
 }
 
 }  // namespace

@@ -329,6 +329,25 @@ void Rope(const Tensor& x, const kernels::RopeParams& p, Tensor& out) {
   Down(O, out);
 }
 
+void GqaForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& att) {
+  const char* n = "gqa_forward";
+  Tensor Q = Up(n, q), K = Up(n, k), V = Up(n, v), O = Scratch(n, out), A = Scratch(n, att);
+  kernels::gqa_forward.Get(out.device())(Q, K, V, O, A);
+  Down(O, out);
+  Down(A, att);
+}
+
+void GqaBackward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const Tensor& att, Tensor& dq, Tensor& dk, Tensor& dv) {
+  const char* n = "gqa_backward";
+  Tensor G = Up(n, dout), Q = Up(n, q), K = Up(n, k), V = Up(n, v), A = Up(n, att);
+  Tensor DQ = Scratch(n, dq), DK = Scratch(n, dk), DV = Scratch(n, dv);
+  kernels::gqa_backward.Get(dq.device())(G, Q, K, V, A, DQ, DK, DV);
+  Down(DQ, dq);
+  Down(DK, dk);
+  Down(DV, dv);
+}
+
 template <typename Fn>
 void RegisterBoth(kernels::KernelSlot<Fn>& slot, Fn* fn) {
   slot.Register(kCpu, DType::kBF16, fn);
@@ -358,6 +377,8 @@ const bool kRegistered = [] {
   RegisterBoth(kernels::swiglu_forward, &SwiGluForward);
   RegisterBoth(kernels::swiglu_backward, &SwiGluBackward);
   RegisterBoth(kernels::rope, &Rope);
+  RegisterBoth(kernels::gqa_forward, &GqaForward);
+  RegisterBoth(kernels::gqa_backward, &GqaBackward);
   return true;
 }();
 

@@ -204,6 +204,77 @@ TEST_P(LlamaKernelsTest, RopeIsTheSameForAnyThreadCount) {
   EXPECT_TRUE(BitEqual(one[0], many[0]));
 }
 
+// ---- Grouped-query attention --------------------------------------------------------------
+
+struct GqaCase {
+  int64_t b, t, h, hkv, d;
+};
+// Multi-head (hkv = h), grouped, multi-query (hkv = 1), odd sizes around the vector width.
+const std::vector<GqaCase> kGqaCases = {
+    {1, 1, 1, 1, 1}, {2, 5, 4, 4, 8}, {2, 7, 6, 2, 9}, {1, 9, 4, 1, 16}, {3, 17, 8, 2, 32}};
+
+TEST_P(LlamaKernelsTest, GqaMatchesReference) {
+  for (const GqaCase& c : kGqaCases) {
+    Tensor q = RandomTensor({c.b, c.t, c.h, c.d}, rng_, -2.0f, 2.0f);
+    Tensor k = RandomTensor({c.b, c.t, c.hkv, c.d}, rng_, -2.0f, 2.0f);
+    Tensor v = RandomTensor({c.b, c.t, c.hkv, c.d}, rng_);
+    Tensor g = RandomTensor({c.b, c.t, c.h, c.d}, rng_);
+    Tensor out = Tensor::Empty(q.shape()), att = Tensor::Empty({c.b, c.h, c.t, c.t});
+    Tensor rout = Tensor::Empty(q.shape()), ratt = Tensor::Empty({c.b, c.h, c.t, c.t});
+    kernels::gqa_forward.Get(kCpu)(q, k, v, out, att);
+    reference::gqa_forward(q, k, v, rout, ratt);
+    const std::string what = "b" + std::to_string(c.b) + " t" + std::to_string(c.t) + " h" +
+                             std::to_string(c.h) + " hkv" + std::to_string(c.hkv) + " d" +
+                             std::to_string(c.d);
+    EXPECT_TRUE(AllClose(att, ratt, 1e-6f, 1e-5f)) << what;
+    EXPECT_TRUE(AllClose(out, rout, 1e-6f, 1e-5f)) << what;
+    // dk and dv are written, not added: start them from garbage.
+    Tensor dq = Tensor::Full(q.shape(), 7.0f), dk = Tensor::Full(k.shape(), 7.0f),
+           dv = Tensor::Full(v.shape(), 7.0f);
+    Tensor rdq = Tensor::Empty(q.shape()), rdk = Tensor::Empty(k.shape()),
+           rdv = Tensor::Empty(v.shape());
+    kernels::gqa_backward.Get(kCpu)(g, q, k, v, ratt, dq, dk, dv);
+    reference::gqa_backward(g, q, k, v, ratt, rdq, rdk, rdv);
+    EXPECT_TRUE(AllClose(dq, rdq, 2e-5f, 1e-4f)) << what;
+    EXPECT_TRUE(AllClose(dk, rdk, 2e-5f, 1e-4f)) << what;
+    EXPECT_TRUE(AllClose(dv, rdv, 2e-5f, 1e-4f)) << what;
+  }
+}
+
+TEST_P(LlamaKernelsTest, GqaBackwardMatchesFiniteDifferences) {
+  Tensor q = RandomTensor({1, 4, 4, 3}, rng_), k = RandomTensor({1, 4, 2, 3}, rng_);
+  Tensor v = RandomTensor({1, 4, 2, 3}, rng_), w = RandomTensor({1, 4, 4, 3}, rng_);
+  Tensor out = Tensor::Empty(q.shape()), att = Tensor::Empty({1, 4, 4, 4});
+  auto loss = [&] {
+    kernels::gqa_forward.Get(kCpu)(q, k, v, out, att);
+    return testing::WeightedSum(out, w);
+  };
+  std::vector<double> nq = testing::NumericGrad(q, loss, 1e-3f);
+  std::vector<double> nk = testing::NumericGrad(k, loss, 1e-3f);
+  std::vector<double> nv = testing::NumericGrad(v, loss, 1e-3f);
+  loss();
+  Tensor dq = Tensor::Empty(q.shape()), dk = Tensor::Empty(k.shape()), dv = Tensor::Empty(v.shape());
+  kernels::gqa_backward.Get(kCpu)(w, q, k, v, att, dq, dk, dv);
+  EXPECT_TRUE(testing::GradClose(dq, nq, 1e-3, 1e-2));
+  EXPECT_TRUE(testing::GradClose(dk, nk, 1e-3, 1e-2));
+  EXPECT_TRUE(testing::GradClose(dv, nv, 1e-3, 1e-2));
+}
+
+TEST_P(LlamaKernelsTest, GqaIsTheSameForAnyThreadCount) {
+  Tensor q = RandomTensor({2, 33, 8, 16}, rng_), k = RandomTensor({2, 33, 2, 16}, rng_);
+  Tensor v = RandomTensor({2, 33, 2, 16}, rng_), g = RandomTensor({2, 33, 8, 16}, rng_);
+  auto run = [&] {
+    Tensor out = Tensor::Empty(q.shape()), att = Tensor::Empty({2, 8, 33, 33});
+    kernels::gqa_forward.Get(kCpu)(q, k, v, out, att);
+    Tensor dq = Tensor::Empty(q.shape()), dk = Tensor::Empty(k.shape()),
+           dv = Tensor::Empty(v.shape());
+    kernels::gqa_backward.Get(kCpu)(g, q, k, v, att, dq, dk, dv);
+    return std::vector<Tensor>{out, att, dq, dk, dv};
+  };
+  auto [one, many] = testing::RunWithThreads(run, 2);
+  for (size_t i = 0; i < one.size(); ++i) EXPECT_TRUE(BitEqual(one[i], many[i])) << i;
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, LlamaKernelsTest, ::testing::ValuesIn(testing::AllConfigs()),
                          testing::ConfigName);
 

@@ -574,6 +574,8 @@ void RegisterReferenceKernels() {
   RegisterIfEmpty(kernels::swiglu_forward, &swiglu_forward);
   RegisterIfEmpty(kernels::swiglu_backward, &swiglu_backward);
   RegisterIfEmpty(kernels::rope, &rope);
+  RegisterIfEmpty(kernels::gqa_forward, &gqa_forward);
+  RegisterIfEmpty(kernels::gqa_backward, &gqa_backward);
   RegisterIfEmpty(kernels::adamw, &adamw);
   RegisterIfEmpty(kernels::sgd, &sgd);
 }

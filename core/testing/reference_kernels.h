@@ -62,6 +62,9 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out);
 void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, Tensor& dgate,
                      Tensor& dup);
 void rope(const Tensor& x, const kernels::RopeParams& p, Tensor& out);
+void gqa_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& att);
+void gqa_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& att, Tensor& dq, Tensor& dk, Tensor& dv);
 
 void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p);
 void sgd(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p);

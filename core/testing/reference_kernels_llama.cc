@@ -1,5 +1,7 @@
-// Reference kernels of the Llama-family slots (RMSNorm, SiLU/SwiGLU, rotary embedding): the
+// Reference kernels of the Llama-family slots (RMSNorm, SiLU/SwiGLU, rotary embedding,
+// grouped-query attention): the
 // plainest loops over each slot's contract in core/kernels.h, accumulating in double.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -121,6 +123,98 @@ void rope(const Tensor& x, const kernels::RopeParams& p, Tensor& out) {
       }
     }
   }
+}
+
+}  // namespace braid::reference
+
+namespace braid::reference {
+
+void gqa_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& att) {
+  CheckCpu("gqa_forward", q);
+  const auto s = checks::GqaForward(kRef, kF32, q, k, v, out, att);
+  const int64_t group = s.h / s.hkv;
+  const float* pq = q.data<float>();
+  const float* pk = k.data<float>();
+  const float* pv = v.data<float>();
+  float* po = out.data<float>();
+  float* pa = att.data<float>();
+  const double scale = 1.0 / std::sqrt(double(s.d));
+  auto qi = [&](int64_t b, int64_t t, int64_t h) { return ((b * s.t + t) * s.h + h) * s.d; };
+  auto ki = [&](int64_t b, int64_t t, int64_t g) { return ((b * s.t + t) * s.hkv + g) * s.d; };
+  std::vector<double> p(static_cast<size_t>(s.t));
+  for (int64_t b = 0; b < s.b; ++b) {
+    for (int64_t h = 0; h < s.h; ++h) {
+      const int64_t g = h / group;
+      float* A = pa + (b * s.h + h) * s.t * s.t;
+      for (int64_t t = 0; t < s.t; ++t) {
+        double mx = -INFINITY;
+        for (int64_t u = 0; u <= t; ++u) {
+          double dot = 0;
+          for (int64_t i = 0; i < s.d; ++i) dot += double(pq[qi(b, t, h) + i]) * pk[ki(b, u, g) + i];
+          p[size_t(u)] = dot * scale;
+          mx = std::max(mx, p[size_t(u)]);
+        }
+        double sum = 0;
+        for (int64_t u = 0; u <= t; ++u) sum += std::exp(p[size_t(u)] - mx);
+        for (int64_t u = 0; u < s.t; ++u) {
+          p[size_t(u)] = u <= t ? std::exp(p[size_t(u)] - mx) / sum : 0.0;
+          A[t * s.t + u] = float(p[size_t(u)]);
+        }
+        for (int64_t i = 0; i < s.d; ++i) {
+          double o = 0;
+          for (int64_t u = 0; u <= t; ++u) o += p[size_t(u)] * pv[ki(b, u, g) + i];
+          po[qi(b, t, h) + i] = float(o);
+        }
+      }
+    }
+  }
+}
+
+void gqa_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& att, Tensor& dq, Tensor& dk, Tensor& dv) {
+  CheckCpu("gqa_backward", q);
+  const auto s = checks::GqaBackward(kRef, kF32, dout, q, k, v, att, dq, dk, dv);
+  const int64_t group = s.h / s.hkv;
+  const float* pg = dout.data<float>();
+  const float* pq = q.data<float>();
+  const float* pk = k.data<float>();
+  const float* pv = v.data<float>();
+  const float* pa = att.data<float>();
+  const double scale = 1.0 / std::sqrt(double(s.d));
+  auto qi = [&](int64_t b, int64_t t, int64_t h) { return ((b * s.t + t) * s.h + h) * s.d; };
+  auto ki = [&](int64_t b, int64_t t, int64_t g) { return ((b * s.t + t) * s.hkv + g) * s.d; };
+  std::vector<double> gq(size_t(q.numel()), 0.0), gk(size_t(k.numel()), 0.0),
+      gv(size_t(v.numel()), 0.0), dA(static_cast<size_t>(s.t));
+  for (int64_t b = 0; b < s.b; ++b) {
+    for (int64_t h = 0; h < s.h; ++h) {
+      const int64_t g = h / group;
+      const float* A = pa + (b * s.h + h) * s.t * s.t;
+      for (int64_t t = 0; t < s.t; ++t) {
+        // out[t] = sum_u A[t,u] v[u]: dA[u] = <dout[t], v[u]>, dv[u] += A[t,u] dout[t].
+        double dot_pa = 0;
+        for (int64_t u = 0; u <= t; ++u) {
+          double d = 0;
+          for (int64_t i = 0; i < s.d; ++i) {
+            d += double(pg[qi(b, t, h) + i]) * pv[ki(b, u, g) + i];
+            gv[size_t(ki(b, u, g) + i)] += double(A[t * s.t + u]) * pg[qi(b, t, h) + i];
+          }
+          dA[size_t(u)] = d;
+          dot_pa += double(A[t * s.t + u]) * d;
+        }
+        // Softmax backward, then the scaled q.k products.
+        for (int64_t u = 0; u <= t; ++u) {
+          const double ds = double(A[t * s.t + u]) * (dA[size_t(u)] - dot_pa) * scale;
+          for (int64_t i = 0; i < s.d; ++i) {
+            gq[size_t(qi(b, t, h) + i)] += ds * pk[ki(b, u, g) + i];
+            gk[size_t(ki(b, u, g) + i)] += ds * pq[qi(b, t, h) + i];
+          }
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < gq.size(); ++i) dq.data<float>()[i] = float(gq[i]);
+  for (size_t i = 0; i < gk.size(); ++i) dk.data<float>()[i] = float(gk[i]);
+  for (size_t i = 0; i < gv.size(); ++i) dv.data<float>()[i] = float(gv[i]);
 }
 
 }  // namespace braid::reference
