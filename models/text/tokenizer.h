@@ -15,6 +15,7 @@
 
 namespace braid::text {
 
+// Encode and Decode keep no state between calls: one tokenizer may serve many threads at once.
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
