@@ -89,10 +89,13 @@ struct StepStats {
   // measured on every step whether or not clipping is on. A rank that never sees the reduced
   // gradient (a parameter-server worker) reports the norm of its own, as it does its own loss.
   float grad_norm = 0;
-  // Gradient bytes communicated this step, and how much of that was reduced while backward was
-  // still running (each piece weighted by the share of its reduction time that overlapped).
+  // Bytes communicated this step (gradients, for the strategies that reduce them; comm_what
+  // says), and how much of that was reduced while backward was still running (each piece weighted by the share of its reduction time that overlapped).
   int64_t comm_bytes = 0;
   int64_t comm_bytes_overlapped = 0;
+  // What comm_bytes counts, for the summary ("gradients all-reduced", "gradients
+  // reduce-scattered", ...); empty: "data communicated".
+  std::string comm_what;
 };
 
 class Strategy {

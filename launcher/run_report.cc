@@ -49,6 +49,7 @@ void StepTotals::Add(double dt, const StepStats& st) {
   opt += st.optimizer_s;
   comm_bytes += st.comm_bytes;
   comm_overlapped += st.comm_bytes_overlapped;
+  if (!st.comm_what.empty()) comm_what = st.comm_what;
 }
 
 std::string StepMetricJson(int step, const StepStats& st, float lr, double dt, double tps,
@@ -131,9 +132,10 @@ RunEnd ReportRunSummary(Reporter& rep, const RunSummaryInputs& in, const StepTot
   }
   if (totals.comm_bytes > 0) {
     rep.Line(absl::StrFormat(
-        "       overlap: %.1f MiB of gradients reduced per step, %.0f%% of the reduction time "
+        "       overlap: %.1f MiB of %s per step, %.0f%% of the communication time "
         "hidden behind backward; %.1f ms per step spent waiting after backward",
         double(totals.comm_bytes) / steps / (1 << 20),
+        totals.comm_what.empty() ? "data communicated" : totals.comm_what,
         100.0 * double(totals.comm_overlapped) / double(totals.comm_bytes), 1e3 * totals.comm / steps));
   }
   return end;

@@ -80,6 +80,7 @@ struct StepTotals {
   std::vector<double> step_times;
   double fwd = 0, bwd = 0, comm = 0, opt = 0, total = 0;
   int64_t comm_bytes = 0, comm_overlapped = 0;
+  std::string comm_what;  // the last step's StepStats::comm_what
 
   void Add(double dt, const StepStats& st);
 };

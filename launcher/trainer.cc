@@ -30,6 +30,7 @@
 #include "core/store.h"
 #include "launcher/batch_sources.h"
 #include "launcher/compose.h"
+#include "launcher/device_binding.h"
 #include "launcher/optimization.h"
 #include "launcher/net.h"
 #include "launcher/run_report.h"
@@ -112,12 +113,11 @@ class Run {
 absl::Status Run::PrepareDevice() {
   BRAID_ASSIGN_OR_RETURN(device_, Device::Parse(cfg_.device()));
   if (device_.type == DeviceType::kCUDA) {
-    // One GPU per worker: worker LOCAL_RANK r of a node trains on cuda:N+r (NCCL refuses two
-    // ranks on one GPU). The backend says whether the device is usable: "no CUDA backend" in
-    // the default build, CUDA's own reason (no driver, no GPU) under --config=cuda.
-    int local_rank = 0;
-    if (const char* lr = std::getenv("LOCAL_RANK")) (void)absl::SimpleAtoi(lr, &local_rank);
-    device_.index += local_rank;
+    // One GPU per worker (NCCL refuses two ranks on one GPU): cuda:N+LOCAL_RANK when the
+    // worker sees every GPU of its node, cuda:0 when a scheduler shows it its own alone
+    // (launcher/device_binding.h). The backend says whether the device is usable: "no CUDA
+    // backend" in the default build, CUDA's own reason (no driver, no GPU) under --config=cuda.
+    BRAID_ASSIGN_OR_RETURN(device_.index, CudaDeviceIndexFromEnvironment(device_.index));
     BRAID_RETURN_IF_ERROR(cuda::PrepareCudaDevice(device_));
   }
   // A file-size limit (ulimit -f) makes a too-large write fail with EFBIG, reported like a full

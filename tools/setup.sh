@@ -20,6 +20,8 @@ pkgs=(bazel-bootstrap g++ libgloo-dev libabsl-dev libprotobuf-dev protobuf-compi
       zlib1g-dev
       # tools/plot_metrics.py draws runs' metrics files (loss curves) with matplotlib.
       python3-matplotlib
+      # //tests/launcher:k8s_manifests_test reads the Kubernetes examples with PyYAML.
+      python3-yaml
       # models/text: Unicode general categories and White_Space for GPT-2's pre-tokenizer (ICU).
       libicu-dev
       # SentencePiece vocabularies (--tokenizer=sentencepiece:<model>); spm_train and spm_encode

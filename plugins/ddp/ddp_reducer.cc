@@ -324,6 +324,7 @@ void Reducer::AddBucketStats(StepStats* stats) const {
   for (const Bucket& b : buckets_) {
     int64_t bytes = b.numel * int64_t(SizeOf(b.dtype));
     stats->comm_bytes += bytes;
+    stats->comm_what = "gradients all-reduced";
     // The share of this bucket's reduction (launch to observed completion) that ran while
     // backward was still computing; a bucket launched at the very end hides nothing.
     double span = b.done_us - b.launch_us;

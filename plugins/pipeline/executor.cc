@@ -271,6 +271,8 @@ absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& 
   }
   BRAID_RETURN_IF_ERROR(stage_opt_->Step());
   stats.comm_bytes = stage_opt_->comm_bytes() - comm_before;
+  stats.comm_what = zero_stage_ >= 1 ? "gradients reduce-scattered over each stage's replicas"
+                                     : "gradients all-reduced over each stage's replicas";
   stats.optimizer_s = NowS() - opt_start;
   // One all-reduce over the pipeline carries what one stage alone knows, added to the others'
   // zeros: the loss (only the last stage saw it), every stage's busy time (summed), and each

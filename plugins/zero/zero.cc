@@ -346,7 +346,10 @@ void ZeroStrategy::FinishReduceScatter(Unit& u, StepStats* stats) {
   u.pending.reset();
   u.pending_out = Tensor();
   transient_.Sub(Bytes(u.shard));
-  if (stats != nullptr) stats->comm_bytes += Bytes(u.padded);
+  if (stats != nullptr) {
+    stats->comm_bytes += Bytes(u.padded);
+    stats->comm_what = "gradients reduce-scattered";
+  }
   if (opts_.stage >= 2) {
     u.flat_grad.storage()->Release();
     transient_.Sub(Bytes(u.padded));

@@ -93,6 +93,7 @@ class ExternalExampleStrategy final : public ReplicatedStrategy {
       if (!g.defined()) continue;  // unused this step on every rank (same model, same graph)
       BRAID_RETURN_IF_ERROR(data_->AllReduce(g, ReduceOp::kAvg)->Wait());
       stats->comm_bytes += int64_t(g.nbytes());
+      stats->comm_what = "gradients all-reduced";
     }
     return absl::OkStatus();
   }
