@@ -15,8 +15,8 @@ namespace braid {
 std::vector<std::string> PluginSearchPath(const std::vector<std::string>& extra = {});
 
 // Loads a plugin given either
-//   - a name ("ddp": letters, digits, '_', '-'): for each folder D of `search_path` in order,
-//     D/libbraid_<name>.so then D/<name>/libbraid_<name>.so (the file the braid_plugin macro
+//   - a name ("my_strategy": letters, digits, '_', '-'): for each folder D of `search_path` in
+//     order, D/libbraid_<name>.so then D/<name>/libbraid_<name>.so (the file the braid_plugin macro
 //     of core/plugin.bzl builds, in the plugins/<name>/ layout); the first that exists wins, or
 //   - a path (anything containing '/' or ending in ".so"), relative to the working directory.
 // Loading the same file twice (by name or path, through symlinks too) is a no-op. Errors name

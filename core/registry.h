@@ -143,8 +143,8 @@ class Registry {
   // Every registered strategy that serves mesh axis `axis` (ServedAxes), as (name, origin) pairs.
   std::vector<std::pair<std::string, std::string>> StrategiesServing(const std::string& axis) const;
 
-  // Models ("gpt-mini", registered by models/gpt), same rules. MakeModel builds `name` from
-  // its validated config section.
+  // Models (registered by their libraries under models/), same rules. MakeModel builds `name`
+  // from its validated config section.
   absl::Status AddModel(const std::string& name, ModelSpec spec,
                         const std::string& origin = "built-in");
   absl::StatusOr<ModelSpec> GetModel(const std::string& name) const;
