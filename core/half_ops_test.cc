@@ -223,6 +223,8 @@ TEST_P(HalfOpsTest, LlamaOps) {
   Compare("GroupedQueryAttention",
           [](const Inputs& x) { return GroupedQueryAttention(x[0], x[1], x[2]); },
           {Rounded({2, 5, 4, 3}), Rounded({2, 5, 2, 3}), Rounded({2, 5, 2, 3})}, 3, 6);
+  Compare("Dropout", [](const Inputs& x) { return Dropout(x[0], 0.25f, 3); }, {Rounded({4, 9})},
+          2, 2);
 }
 
 TEST_P(HalfOpsTest, CastAndScaleGrad) {

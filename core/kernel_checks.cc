@@ -388,6 +388,14 @@ GqaDims GqaBackward(const char* backend, DType dtype, const Tensor& dout, const 
   return d;
 }
 
+int64_t Dropout(const char* backend, DType dtype, const Tensor& x, float p, const Tensor& out) {
+  const char* k = dropout.name();
+  DTypesAre(backend, k, dtype, {&x, &out});
+  NumelIs(backend, k, out, x.numel());
+  BRAID_CHECK(p >= 0.0f && p <= 1.0f) << Where{backend, k} << ": p " << p << " is not in [0, 1]";
+  return x.numel();
+}
+
 // ---- Optimizer updates ------------------------------------------------------------------------
 
 void AdamW(const char* backend, const Tensor& param, const Tensor& grad, const Tensor& m,

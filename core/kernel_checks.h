@@ -108,6 +108,8 @@ GqaDims GqaForward(const char* backend, DType dtype, const Tensor& q, const Tens
 GqaDims GqaBackward(const char* backend, DType dtype, const Tensor& dout, const Tensor& q,
                     const Tensor& k, const Tensor& v, const Tensor& att, const Tensor& dq,
                     const Tensor& dk, const Tensor& dv);
+// 0 <= p <= 1; returns the element count.
+int64_t Dropout(const char* backend, DType dtype, const Tensor& x, float p, const Tensor& out);
 // The optimizer slots are f32 only (master weights), so they take no dtype.
 void AdamW(const char* backend, const Tensor& param, const Tensor& grad, const Tensor& m,
            const Tensor& v, const AdamWParams& p);

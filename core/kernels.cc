@@ -33,6 +33,7 @@ KernelSlot<SwiGluBwdFn> swiglu_backward("swiglu_backward");
 KernelSlot<RopeFn> rope("rope");
 KernelSlot<GqaFwdFn> gqa_forward("gqa_forward");
 KernelSlot<GqaBwdFn> gqa_backward("gqa_backward");
+KernelSlot<DropoutFn> dropout("dropout");
 KernelSlot<AdamWFn> adamw("adamw");
 KernelSlot<SgdFn> sgd("sgd");
 
@@ -129,6 +130,7 @@ void RegisterHalfFallbacks(DeviceType type) {
   RegisterFallback<&rope>(type);
   RegisterFallback<&gqa_forward>(type);
   RegisterFallback<&gqa_backward>(type);
+  RegisterFallback<&dropout>(type);
 }
 
 }  // namespace braid::kernels

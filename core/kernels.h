@@ -221,6 +221,23 @@ using GqaBwdFn = void(const Tensor& dout, const Tensor& q, const Tensor& k, cons
                       const Tensor& att, Tensor& dq, Tensor& dk, Tensor& dv);
 extern KernelSlot<GqaBwdFn> gqa_backward;
 
+// Dropout with a counter-based mask: element i is kept when DropoutKeep(seed, i, p), and then
+// out[i] = x[i] * (1 / (1 - p)), else 0 (p = 1 drops everything). The mask is a pure function of
+// (seed, i, p), so it needs no storage: backward is this same slot applied to the gradient with
+// the same seed, and a recomputation (activation checkpointing) or another thread count or
+// backend gives the same mask. x and out have the same numel (out may alias x).
+using DropoutFn = void(const Tensor& x, float p, uint64_t seed, Tensor& out);
+extern KernelSlot<DropoutFn> dropout;
+// The mask every backend must reproduce: SplitMix64's finaliser of seed + (i + 1) * golden
+// ratio, its top 24 bits as u in [0, 1), kept when u >= p.
+inline bool DropoutKeep(uint64_t seed, uint64_t i, float p) {
+  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return float(z >> 40) * (1.0f / 16777216.0f) >= p;
+}
+
 // ---- Optimizer updates (in place, f32 only: mixed precision keeps f32 master weights) ------
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay;

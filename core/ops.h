@@ -63,6 +63,12 @@ Tensor RotaryEmbedding(const Tensor& x, const RopeOptions& opts = {});
 // and V never repeated in memory). -> [B, T, H, D]; scale 1/sqrt(D). The probabilities are
 // saved in q's dtype, as CausalSelfAttention's.
 Tensor GroupedQueryAttention(const Tensor& q, const Tensor& k, const Tensor& v);
+// Training-mode dropout: each element is zeroed with probability p, the rest scaled by
+// 1 / (1 - p). The mask is a pure function of (seed, element index, p) (kernels::DropoutKeep):
+// the same seed gives the same mask on any thread count, and a recomputation under activation
+// checkpointing replays it exactly. Nothing is stored for backward. Callers pass a fresh seed per
+// call site and step (e.g. a hash of step, layer and rank); p = 0 returns x itself.
+Tensor Dropout(const Tensor& x, float p, uint64_t seed);
 
 // Converts to `t` (returns `a` itself when it already has that dtype); backward converts the
 // gradient back to a's dtype. f32, bf16 and f16 only.

@@ -1,6 +1,6 @@
 // The Llama-family ops of core/ops.h: RmsNorm, Silu, SwiGlu, RotaryEmbedding,
-// GroupedQueryAttention. Same shape as ops.cc: check, run the device's kernel, record the
-// backward.
+// GroupedQueryAttention, Dropout. Same shape as ops.cc: check, run the device's kernel, record
+// the backward.
 #include "core/autograd.h"
 #include "core/kernels.h"
 #include "core/ops.h"
@@ -129,6 +129,22 @@ Tensor GroupedQueryAttention(const Tensor& q, const Tensor& k, const Tensor& v) 
                                                                     V, sa.Get(), dq, dk, dv);
                    return std::vector<Tensor>{dq, dk, dv};
                  });
+  return out;
+}
+
+Tensor Dropout(const Tensor& x, float p, uint64_t seed) {
+  CheckFloat("Dropout", x);
+  BRAID_CHECK(p >= 0.0f && p <= 1.0f) << "Dropout: p " << p << " is not in [0, 1]";
+  if (p == 0.0f) return x;
+  Tensor out = EmptyLike(x);
+  kernels::dropout.Get(x.device(), x.dtype())(x.Detach(), p, seed, out);
+  const Shape shape = x.shape();
+  RecordFunction("Dropout", {x}, {&out}, [p, seed, shape](const std::vector<Tensor>& g) {
+    // d out / d x is the same masked scaling: the same kernel, the same seed.
+    Tensor dx = Tensor::Empty(shape, g[0].dtype(), g[0].device());
+    kernels::dropout.Get(dx.device(), dx.dtype())(g[0], p, seed, dx);
+    return std::vector<Tensor>{dx};
+  });
   return out;
 }
 

@@ -242,6 +242,58 @@ TEST_F(LlamaOpsTest, GroupedQueryAttentionWithAllHeadsIsCausalSelfAttention) {
   EXPECT_TRUE(AllClose(gqa, ToDoubles(CausalSelfAttention(qkv, int(H))), 1e-5, 1e-6));
 }
 
+// ---- Dropout ----------------------------------------------------------------------------------
+
+TEST_F(LlamaOpsTest, DropoutKeepsAboutOneMinusPAndScalesTheRest) {
+  const int64_t n = 200000;
+  Tensor x = test::RandomTensorAwayFromZero({n}, rng_, 0.1f);
+  for (float p : {0.1f, 0.5f, 0.9f}) {
+    std::vector<double> X = ToDoubles(x), Y = ToDoubles(Dropout(x, p, 1234));
+    int64_t kept = 0;
+    std::vector<double> want(X.size());
+    for (size_t i = 0; i < X.size(); ++i) {
+      // x is never 0, so a 0 output is a dropped element.
+      const bool keep = Y[i] != 0.0;
+      kept += keep;
+      want[i] = keep ? X[i] / (1.0 - double(p)) : 0.0;
+    }
+    EXPECT_TRUE(AllClose(Tensor::FromVector(std::vector<float>(Y.begin(), Y.end()), {n}), want,
+                         1e-6, 0.0))
+        << p;
+    // The kept fraction of 200000 Bernoulli(1 - p) draws: 5 standard deviations is <= 0.0034.
+    EXPECT_NEAR(double(kept) / double(n), 1.0 - double(p), 0.005) << p;
+  }
+}
+
+TEST_F(LlamaOpsTest, DropoutIsReproducibleFromItsSeed) {
+  Tensor x = test::RandomTensor({4, 257}, rng_);
+  const std::vector<float> a = Dropout(x, 0.3f, 7).ToFloatVector();
+  EXPECT_EQ(Dropout(x, 0.3f, 7).ToFloatVector(), a);
+  EXPECT_NE(Dropout(x, 0.3f, 8).ToFloatVector(), a);
+  // p = 0 is the identity (x itself), p = 1 zeroes everything.
+  EXPECT_EQ(Dropout(x, 0.0f, 7).ToFloatVector(), x.ToFloatVector());
+  EXPECT_EQ(Dropout(x, 1.0f, 7).ToFloatVector(), std::vector<float>(size_t(x.numel()), 0.0f));
+}
+
+TEST_F(LlamaOpsTest, DropoutBackwardUsesTheSameMask) {
+  Tensor x = Param({3, 11});
+  EXPECT_TRUE(
+      GradCheck([](const Inputs& in) { return Dropout(in[0], 0.4f, 5); }, {x}, Tight()));
+  // The gradient of sum(Dropout(x)) is the mask times 1 / (1 - p): zero exactly where the
+  // output is.
+  x.ZeroGrad();
+  Tensor y = Dropout(x, 0.4f, 5);
+  Sum(y).Backward();
+  std::vector<float> Y = y.ToFloatVector(), G = x.grad().ToFloatVector();
+  ASSERT_EQ(Y.size(), G.size());
+  for (size_t i = 0; i < Y.size(); ++i) {
+    EXPECT_EQ(G[i] == 0.0f, Y[i] == 0.0f) << i;
+    if (G[i] != 0.0f) {
+      EXPECT_FLOAT_EQ(G[i], 1.0f / 0.6f) << i;
+    }
+  }
+}
+
 // ---- Shape errors -----------------------------------------------------------------------------
 
 TEST(LlamaOpsDeathTest, ShapeErrorsNameTheOpAndShapes) {
@@ -255,6 +307,7 @@ TEST(LlamaOpsDeathTest, ShapeErrorsNameTheOpAndShapes) {
   EXPECT_DEATH(GroupedQueryAttention(Tensor::Zeros({1, 2, 3, 4}), Tensor::Zeros({1, 2, 2, 4}),
                                      Tensor::Zeros({1, 2, 2, 4})),
                "n_head a multiple of n_kv_head");
+  EXPECT_DEATH(Dropout(x, 1.5f, 1), "Dropout: p 1.5 is not in \\[0, 1\\]");
 }
 
 }  // namespace

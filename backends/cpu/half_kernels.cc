@@ -348,6 +348,12 @@ void GqaBackward(const Tensor& dout, const Tensor& q, const Tensor& k, const Ten
   Down(DV, dv);
 }
 
+void Dropout(const Tensor& x, float p, uint64_t seed, Tensor& out) {
+  Tensor X = Up("dropout", x), O = Scratch("dropout", out);
+  kernels::dropout.Get(out.device())(X, p, seed, O);
+  Down(O, out);
+}
+
 template <typename Fn>
 void RegisterBoth(kernels::KernelSlot<Fn>& slot, Fn* fn) {
   slot.Register(kCpu, DType::kBF16, fn);
@@ -379,6 +385,7 @@ const bool kRegistered = [] {
   RegisterBoth(kernels::rope, &Rope);
   RegisterBoth(kernels::gqa_forward, &GqaForward);
   RegisterBoth(kernels::gqa_backward, &GqaBackward);
+  RegisterBoth(kernels::dropout, &Dropout);
   return true;
 }();
 

@@ -192,3 +192,26 @@ BRAID_REGISTER_KERNEL(kernels::swiglu_backward, DeviceType::kCPU, &SwiGluBackwar
 BRAID_REGISTER_KERNEL(kernels::rope, DeviceType::kCPU, &Rope);
 
 }  // namespace braid::cpu
+
+namespace braid::cpu {
+namespace {
+
+// The mask is kernels::DropoutKeep of each element's index: any split into ranges gives the
+// same result.
+void Dropout(const Tensor& x, float p, uint64_t seed, Tensor& out) {
+  const int64_t n = kernels::checks::Dropout("cpu", DType::kF32, x, p, out);
+  const float* px = x.data<float>();
+  float* po = out.data<float>();
+  const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+  ParallelFor(n, kElementGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      po[i] = kernels::DropoutKeep(seed, uint64_t(i), p) ? px[i] * scale : 0.0f;
+    }
+  });
+}
+
+}  // namespace
+
+BRAID_REGISTER_KERNEL(kernels::dropout, DeviceType::kCPU, &Dropout);
+
+}  // namespace braid::cpu

@@ -275,6 +275,24 @@ TEST_P(LlamaKernelsTest, GqaIsTheSameForAnyThreadCount) {
   for (size_t i = 0; i < one.size(); ++i) EXPECT_TRUE(BitEqual(one[i], many[i])) << i;
 }
 
+// ---- Dropout ----------------------------------------------------------------------------------
+
+TEST_P(LlamaKernelsTest, DropoutIsTheReferenceMaskOnAnyThreadCount) {
+  Tensor x = RandomTensor({100003}, rng_);
+  for (float p : {0.0f, 0.1f, 0.5f, 1.0f}) {
+    Tensor ref = Tensor::Empty(x.shape());
+    reference::dropout(x, p, 99, ref);
+    auto run = [&] {
+      Tensor out = Tensor::Empty(x.shape());
+      kernels::dropout.Get(kCpu)(x, p, 99, out);
+      return std::vector<Tensor>{out};
+    };
+    auto [one, many] = testing::RunWithThreads(run, 2);
+    EXPECT_TRUE(BitEqual(one[0], ref)) << p;
+    EXPECT_TRUE(BitEqual(many[0], ref)) << p;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, LlamaKernelsTest, ::testing::ValuesIn(testing::AllConfigs()),
                          testing::ConfigName);
 

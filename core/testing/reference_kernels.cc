@@ -576,6 +576,7 @@ void RegisterReferenceKernels() {
   RegisterIfEmpty(kernels::rope, &rope);
   RegisterIfEmpty(kernels::gqa_forward, &gqa_forward);
   RegisterIfEmpty(kernels::gqa_backward, &gqa_backward);
+  RegisterIfEmpty(kernels::dropout, &dropout);
   RegisterIfEmpty(kernels::adamw, &adamw);
   RegisterIfEmpty(kernels::sgd, &sgd);
 }

@@ -66,6 +66,8 @@ void gqa_forward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out,
 void gqa_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& att, Tensor& dq, Tensor& dk, Tensor& dv);
 
+void dropout(const Tensor& x, float p, uint64_t seed, Tensor& out);
+
 void adamw(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p);
 void sgd(Tensor& param, const Tensor& grad, Tensor& momentum_buf, const SgdParams& p);
 

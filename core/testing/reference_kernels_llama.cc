@@ -218,3 +218,18 @@ void gqa_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Te
 }
 
 }  // namespace braid::reference
+
+namespace braid::reference {
+
+void dropout(const Tensor& x, float p, uint64_t seed, Tensor& out) {
+  CheckCpu("dropout", x);
+  const int64_t n = checks::Dropout(kRef, kF32, x, p, out);
+  const float* px = x.data<float>();
+  float* po = out.data<float>();
+  const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    po[i] = kernels::DropoutKeep(seed, uint64_t(i), p) ? px[i] * scale : 0.0f;
+  }
+}
+
+}  // namespace braid::reference
