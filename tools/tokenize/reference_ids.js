@@ -1,5 +1,5 @@
 // The reference side of reference_test.cc: GPT-2 ids from an npm tokenizer.
-//   node reference_ids.js tiktoken|js-tiktoken IN OUT
+//   node reference_ids.js tiktoken|js-tiktoken|gpt-3-encoder IN OUT
 // IN holds UTF-8 documents separated by NUL bytes; OUT gets, per document, its id count and then
 // its ids, all little-endian u32. The packages are found through NODE_PATH (data/node_modules).
 'use strict';
@@ -18,8 +18,13 @@ if (lib === 'tiktoken') {
 } else if (lib === 'js-tiktoken') {
   const enc = require('js-tiktoken').getEncoding('gpt2');
   encode = (s) => enc.encode(s, [], []);  // no special tokens: ordinary text only
+} else if (lib === 'gpt-3-encoder') {
+  // A port of GPT-2's own encoder.py: merges only the pairs vocab.bpe lists, every occurrence of
+  // the best-ranked one at a time. Quadratic in a document's length: keep documents short.
+  const {encode: gpt3Encode} = require('gpt-3-encoder');
+  encode = (s) => gpt3Encode(s);
 } else {
-  console.error(`reference_ids.js: unknown library '${lib}' (tiktoken or js-tiktoken)`);
+  console.error(`reference_ids.js: unknown library '${lib}' (tiktoken, js-tiktoken, gpt-3-encoder)`);
   process.exit(1);
 }
 const out = [];
