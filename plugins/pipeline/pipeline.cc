@@ -185,15 +185,31 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
     }
     return absl::OkStatus();
   };
-  for (int d = 0; d < dp_size_; ++d) {
-    std::vector<int> ranks;
-    for (int s = 0; s < stages_; ++s) ranks.push_back(d * stages_ + s);
-    BRAID_RETURN_IF_ERROR(join(ranks, d == dp_ ? &pipe_ : nullptr));
-  }
-  for (int s = 0; s < stages_; ++s) {
-    std::vector<int> ranks;
-    for (int d = 0; d < dp_size_; ++d) ranks.push_back(d * stages_ + s);
-    BRAID_RETURN_IF_ERROR(join(ranks, s == stage_ ? &data_ : nullptr));
+  if (ctx.mesh != nullptr) {
+    // The mesh built these once for every layer (core/mesh.h): this rank's pipeline (its
+    // replica's stages, in stage order) and its stage's replicas (in replica order).
+    pipe_ = &ctx.mesh->pipeline();
+    data_ = &ctx.mesh->data();
+    if (pipe_->size() != stages_ || pipe_->rank() != stage_ || data_->size() != dp_size_ ||
+        data_->rank() != dp_) {
+      return Error(absl::StatusCode::kInternal,
+                   absl::StrCat("the mesh's groups (pipeline rank ", pipe_->rank(), " of ", pipe_->size(),
+                                ", data rank ", data_->rank(), " of ", data_->size(),
+                                ") disagree with stage ", stage_, " of ", stages_, ", replica ", dp_,
+                                " of ", dp_size_));
+    }
+  } else {
+    // Without a mesh (tests that give the stage count as an option): the same groups, made here.
+    for (int d = 0; d < dp_size_; ++d) {
+      std::vector<int> ranks;
+      for (int s = 0; s < stages_; ++s) ranks.push_back(d * stages_ + s);
+      BRAID_RETURN_IF_ERROR(join(ranks, d == dp_ ? &pipe_ : nullptr));
+    }
+    for (int s = 0; s < stages_; ++s) {
+      std::vector<int> ranks;
+      for (int d = 0; d < dp_size_; ++d) ranks.push_back(d * stages_ + s);
+      BRAID_RETURN_IF_ERROR(join(ranks, s == stage_ ? &data_ : nullptr));
+    }
   }
   std::map<std::set<int>, std::vector<std::string>> tied;
   for (auto& [n, p] : model.NamedParameters()) {
@@ -212,12 +228,11 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
       }
     }
   }
-  // Every replica of a stage starts from the first replica's values.
+  // Every replica of a stage starts from the first replica's values (coalesced: core/broadcast.h).
   if (dp_size_ > 1) {
-    for (auto& [n, p] : own_) {
-      Tensor t = p;
-      BRAID_RETURN_IF_ERROR(data_->Broadcast(t, 0)->Wait());
-    }
+    std::vector<Tensor> own_tensors;
+    for (auto& [n, p] : own_) own_tensors.push_back(p);
+    BRAID_RETURN_IF_ERROR(BroadcastTensors(own_tensors, *data_, 0));
   }
   std::set<std::string> tied_names;
   for (auto& [set, names] : tied) tied_names.insert(names.begin(), names.end());

@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "core/allocator.h"
 #include "core/autograd.h"
+#include "core/broadcast.h"
 #include "core/check.h"
 #include "core/communicator.h"
 #include "core/deferred_init.h"
@@ -133,7 +134,7 @@ class PipelineStrategy final : public Strategy {
   float max_grad_norm_ = 0;
   std::function<double(double)> model_parallel_sum_;  // tensor parallelism's, or null
   CriterionFn criterion_;
-  std::vector<std::unique_ptr<Communicator>> groups_;  // every group this rank belongs to
+  std::vector<std::unique_ptr<Communicator>> groups_;  // the groups this strategy made
   Communicator* pipe_ = nullptr;   // this replica's stages
   Communicator* data_ = nullptr;   // this stage's replicas
   std::vector<std::pair<Communicator*, std::vector<Tensor>>> ties_;  // tied params per group
