@@ -92,3 +92,42 @@ TEST(KernelChecksTest, OptimizerSlotsAreF32Only) {
 
 }  // namespace
 }  // namespace braid::kernels::checks
+
+namespace braid::kernels::checks {
+namespace {
+
+// The Llama-family slots: dimensions handed back, and each kind of bad argument refused.
+TEST(KernelChecksTest, LlamaSlots) {
+  const DType f32 = DType::kF32;
+  const RowsDims rn = RmsNormForward("cpu", f32, Tensor::Zeros({2, 3, 4}), Tensor::Zeros({4}),
+                                     Tensor::Zeros({2, 3, 4}), Tensor::Zeros({6}));
+  EXPECT_EQ(rn.rows, 6);
+  EXPECT_EQ(rn.cols, 4);
+  const GqaDims g = GqaForward("cpu", f32, Tensor::Zeros({2, 5, 6, 4}), Tensor::Zeros({2, 5, 3, 4}),
+                               Tensor::Zeros({2, 5, 3, 4}), Tensor::Zeros({2, 5, 6, 4}),
+                               Tensor::Zeros({2, 6, 5, 5}));
+  EXPECT_EQ(g.h, 6);
+  EXPECT_EQ(g.hkv, 3);
+  EXPECT_EQ(g.d, 4);
+  EXPECT_DEATH(RmsNormForward("cpu", f32, Tensor::Zeros({2, 4}), Tensor::Zeros({4}),
+                              Tensor::Zeros({2, 4}), Tensor::Zeros({2}, DType::kBF16)),
+               "cpu kernel 'rmsnorm_forward' wants f32");
+  EXPECT_DEATH(SwiGluBackward("cpu", f32, Tensor::Zeros({3}), Tensor::Zeros({3}), Tensor::Zeros({3}),
+                              Tensor::Zeros({3}), Tensor()),
+               "up and dup must be both given");
+  EXPECT_DEATH(Rope("cuda", f32, Tensor::Zeros({1, 2, 1, 3}), RopeParams{}, Tensor::Zeros({6})),
+               "cuda kernel 'rope' wants x \\[B, T, H, D\\] with D even");
+  RopeParams bad;
+  bad.theta = -1.0f;
+  EXPECT_DEATH(Rope("cpu", f32, Tensor::Zeros({1, 2, 1, 4}), bad, Tensor::Zeros({8})),
+               "theta -1 and position_scale 1 must be positive");
+  EXPECT_DEATH(GqaForward("cpu", f32, Tensor::Zeros({1, 2, 3, 4}), Tensor::Zeros({1, 2, 2, 4}),
+                          Tensor::Zeros({1, 2, 2, 4}), Tensor::Zeros({1, 2, 3, 4}),
+                          Tensor::Zeros({1, 3, 2, 2})),
+               "H a multiple of Hkv");
+  EXPECT_DEATH(Dropout("cpu", f32, Tensor::Zeros({3}), -0.5f, Tensor::Zeros({3})),
+               "p -0.5 is not in \\[0, 1\\]");
+}
+
+}  // namespace
+}  // namespace braid::kernels::checks

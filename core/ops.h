@@ -52,11 +52,13 @@ struct RopeOptions {
   float theta = 10000.0f;       // rope_theta: the base of the rotation frequencies
   float position_scale = 1.0f;  // linear scaling: position t counts as t / position_scale
   int64_t position_offset = 0;  // the position of x's first time step
+  // Static NTK-aware scaling: theta becomes theta * ntk_factor^(D / (D - 2)) (D = head_dim),
+  // stretching the low frequencies by about ntk_factor while the highest stays put. 1 = off.
+  float ntk_factor = 1.0f;
 };
 // Rotary position embedding, half-split layout (rotate_half): x [B, T, H, D], D even; the
 // feature pairs (i, i + D/2) of time step t rotate by the angle
-// ((position_offset + t) / position_scale) * theta^(-2i/D). For NTK-aware scaling pass the
-// adjusted theta (theta * s^(D/(D-2)) for a context s times longer).
+// ((position_offset + t) / position_scale) * theta^(-2i/D), theta NTK-adjusted when asked.
 Tensor RotaryEmbedding(const Tensor& x, const RopeOptions& opts = {});
 // Causal grouped-query attention: q [B, T, H, D], k and v [B, T, Hkv, D] with H a multiple of
 // Hkv; query head h attends with K/V head h / (H / Hkv) (Hugging Face's repeat_kv grouping, K

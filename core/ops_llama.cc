@@ -1,6 +1,8 @@
 // The Llama-family ops of core/ops.h: RmsNorm, Silu, SwiGlu, RotaryEmbedding,
 // GroupedQueryAttention, Dropout. Same shape as ops.cc: check, run the device's kernel, record
 // the backward.
+#include <cmath>
+
 #include "core/autograd.h"
 #include "core/kernels.h"
 #include "core/ops.h"
@@ -83,11 +85,19 @@ Tensor RotaryEmbedding(const Tensor& x, const RopeOptions& opts) {
   BRAID_CHECK(x.ndim() == 4 && x.size(3) % 2 == 0)
       << "RotaryEmbedding wants x [B, T, n_head, head_dim] with head_dim even, got "
       << x.DescribeForError();
-  BRAID_CHECK(opts.theta > 0.0f && opts.position_scale > 0.0f && opts.position_offset >= 0)
-      << "RotaryEmbedding: theta " << opts.theta << " and position_scale " << opts.position_scale
-      << " must be positive, position_offset " << opts.position_offset << " not negative";
+  BRAID_CHECK(opts.theta > 0.0f && opts.position_scale > 0.0f && opts.ntk_factor > 0.0f &&
+              opts.position_offset >= 0)
+      << "RotaryEmbedding: theta " << opts.theta << ", position_scale " << opts.position_scale
+      << " and ntk_factor " << opts.ntk_factor << " must be positive, position_offset "
+      << opts.position_offset << " not negative";
+  const int64_t d = x.size(3);
   kernels::RopeParams p;
-  p.theta = opts.theta;
+  // NTK-aware: theta * factor^(D / (D - 2)) makes the lowest frequency theta^(-(D-2)/D) slower by
+  // exactly the factor. D = 2 has only the frequency 1, which no base changes.
+  p.theta = opts.ntk_factor == 1.0f || d <= 2
+                ? opts.theta
+                : float(double(opts.theta) *
+                        std::pow(double(opts.ntk_factor), double(d) / double(d - 2)));
   p.position_scale = opts.position_scale;
   p.position_offset = opts.position_offset;
   Tensor out = EmptyLike(x);

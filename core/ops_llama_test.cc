@@ -138,12 +138,23 @@ std::vector<double> NaiveRope(const Tensor& x, const RopeOptions& o) {
 TEST_F(LlamaOpsTest, RotaryEmbeddingForward) {
   const std::vector<RopeOptions> options = {
       {}, {500000.0f, 1.0f, 0}, {10000.0f, 4.0f, 0}, {10000.0f, 2.0f, 37}, {1e6f, 8.0f, 4000}};
+  // NaiveRope reads o.theta only: the NTK case is checked below against the adjusted theta.
   for (const RopeOptions& o : options) {
     Tensor x = Param({2, 5, 3, 8});
     EXPECT_TRUE(AllClose(RotaryEmbedding(x, o), NaiveRope(x, o), kRtol, kAtol))
         << "theta " << o.theta << " scale " << o.position_scale << " offset "
         << o.position_offset;
   }
+}
+
+TEST_F(LlamaOpsTest, RotaryEmbeddingNtkScalingIsTheAdjustedTheta) {
+  Tensor x = Param({1, 6, 2, 8});
+  RopeOptions ntk{10000.0f, 1.0f, 100, 4.0f};
+  RopeOptions plain{float(10000.0 * std::pow(4.0, 8.0 / 6.0)), 1.0f, 100};
+  EXPECT_TRUE(AllClose(RotaryEmbedding(x, ntk), NaiveRope(x, plain), kRtol, kAtol));
+  // ... and it is not the unscaled rotation.
+  RopeOptions unscaled{10000.0f, 1.0f, 100};
+  EXPECT_FALSE(AllClose(RotaryEmbedding(x, ntk), NaiveRope(x, unscaled), 1e-3, 1e-3));
 }
 
 TEST_F(LlamaOpsTest, RotaryEmbeddingBackward) {
@@ -303,7 +314,7 @@ TEST(LlamaOpsDeathTest, ShapeErrorsNameTheOpAndShapes) {
   EXPECT_DEATH(RotaryEmbedding(Tensor::Zeros({1, 2, 1, 5})), "head_dim even");
   EXPECT_DEATH(RotaryEmbedding(x), "RotaryEmbedding wants x \\[B, T, n_head, head_dim\\]");
   EXPECT_DEATH(RotaryEmbedding(Tensor::Zeros({1, 2, 1, 4}), {10000.0f, 0.0f, 0}),
-               "position_scale 0 must be positive");
+               "position_scale 0 and ntk_factor 1 must be positive");
   EXPECT_DEATH(GroupedQueryAttention(Tensor::Zeros({1, 2, 3, 4}), Tensor::Zeros({1, 2, 2, 4}),
                                      Tensor::Zeros({1, 2, 2, 4})),
                "n_head a multiple of n_kv_head");
