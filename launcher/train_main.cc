@@ -137,9 +137,22 @@ absl::Status Run(const char* argv0) {
   // libbraid_adam8bit.so): load it before validation, which looks the name up in the registry.
   if (!cfg.optimizer().type().empty()) {
     absl::Status st = braid::EnsureOptimizer(cfg.optimizer().type(), search_path);
-    if (!st.ok()) return absl::Status(st.code(), absl::StrCat("optimizer.type: ", st.message()));
+    // A DeepSpeed optimizer Braid lacks (Lamb, OneBitAdam, ...): validation refuses it naming
+    // the nearest Braid one, which says more than "no plugin of that name".
+    const bool refused_by_validation =
+        absl::IsNotFound(st) && braid::config::IsDeepSpeedOptimizerBraidLacks(cfg.optimizer().type());
+    if (!st.ok() && !refused_by_validation) {
+      return absl::Status(st.code(), absl::StrCat("optimizer.type: ", st.message()));
+    }
   }
   BRAID_RETURN_IF_ERROR(braid::config::ValidateConfigWith(&cfg, env.world_size, catalog));
+  // What validation resolved or accepted without effect ("auto" values, DeepSpeed's own tuning
+  // keys), once per job.
+  if (env.rank == 0) {
+    for (const std::string& note : braid::config::ConfigNotes(cfg)) {
+      std::fprintf(stderr, "braid: config: %s\n", note.c_str());
+    }
+  }
   if (absl::GetFlag(FLAGS_print_config)) {
     std::printf("%s", braid::config::ConfigToText(cfg).c_str());
     return absl::OkStatus();
