@@ -31,7 +31,6 @@ absl::StatusOr<BpeModel> BpeModel::Build(
           absl::StrCat("tokens ", it->second, " and ", id, " have the same bytes"));
     }
   }
-  bool have_byte[256] = {};
   for (int b = 0; b < 256; ++b) {
     auto it = all.find(std::string(1, static_cast<char>(b)));
     if (it == all.end()) {
@@ -39,7 +38,6 @@ absl::StatusOr<BpeModel> BpeModel::Build(
           absl::StrCat("no token for the byte ", b, ": a byte-level vocabulary needs all 256"));
     }
     m.byte_ids_[b] = it->second;
-    have_byte[b] = true;
     m.ids_.emplace(it->first, it->second);
   }
   for (uint32_t r = 0; r < merges.size(); ++r) {
@@ -71,7 +69,6 @@ absl::StatusOr<BpeModel> BpeModel::Build(
       m.pairs_.emplace((uint64_t{l->second} << 32) | r->second, Merged{m.ranks_[id], id});
     }
   }
-  (void)have_byte;
   return m;
 }
 
