@@ -5,8 +5,9 @@
 // All floating operands of one op must share a dtype (fatal otherwise, naming both: convert
 // with Cast), and the output has it, except CrossEntropy's loss, which is f32 for any logits
 // dtype. Sum and Mean keep the input's dtype. Each backward gets the gradient of its output in
-// the output's dtype and returns each input's gradient in that input's dtype. LayerNorm keeps
-// its per-row mean/rstd in f32; CausalSelfAttention saves its probabilities in qkv's dtype.
+// the output's dtype and returns each input's gradient in that input's dtype. LayerNorm and
+// RmsNorm keep their per-row statistics in f32; CausalSelfAttention and GroupedQueryAttention
+// save their probabilities in the input's dtype.
 #ifndef BRAID_CORE_OPS_H_
 #define BRAID_CORE_OPS_H_
 
