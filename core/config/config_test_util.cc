@@ -83,5 +83,33 @@ TrainConfig Text(const std::string& text) {
   return cfg.ok() ? *cfg : TrainConfig();
 }
 
+std::string ComposeDouble(int tensor, int pipeline, int data, const std::string& named) {
+  if (!named.empty()) return named;
+  return pipeline > 1 ? "pipeline" : data > 1 ? "ddp" : "single";
+}
+
+absl::Status Validate(TrainConfig* cfg, int dp, const std::vector<std::string>& features) {
+  StrategyCatalog catalog;
+  catalog.features_of = [&](const std::string&) { return features; };
+  catalog.providers_of = [](const std::string& feature) {  // those registered so far
+    FeatureProviders found;
+    for (auto& [name, origin] : Registry::Get().StrategiesProviding(feature)) {
+      found.strategies.push_back({name, origin});
+    }
+    return found;
+  };
+  catalog.compose = [](int t, int p, int d, const std::string& named) -> absl::StatusOr<std::string> {
+    return ComposeDouble(t, p, d, named);
+  };
+  return ValidateConfigWith(cfg, dp, catalog);
+}
+
+std::string ValidationError(const std::string& text, int dp,
+                            const std::vector<std::string>& features) {
+  TrainConfig cfg = Text(text);
+  absl::Status st = Validate(&cfg, dp, features);
+  return st.ok() ? "" : std::string(st.message());
+}
+
 }  // namespace test_util
 }  // namespace braid::config

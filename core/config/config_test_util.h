@@ -6,6 +6,9 @@
 #define BRAID_CORE_CONFIG_CONFIG_TEST_UTIL_H_
 
 #include <string>
+#include <vector>
+
+#include "absl/status/status.h"
 
 #include "core/config/train_config.pb.h"
 
@@ -13,6 +16,19 @@ namespace braid::config::test_util {
 
 // `text` parsed as a text-format config; on failure the test fails and the config is empty.
 TrainConfig Text(const std::string& text);
+
+// A double of the training program's composer (launcher/compose.h, tested there): the named
+// strategy, or for a config that names none the pipeline on a pipeline layout, else "ddp" for
+// several data-parallel ranks and "single" for one.
+std::string ComposeDouble(int tensor, int pipeline, int data, const std::string& named);
+
+// ValidateConfigWith the composer double: `features` are the chosen strategy's; the strategies
+// that provide a missing one are those registered so far.
+absl::Status Validate(TrainConfig* cfg, int dp, const std::vector<std::string>& features);
+
+// The message of Validate on `text`, "" if it passes.
+std::string ValidationError(const std::string& text, int dp = 1,
+                            const std::vector<std::string>& features = {});
 
 }  // namespace braid::config::test_util
 
