@@ -209,6 +209,7 @@ class ZeroTest : public ::testing::Test {
       ASSERT_EQ(r.stats[size_t(rank)].size(), r.reference_loss.size());
       for (size_t s = 0; s < r.reference_loss.size(); ++s) {
         // The mean loss over all ranks equals the reference's; each rank's own is part of it.
+        ASSERT_TRUE(std::isfinite(r.reference_norm[s])) << "step " << s;  // else any norm passes
         EXPECT_NEAR(r.stats[size_t(rank)][s].grad_norm, r.reference_norm[s],
                     tol * 10 * std::max(1.0f, r.reference_norm[s]))
             << "step " << s;
