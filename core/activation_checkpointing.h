@@ -20,9 +20,10 @@
 // Rules the implementation relies on, checked where they can be:
 // - Ops save the same tensors, in the same order, when the forward is run again. Braid's ops do;
 //   the recompute fails loudly (naming the module) when the count or a shape differs.
-// - Replay is exact because Braid's ops draw no random numbers (no dropout). An op that adds
-//   randomness must register its generator with SetCheckpointRngState, so the recompute replays
-//   the same draws.
+// - Replay is exact because Braid's ops keep no random state: ops::Dropout's mask is a function
+//   of (seed, element index, p), so the recompute, called with the same seed, draws the same
+//   mask (core:ops_llama_checkpoint_test). An op that draws from a generator must register it
+//   with SetCheckpointRngState, so the recompute replays the same draws.
 // - Blocks of a segment feed each other directly (block k+1's input is block k's output, as in
 //   GPT's layer stack). When they do not (a pipeline stage boundary cuts a segment, or something
 //   runs between the two blocks), the segment splits there by itself.
@@ -135,7 +136,8 @@ void ResetActivationCheckpointStats();
 
 // How to read and restore the state of a random generator that ops draw from, so a recompute
 // replays the draws of the forward it repeats. Process-wide; empty functions (the default):
-// nothing to replay, which is exact today because no Braid op is random.
+// nothing to replay, which is exact today because no Braid op keeps random state (dropout's
+// mask is a function of its seed).
 struct CheckpointRngState {
   std::function<std::shared_ptr<void>()> save;
   std::function<void(const std::shared_ptr<void>&)> restore;
