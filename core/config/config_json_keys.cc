@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/config/config_internal.h"
@@ -263,6 +264,10 @@ std::string IgnoredFieldNote(const std::string& entry) {
   if (entry == "zero_optimization.cpu_offload") {
     return "zero_optimization.cpu_offload: read as zero_optimization.offload_optimizer.device "
            "\"cpu\" (its current spelling)";
+  }
+  if (absl::EndsWith(entry, ".pin_memory")) {
+    return absl::StrCat(entry, ": no effect on a CPU run (page-locked memory only speeds copies "
+                               "between the host and a GPU)");
   }
   if (const DeepSpeedKey* k = FindDeepSpeedKey(entry)) {
     if (k->neutral != nullptr) return absl::StrCat(entry, ": ", k->neutral, ", Braid's behaviour");
