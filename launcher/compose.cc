@@ -35,6 +35,13 @@ std::string List(const std::vector<std::pair<std::string, std::string>>& found) 
   return names.empty() ? "none" : absl::StrJoin(names, ", ");
 }
 
+bool Provides(const StrategyTraits& traits, const std::vector<std::string>& features) {
+  for (const std::string& f : features) {
+    if (!Has(traits.features, f)) return false;
+  }
+  return true;
+}
+
 struct Chosen {
   std::string name;
   StrategyTraits traits;
@@ -88,7 +95,8 @@ LayerCatalog PluginLayerCatalog(const std::vector<std::string>& search_path,
 }
 
 absl::StatusOr<Stack> ComposeStack(int tensor, int pipeline, int data, const std::string& named,
-                                   const LayerCatalog& catalog) {
+                                   const LayerCatalog& catalog,
+                                   const std::vector<std::string>& features) {
   BRAID_CHECK(tensor >= 1 && pipeline >= 1 && data >= 1)
       << "ComposeStack(" << tensor << ", " << pipeline << ", " << data << "): a validated layout";
   // The layer that holds the training state: the named strategy, or the default for the layout.
@@ -100,6 +108,21 @@ absl::StatusOr<Stack> ComposeStack(int tensor, int pipeline, int data, const std
   } else {
     const char* fallback = data > 1 ? kDefaultDataLayer : kSingleProcessLayer;
     BRAID_ASSIGN_OR_RETURN(base, Get(fallback, catalog, "the default strategy"));
+    if (!Provides(base.traits, features)) {
+      // The sections ask for more than the default has: the first strategy that serves the data
+      // axis alone (not a pipeline that also does), trains this many data ranks, can be wrapped
+      // when tensor parallelism wraps it, and provides every requested feature. None: keep the
+      // default, and validation names the feature and who has it.
+      for (const auto& [name, origin] : catalog.serving(kAxisData)) {
+        absl::StatusOr<Chosen> c = Get(name, catalog, "strategy");
+        if (!c.ok() || c->axes != std::vector<std::string>{kAxisData}) continue;
+        if (c->traits.max_data_ranks > 0 && data > c->traits.max_data_ranks) continue;
+        if (tensor > 1 && !c->traits.cannot_be_wrapped.empty()) continue;
+        if (!Provides(c->traits, features)) continue;
+        base = *std::move(c);
+        break;
+      }
+    }
   }
   if (!Has(base.axes, kAxisData)) {
     return Invalid(absl::StrCat(

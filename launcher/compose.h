@@ -5,7 +5,8 @@
 //   pipeline a layer that cuts the model into stages (today's pipeline also serves the data
 //            axis inside each stage, so nothing goes below it yet);
 //   data     the strategy the config names (ddp, zero, paramserver, dp, a user's plugin), or the
-//            default: "single" for one data-parallel rank, "ddp" for more.
+//            default: "single" for one data-parallel rank, "ddp" for more, or the strategy that
+//            provides what the config's sections request when those do not (zero for ZeRO).
 // A layout no stack serves is refused in one line naming the two layers and why, before any
 // training: a run never silently ignores an axis. (`context` and `expert` axes would stack the
 // same way, between tensor and data; there is none yet.)
@@ -56,8 +57,13 @@ LayerCatalog PluginLayerCatalog(const std::vector<std::string>& search_path,
 
 // The stack for a tensor x pipeline x data layout (sizes >= 1) and the config's strategy
 // (`named`, empty when it names none); InvalidArgument, one line, when no stack serves it.
+// `features`: what the config's sections request (fp16, zero2, ...). A config that names no
+// strategy gets the default data layer when it provides them, else the first data-axis-only
+// strategy (by name) that does: a DeepSpeed config's zero_optimization section alone picks
+// ZeRO, as it does in DeepSpeed.
 absl::StatusOr<Stack> ComposeStack(int tensor, int pipeline, int data, const std::string& named,
-                                   const LayerCatalog& catalog);
+                                   const LayerCatalog& catalog,
+                                   const std::vector<std::string>& features = {});
 
 // Makes the stack's strategies (registered already) and wraps each in the one above it;
 // returns the outermost.

@@ -123,6 +123,32 @@ TEST(ComposeStack, AStrategyThatCannotBeWrappedIsRefusedUnderTensorParallelism) 
   EXPECT_EQ(Compose(1, 1, 3, "paramserver", c), "paramserver [data]");
 }
 
+std::string ComposeFor(int t, int p, int d, const std::vector<std::string>& features,
+                       const LayerCatalog& c) {
+  absl::StatusOr<Stack> s = ComposeStack(t, p, d, "", c, features);
+  if (!s.ok()) return std::string(s.status().message());
+  return s->Describe();
+}
+
+// A config that names no strategy gets one that provides what its sections ask for: a
+// DeepSpeed config's zero_optimization alone picks ZeRO (never the pipeline, which also serves
+// the data axis, on a layout without stages), fp16 keeps the default.
+TEST(ComposeStack, WhatTheSectionsRequestPicksTheDefault) {
+  const LayerCatalog c = Catalog(Shipped());
+  EXPECT_EQ(ComposeFor(1, 1, 1, {"zero2"}, c), "zero [data]");
+  EXPECT_EQ(ComposeFor(1, 1, 4, {"zero3", "fp16"}, c), "zero [data]");
+  EXPECT_EQ(ComposeFor(2, 1, 2, {"zero1"}, c), "tensor_parallel [tensor] > zero [data]");
+  EXPECT_EQ(ComposeFor(1, 1, 2, {"fp16"}, c), "ddp [data]");
+  EXPECT_EQ(ComposeFor(1, 1, 1, {"bf16"}, c), "single [data]");
+  EXPECT_EQ(ComposeFor(1, 2, 2, {"zero1"}, c), "pipeline [pipeline, data]");
+  // Nobody provides it: the default stays, and validation names the feature.
+  EXPECT_EQ(ComposeFor(1, 1, 2, {"zero9"}, c), "ddp [data]");
+  // A named strategy is never replaced.
+  absl::StatusOr<Stack> named = ComposeStack(1, 1, 2, "ddp", c, {"zero2"});
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->state_holder(), "ddp");
+}
+
 TEST(ComposeStack, AOneReplicaStrategyIsRefusedOnSeveralDataRanks) {
   const LayerCatalog c = Catalog(Shipped());
   EXPECT_THAT(Compose(1, 1, 2, "single", c),

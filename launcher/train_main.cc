@@ -127,10 +127,10 @@ absl::Status Run(const char* argv0) {
   // that names none, and refuses a layout no stack serves before any process trains.
   const braid::launcher::LayerCatalog layers =
       braid::launcher::PluginLayerCatalog(search_path, cfg.strategy().path());
-  catalog.compose = [&](int tensor, int pipeline, int data,
-                        const std::string& named) -> absl::StatusOr<std::string> {
+  catalog.compose = [&](int tensor, int pipeline, int data, const std::string& named,
+                        const std::vector<std::string>& features) -> absl::StatusOr<std::string> {
     BRAID_ASSIGN_OR_RETURN(braid::launcher::Stack stack,
-                           braid::launcher::ComposeStack(tensor, pipeline, data, named, layers));
+                           braid::launcher::ComposeStack(tensor, pipeline, data, named, layers, features));
     return stack.state_holder();
   };
   // optimizer.type may name an optimizer that a plugin registers ("Adam8bit" comes from

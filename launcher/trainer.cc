@@ -35,6 +35,7 @@
 #include "launcher/net.h"
 #include "launcher/run_report.h"
 #include "core/checkpointer.h"
+#include "core/config/config.h"
 #include "core/deferred_init.h"
 #include "core/mesh.h"
 #include "core/strategy.h"
@@ -199,7 +200,8 @@ absl::Status Run::Compose() {
   BRAID_ASSIGN_OR_RETURN(
       stack_, ComposeStack(shape.tensor, shape.pipeline, shape.data, cfg_.strategy().name(),
                            PluginLayerCatalog(PluginSearchPath(env_.plugin_search_path),
-                                              cfg_.strategy().path())));
+                                              cfg_.strategy().path()),
+                           config::RequestedFeatures(cfg_)));
   BRAID_ASSIGN_OR_RETURN(strategy_, BuildStack(stack_));
   ctx_.mesh = mesh_.get();
   ctx_.comm = group_[0].get();

@@ -254,7 +254,8 @@ void CheckRun(Checker& c, TrainConfig* cfg, int dp, bool layout_ok, const Strate
   if (catalog.compose && layout_ok && (!s->name().empty() || s->path().empty())) {
     const ParallelConfig& p = cfg->parallel();
     absl::StatusOr<std::string> chosen = catalog.compose(
-        cfg->has_parallel() ? p.tensor() : 1, cfg->has_parallel() ? p.pipeline() : 1, dp, s->name());
+        cfg->has_parallel() ? p.tensor() : 1, cfg->has_parallel() ? p.pipeline() : 1, dp, s->name(),
+        RequestedFeatures(*cfg));
     if (chosen.ok()) {
       s->set_name(*chosen);
     } else {

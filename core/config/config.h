@@ -76,12 +76,14 @@ struct FeatureProviders {
 // config requests a feature section, with strategy.name after compose has filled it in.
 struct StrategyCatalog {
   // The composer (the training program's): given the layout (tensor, pipeline and data sizes,
-  // validated) and the strategy the config names (empty: none), the strategy that holds the
-  // training state — the one the feature sections are checked against and strategy.name is
-  // set to — or why no stack of layers serves that layout (a problem of strategy.name, naming
-  // the layers). Null: strategy.name is kept as it is.
+  // validated), the strategy the config names (empty: none) and the features its sections
+  // request (RequestedFeatures: a config that names no strategy gets one that provides them),
+  // the strategy that holds the training state — the one the feature sections are checked
+  // against and strategy.name is set to — or why no stack of layers serves that layout (a
+  // problem of strategy.name, naming the layers). Null: strategy.name is kept as it is.
   std::function<absl::StatusOr<std::string>(int tensor, int pipeline, int data,
-                                            const std::string& named)>
+                                            const std::string& named,
+                                            const std::vector<std::string>& features)>
       compose;
   // The features strategy `name` declares (may load its plugin). An error is reported as a
   // problem of strategy.name.

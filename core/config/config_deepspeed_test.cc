@@ -22,7 +22,7 @@ using test_util::Text;
 absl::Status Validate(TrainConfig* cfg, int dp = 1) {
   StrategyCatalog catalog;
   catalog.features_of = [](const std::string&) { return std::vector<std::string>{}; };
-  catalog.compose = [](int, int, int d, const std::string& named) -> absl::StatusOr<std::string> {
+  catalog.compose = [](int, int, int d, const std::string& named, const std::vector<std::string>&) -> absl::StatusOr<std::string> {
     return named.empty() ? std::string(d > 1 ? "ddp" : "single") : named;
   };
   return ValidateConfigWith(cfg, dp, catalog);

@@ -109,7 +109,7 @@ TEST(ConfigValidate, CatalogIsAskedOnlyForFeaturesWithTheFinalStrategyName) {
     return found;
   };
   catalog.searched = "strategy in the plugins on the search path";
-  catalog.compose = [](int t, int p, int d, const std::string& named) -> absl::StatusOr<std::string> {
+  catalog.compose = [](int t, int p, int d, const std::string& named, const std::vector<std::string>&) -> absl::StatusOr<std::string> {
     return ComposeDouble(t, p, d, named);
   };
   auto validate = [&](const std::string& text, int dp) {
@@ -192,7 +192,7 @@ TEST(ConfigValidate, ParallelLayout) {
   // Which layers serve the layout is the composer's answer, reported as a problem of the config.
   TrainConfig refused = Text("parallel { pipeline: 2 } strategy { name: \"mine\" }");
   StrategyCatalog catalog;
-  catalog.compose = [](int t, int p, int d, const std::string& named) -> absl::StatusOr<std::string> {
+  catalog.compose = [](int t, int p, int d, const std::string& named, const std::vector<std::string>&) -> absl::StatusOr<std::string> {
     return absl::InvalidArgumentError(absl::StrCat("layers \"pipeline\" and \"", named, "\" do not stack (",
                                                    t, "x", p, "x", d, ")"));
   };

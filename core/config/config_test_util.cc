@@ -98,7 +98,7 @@ absl::Status Validate(TrainConfig* cfg, int dp, const std::vector<std::string>& 
     }
     return found;
   };
-  catalog.compose = [](int t, int p, int d, const std::string& named) -> absl::StatusOr<std::string> {
+  catalog.compose = [](int t, int p, int d, const std::string& named, const std::vector<std::string>&) -> absl::StatusOr<std::string> {
     return ComposeDouble(t, p, d, named);
   };
   return ValidateConfigWith(cfg, dp, catalog);

@@ -22,18 +22,19 @@ printf 'steps: 2\nmodle { name: "gpt-mini" }\n' > "$tmp/typo.pbtxt"
 printf '{"steps": "many"}\n' > "$tmp/wrong_type.json"
 printf 'train_batch_size: 48\ntrain_micro_batch_size_per_gpu: 16\ngradient_accumulation_steps: 2\n' > "$tmp/batch.pbtxt"
 printf 'fp16 { enabled: true }\nstrategy { name: "dp" }\n' > "$tmp/fp16.pbtxt"
-printf 'zero_optimization { stage: 2 }\n' > "$tmp/zero2.pbtxt"
+printf 'zero_optimization { stage: 2 }\nstrategy { name: "ddp" }\n' > "$tmp/zero2.pbtxt"
 echo "not a safetensors file" > "$tmp/bad.safetensors"
 expect unknown-field 'typo.pbtxt:2:1: unknown field "modle"' -- "$train" --config="$tmp/typo.pbtxt" --log_dir="$tmp/l"
 expect wrong-type 'steps.*many' -- "$train" --config="$tmp/wrong_type.json" --log_dir="$tmp/l"
 expect batch-mismatch 'train_batch_size \(48\)' -- "$train" --config="$tmp/batch.pbtxt" --log_dir="$tmp/l"
 # fp16 with a strategy that does not keep half parameters (dp): the ones that do are named.
 expect fp16-needs-a-strategy '^braid train: fp16 needs a strategy that provides "fp16"; strategy "dp" does not; use strategy.name "ddp" \(plugin libbraid_ddp\.so\), "single" \(plugin libbraid_single\.so\) or "zero" \(plugin libbraid_zero\.so\)$' -- "$train" --config="$tmp/fp16.pbtxt" --log_dir="$tmp/l"
-# A feature the default strategy lacks: one line naming the feature and the strategy, and either
+# A feature the named strategy lacks: one line naming the feature and the strategy, and either
 # the strategy (and plugin) that provides it or that none on the plugin search path does.
 # The zero and pipeline plugins ship with the program (both shard over the data axis): the
-# message names them.
-zero_pattern='^braid train: zero_optimization \(stage 2\) needs a strategy that provides "zero2"; strategy "single" does not; use strategy.name "pipeline" \(plugin libbraid_pipeline\.so\) or "zero" \(plugin libbraid_zero\.so\)$'
+# message names them. (A config that names no strategy gets one that provides its sections:
+# zero_optimization alone picks zero, launcher/compose.h.)
+zero_pattern='^braid train: zero_optimization \(stage 2\) needs a strategy that provides "zero2"; strategy "ddp" does not; use strategy.name "pipeline" \(plugin libbraid_pipeline\.so\) or "zero" \(plugin libbraid_zero\.so\)$'
 expect zero-needs-a-strategy "$zero_pattern" -- "$train" --config="$tmp/zero2.pbtxt" --log_dir="$tmp/l"
 zero_out=$(bounded "$train" --config="$tmp/zero2.pbtxt" --log_dir="$tmp/l" 2>&1)
 if [ "$(printf '%s\n' "$zero_out" | wc -l)" != 1 ]; then
