@@ -44,6 +44,12 @@ constexpr DeepSpeedKey kDeepSpeedKeys[] = {
     {"zero_allow_untested_optimizer", nullptr, "Braid's ZeRO steps any registered optimizer"},
     {"dump_state", nullptr, "Braid prints no engine state"},
     {"memory_breakdown", nullptr, "Braid's summary reports the peak memory"},
+    {"zero_optimization.reduce_bucket_size", nullptr,
+     "it sizes DeepSpeed's reduction buckets; Braid's ZeRO reduce-scatters one layer (block) at "
+     "a time, and DDP's buckets are its bucket_cap_mb option"},
+    {"zero_optimization.allgather_bucket_size", nullptr,
+     "it sizes DeepSpeed's all-gather buckets; Braid's ZeRO all-gathers one layer (block) at a "
+     "time"},
     {"zero_optimization.sub_group_size", nullptr,
      "it sizes DeepSpeed's groups of optimizer steps; Braid steps each shard at once"},
     {"zero_optimization.stage3_max_live_parameters", nullptr,

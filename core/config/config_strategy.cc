@@ -131,10 +131,15 @@ void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog)
     features.Require(absl::StrCat("zero_optimization (stage ", z.stage(), ")"),
                      ZeroFeatureName(z.stage()));
   }
-  if (z.has_reduce_bucket_size())
+  // DeepSpeed's bucket sizes tune its own implementation (Braid reduces and gathers a layer at
+  // a time): checked, then accepted with a note, as nearly every DeepSpeed config sets them.
+  if (z.has_reduce_bucket_size()) {
     c.Positive("zero_optimization.reduce_bucket_size", z.reduce_bucket_size());
+    cfg->add_ignored_fields("zero_optimization.reduce_bucket_size");
+  }
   if (z.has_allgather_bucket_size()) {
     c.Positive("zero_optimization.allgather_bucket_size", z.allgather_bucket_size());
+    cfg->add_ignored_fields("zero_optimization.allgather_bucket_size");
   }
   if (z.has_stage3_prefetch_bucket_size() && z.stage3_prefetch_bucket_size() < 0) {
     c.Error(absl::StrCat("zero_optimization.stage3_prefetch_bucket_size (",

@@ -26,9 +26,8 @@ absl::StatusOr<Options> ParseOptions(const StrategyContext& ctx) {
     o.stage = z.stage();
     if (z.has_overlap_comm()) o.overlap_comm = z.overlap_comm();
     // DeepSpeed's settings that Braid does not implement are errors, never silently ignored.
+    // (Its bucket sizes only tune its own implementation: validation accepts them with a note.)
     std::vector<std::string> unsupported;
-    if (z.has_reduce_bucket_size()) unsupported.push_back("reduce_bucket_size");
-    if (z.has_allgather_bucket_size()) unsupported.push_back("allgather_bucket_size");
     if (z.has_contiguous_gradients() && !z.contiguous_gradients()) {
       unsupported.push_back("contiguous_gradients: false");
     }

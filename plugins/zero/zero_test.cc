@@ -481,7 +481,7 @@ TEST_F(ZeroTest, BadOptionsAreRefusedNamingThem) {
   // DeepSpeed settings Braid lacks are errors, not ignored.
   config::TrainConfig cfg;
   cfg.mutable_zero_optimization()->set_stage(2);
-  cfg.mutable_zero_optimization()->set_reduce_bucket_size(500000000);
+  cfg.mutable_zero_optimization()->set_reduce_scatter(false);
   auto zero = Registry::Get().MakeStrategy("zero");
   ASSERT_TRUE(zero.ok());
   StrategyContext ctx;
@@ -489,7 +489,7 @@ TEST_F(ZeroTest, BadOptionsAreRefusedNamingThem) {
   ctx.config = &cfg;
   std::unique_ptr<Module> model = MakeMlp(1);
   absl::Status st = (*zero)->Setup(*model, Optim(false), ctx);
-  EXPECT_THAT(std::string(st.message()), HasSubstr("reduce_bucket_size not supported"));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("reduce_scatter: false not supported"));
 }
 
 }  // namespace
