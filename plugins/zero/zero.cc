@@ -143,9 +143,6 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
                                   " like the others: ZeRO flattens parameters of one dtype"));
     }
   }
-  if (dtype_ != DType::kF32 && opts_.offload_optimizer) {
-    return Invalid("offload_optimizer with fp16/bf16 is not supported yet: turn one of them off");
-  }
   BuildUnits(model);
   if (units_.empty()) return Invalid("the model has no trainable parameter");
   for (Unit& u : units_) BRAID_RETURN_IF_ERROR(Materialize(u));
@@ -197,12 +194,14 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
   named = std::move(sorted);
   if (opts_.offload_optimizer) {
     // ZeRO-Offload: the optimizer steps host copies; only gradients go to the host and
-    // updated parameters come back, each step.
+    // updated parameters come back, each step. The copies keep the pieces' dtype: under
+    // fp16/bf16 the optimizer the factory builds (core/mixed_precision.h) then keeps its f32
+    // masters and its state on the host too, as ZeRO-Offload does.
     for (auto& [n, piece] : named) {
       Tensor h = piece.Detach().To(Device::Host());
       h.set_name(piece.name()).set_weight_decay(piece.weight_decay());
       h.set_grad_norm_share(piece.grad_norm_share());
-      h.set_grad(Tensor::Zeros(piece.shape(), DType::kF32, Device::Host()));
+      h.set_grad(Tensor::Zeros(piece.shape(), piece.dtype(), Device::Host()));
       host_.Add(2 * int64_t(piece.nbytes()));
       host_pieces_.push_back(h);
       piece = h;

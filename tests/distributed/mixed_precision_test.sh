@@ -56,6 +56,14 @@ precision() {  # fp16 | bf16
     compare "$prec $name${stage/#0/} 2 ranks x 16 x 2 = one process x 64" \
       "$T/${prec}_$name$stage.safetensors" "$T/${prec}_single.safetensors" $TOL
   done
+  # ZeRO-Offload under half precision: the f32 masters and the optimizer's state on the host,
+  # the same updates as on the device (bit for bit: the same kernels step the same values).
+  mlp_cfg "$T/${prec}_zero2_offload.pbtxt" 16 2 zero 0 "$SEC" \
+    'zero_optimization { stage: 2 offload_optimizer { device: "cpu" } }'
+  run_ranks "${prec}_zero2_offload" 2 "$T/${prec}_zero2_offload.pbtxt"
+  grep -q "optimizer state (host)" "$T/${prec}_zero2_offload.out" || fail "$prec: offload not in the summary"
+  compare "$prec zero2 with the optimizer offloaded = on the device, bitwise" \
+    "$T/${prec}_zero2_offload.safetensors" "$T/${prec}_zero2.safetensors" 0
   # Gradients reduced in f32 (DDP): the same weights, one rounding fewer.
   mlp_cfg "$T/${prec}_ddp_f32.pbtxt" 16 2 ddp 0 "$SEC" 'communication_data_type: "fp32"'
   run_ranks "${prec}_ddp_f32" 2 "$T/${prec}_ddp_f32.pbtxt"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # DeepSpeed configs as people write them (launcher/configs/deepspeed/: Hugging Face's ZeRO-2 with
-# CPU offload and "auto" values; ZeRO-2 + fp16 + WarmupLR in DeepSpeed's own spelling; offload
-# with fp16 is refused by zero at start, "not supported yet")
+# CPU offload and "auto" values; ZeRO-2 + CPU offload + fp16 + WarmupLR in DeepSpeed's own
+# spelling)
 # train as written: 2 processes through the launcher, 3 steps each. Every config must pick the
 # zero strategy from its zero_optimization section alone (no strategy named), print what it
 # resolved or accepted without effect once, and finish with a finite loss.
@@ -12,7 +12,7 @@ check() {  # NAME PATTERN: the run's output has a line matching PATTERN
   grep -qE -- "$2" "$T/$1.out" && echo "ok   $1: $(grep -E -- "$2" "$T/$1.out" | head -1 | cut -c1-150)" ||
     fail "$1: no line matches /$2/"
 }
-for name in hf_zero2_offload zero2_fp16_warmup; do
+for name in hf_zero2_offload zero2_offload_fp16_warmup; do
   bounded "$L" --nproc_per_node=2 --log_dir="$T/$name.logs" -- --config="$dir/$name.json" \
     --steps=3 --log_dir="$T/$name" > "$T/$name.out" 2>&1
   rc=$?
@@ -35,10 +35,11 @@ PY
 done
 check hf_zero2_offload '^braid: config: optimizer\.params\.lr = 0\.001 \("auto"'
 check hf_zero2_offload '^braid: config: zero_optimization\.offload_optimizer\.pin_memory: no effect on a CPU run'
-check zero2_fp16_warmup '^braid: mixed precision: f16 parameters'
+check zero2_offload_fp16_warmup 'optimizer state \(host\)'
+check zero2_offload_fp16_warmup '^braid: mixed precision: f16 parameters'
 # WarmupLR, linear, 20 steps from 0 to 1e-3: steps 0, 1, 2 run at 0, 5e-5 and 1e-4 (DeepSpeed's
 # warm-up counts a step of at least 2; lr_schedule_test checks the formula itself).
-/usr/bin/python3 - "$T/zero2_fp16_warmup/metrics.jsonl" <<'PY' || fail "WarmupLR rates"
+/usr/bin/python3 - "$T/zero2_offload_fp16_warmup/metrics.jsonl" <<'PY' || fail "WarmupLR rates"
 import json, sys
 lr = [json.loads(l)["lr"] for l in open(sys.argv[1]) if '"step"' in l]
 want = [0.001 * s / 20 for s in range(3)]
