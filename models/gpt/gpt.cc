@@ -5,6 +5,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "core/autograd.h"
 #include "core/ops.h"
 
 namespace braid::models {
@@ -48,6 +49,14 @@ class Attention : public Module {
         << head_dim_ << " features (a tensor-parallel split must keep heads whole)";
     return (*c_proj_)(ops::CausalSelfAttention(qkv, int(width / (3 * head_dim_))));
   }
+  // The same for x's new positions, attending to what `cache` holds for this layer too.
+  Tensor ForwardCached(const Tensor& x, KvCache& cache, int64_t layer) {
+    Tensor qkv = (*c_attn_)(x);
+    const int64_t n_head = qkv.size(-1) / (3 * head_dim_);
+    std::vector<float> y = cache.Attend(layer, qkv.ToFloatVector(), qkv.size(1), n_head);
+    Tensor yt = Tensor::FromVector(y, {qkv.size(0), qkv.size(1), qkv.size(-1) / 3}, qkv.device());
+    return (*c_proj_)(ops::Cast(yt, qkv.dtype()));
+  }
 
  private:
   int64_t head_dim_;
@@ -78,6 +87,10 @@ class Block : public Module {
   }
   Tensor Forward(const Tensor& x) override {
     Tensor h = ops::Add(x, (*attn_)((*ln_1_)(x)));
+    return ops::Add(h, (*mlp_)((*ln_2_)(h)));
+  }
+  Tensor ForwardCached(const Tensor& x, KvCache& cache, int64_t layer) {
+    Tensor h = ops::Add(x, attn_->ForwardCached((*ln_1_)(x), cache, layer));
     return ops::Add(h, (*mlp_)((*ln_2_)(h)));
   }
 
@@ -167,6 +180,30 @@ Tensor Gpt::Forward(const Tensor& ids) {
   Tensor x = ids;
   for (const PipelineLayer& layer : layers_) x = layer.forward(x);
   return x;
+}
+
+Tensor Gpt::ForwardCached(const Tensor& ids, KvCache& cache) {
+  autograd::NoGradGuard no_grad;
+  const int64_t past = cache.length();
+  BRAID_CHECK(ids.ndim() == 2 && ids.dtype() == DType::kI32 && ids.size(0) == cache.batch())
+      << "cached GPT input must be i32 token ids [" << cache.batch() << ", T], got "
+      << ids.DescribeForError();
+  const int64_t t = ids.size(1);
+  BRAID_CHECK(t > 0 && past + t <= cfg_.block_size && past + t <= cache.capacity())
+      << "cached GPT forward: " << past << " positions held + " << t << " new exceeds the context "
+      << std::min(cfg_.block_size, cache.capacity());
+  Tensor tok = (*wte_)(ids);
+  if (wte_norm_ != nullptr) tok = (*wte_norm_)(tok);
+  Tensor x = ops::Add(tok, (*wpe_)(positions_.Slice(past, past + t)));
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    x = static_cast<Block*>(blocks_[i])->ForwardCached(x, cache, int64_t(i));
+  }
+  cache.Advance(t);
+  return (*lm_head_)((*ln_f_)(x));
+}
+
+KvCache Gpt::NewKvCache(int64_t batch) const {
+  return KvCache(cfg_.n_layer, batch, cfg_.block_size);
 }
 
 double Gpt::FlopsPerToken() const {

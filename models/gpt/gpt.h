@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/module.h"
+#include "models/gpt/kv_cache.h"
 #include "models/nn/layers.h"
 
 namespace braid::models {
@@ -42,6 +43,13 @@ class Gpt : public Module {
   Gpt(const GptConfig& cfg, Device device = Device::CPU());
   // ids: [B, T] i32 with T <= block_size -> logits [B, T, padded_vocab_size].
   Tensor Forward(const Tensor& ids) override;
+  // Generation: ids [B, T] i32 are the next T positions of sequences whose earlier positions
+  // `cache` holds (none, for a fresh cache); -> logits [B, T, padded_vocab_size], equal to what
+  // Forward gives at those positions for the whole sequence, and the cache now holds them too.
+  // No autograd. Fatal when the cache's length + T exceeds block_size: the caller slides the
+  // window (tools/sample starts a fresh cache over the context's newest half).
+  Tensor ForwardCached(const Tensor& ids, KvCache& cache);
+  KvCache NewKvCache(int64_t batch = 1) const;  // room for block_size positions
   // embedding (ids -> x, with wte_norm when there is one), h.0 .. h.{n-1}, head (ln_f and the tied LM head: x -> logits).
   std::vector<PipelineLayer> PipelineLayers() override;
   const GptConfig& config() const { return cfg_; }
