@@ -6,24 +6,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <climits>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/check.h"
 
 namespace braid::data {
 namespace {
-
-const char* TypeName(TokenType t) { return t == TokenType::kU8 ? "u8" : "u16"; }
 
 // Makes a CPU tensor, moved to `device` when that is not the host.
 Tensor OnDevice(const Tensor& host, Device device) {
   return device == Device::CPU() ? host : host.To(device);
 }
 
-}  // namespace
-
-absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path, TokenType type) {
+// Maps `path` read-only; its size must be a whole, non-zero number of tokens.
+absl::StatusOr<std::pair<void*, size_t>> MapTokens(const std::string& path, TokenType type) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return absl::NotFoundError(
@@ -36,13 +36,14 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path, TokenType typ
     return absl::InternalError(absl::StrCat("cannot stat '", path, "': ", std::strerror(e)));
   }
   const size_t bytes = size_t(st.st_size);
-  const size_t width = type == TokenType::kU8 ? 1 : 2;
+  const size_t width = size_t(TokenWidth(type));
   if (bytes == 0 || bytes % width != 0) {
     ::close(fd);
     return absl::InvalidArgumentError(
         absl::StrCat("token file '", path, "' has ", bytes, " bytes, which is ",
-                     bytes == 0 ? "empty" : "not a whole number of u16 tokens",
-                     "; check the file and the token type (", TypeName(type), ")"));
+                     bytes == 0 ? "empty" : absl::StrCat("not a whole number of ",
+                                                         TokenTypeName(type), " tokens"),
+                     "; check the file and the token type (", TokenTypeName(type), ")"));
   }
   void* m = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
   int e = errno;
@@ -50,13 +51,52 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path, TokenType typ
   if (m == MAP_FAILED) {
     return absl::InternalError(absl::StrCat("cannot mmap '", path, "': ", std::strerror(e)));
   }
+  return std::make_pair(m, bytes);
+}
+
+}  // namespace
+
+const char* TokenTypeName(TokenType t) {
+  switch (t) {
+    case TokenType::kU8: return "u8";
+    case TokenType::kU16: return "u16";
+    case TokenType::kU32: return "u32";
+  }
+  return "?";
+}
+
+int TokenWidth(TokenType t) {
+  switch (t) {
+    case TokenType::kU8: return 1;
+    case TokenType::kU16: return 2;
+    case TokenType::kU32: return 4;
+  }
+  return 1;
+}
+
+absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path, TokenType type) {
+  return OpenConcatenated({path}, type, path);
+}
+
+absl::StatusOr<TokenFile> TokenFile::OpenConcatenated(const std::vector<std::string>& paths,
+                                                      TokenType type, const std::string& label) {
+  if (paths.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("token data '", label, "' has no files"));
+  }
   TokenFile f;
-  f.path_ = path;
+  f.path_ = label;
   f.type_ = type;
-  f.mapping_ = m;
-  f.mapping_bytes_ = bytes;
-  f.bytes_ = static_cast<const uint8_t*>(m);
-  f.size_ = int64_t(bytes / width);
+  for (const std::string& path : paths) {
+    BRAID_ASSIGN_OR_RETURN(auto mapping, MapTokens(path, type));  // f unmaps the others
+    f.mappings_.push_back(mapping);
+    Segment s;
+    s.begin = f.size_;
+    s.size = int64_t(mapping.second) / TokenWidth(type);
+    s.bytes = static_cast<const uint8_t*>(mapping.first);
+    s.path = path;
+    f.size_ += s.size;
+    f.segments_.push_back(std::move(s));
+  }
   return f;
 }
 
@@ -64,14 +104,17 @@ TokenFile TokenFile::FromTokens(const std::vector<int32_t>& tokens, TokenType ty
   TokenFile f;
   f.path_ = "<memory>";
   f.type_ = type;
-  const int32_t max = type == TokenType::kU8 ? 0xff : 0xffff;
+  const int64_t max = type == TokenType::kU8 ? 0xff : type == TokenType::kU16 ? 0xffff : INT32_MAX;
   for (int32_t t : tokens) {
-    BRAID_CHECK(t >= 0 && t <= max) << "token " << t << " does not fit " << TypeName(type);
-    f.owned_.push_back(uint8_t(t & 0xff));
-    if (type == TokenType::kU16) f.owned_.push_back(uint8_t(t >> 8));
+    BRAID_CHECK(t >= 0 && t <= max) << "token " << t << " does not fit " << TokenTypeName(type);
+    for (int k = 0; k < TokenWidth(type); ++k) f.owned_.push_back(uint8_t(uint32_t(t) >> (8 * k)));
   }
-  f.bytes_ = f.owned_.data();
   f.size_ = int64_t(tokens.size());
+  Segment s;
+  s.size = f.size_;
+  s.bytes = f.owned_.data();
+  s.path = f.path_;
+  f.segments_.push_back(std::move(s));
   return f;
 }
 
@@ -83,14 +126,12 @@ TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
   path_ = std::move(o.path_);
   type_ = o.type_;
   size_ = o.size_;
-  mapping_ = o.mapping_;
-  mapping_bytes_ = o.mapping_bytes_;
+  // Moved vectors keep their buffers, so the segments' pointers into owned_ stay valid.
+  segments_ = std::move(o.segments_);
+  mappings_ = std::move(o.mappings_);
   owned_ = std::move(o.owned_);
-  // A moved vector keeps its buffer, so the pointer stays valid either way; re-derive it anyway.
-  bytes_ = mapping_ != nullptr ? static_cast<const uint8_t*>(mapping_) : owned_.data();
-  o.mapping_ = nullptr;
-  o.mapping_bytes_ = 0;
-  o.bytes_ = nullptr;
+  o.segments_.clear();
+  o.mappings_.clear();
   o.size_ = 0;
   return *this;
 }
@@ -98,22 +139,42 @@ TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
 TokenFile::~TokenFile() { Release(); }
 
 void TokenFile::Release() {
-  if (mapping_ != nullptr) ::munmap(mapping_, mapping_bytes_);
-  mapping_ = nullptr;
-  mapping_bytes_ = 0;
-  bytes_ = nullptr;
+  for (auto& [m, bytes] : mappings_) ::munmap(m, bytes);
+  mappings_.clear();
+  segments_.clear();
   size_ = 0;
+}
+
+const TokenFile::Segment& TokenFile::SegmentOf(int64_t i) const {
+  if (segments_.size() == 1) return segments_[0];
+  auto it = std::upper_bound(segments_.begin(), segments_.end(), i,
+                             [](int64_t v, const Segment& s) { return v < s.begin; });
+  return *(it - 1);
+}
+
+std::pair<std::string, int64_t> TokenFile::Locate(int64_t i) const {
+  BRAID_CHECK(i >= 0 && i < size_) << "token " << i << " out of range for " << path_;
+  const Segment& s = SegmentOf(i);
+  return {s.path, i - s.begin};
 }
 
 void TokenFile::Copy(int64_t begin, int64_t n, int32_t* out) const {
   BRAID_CHECK(begin >= 0 && n >= 0 && begin + n <= size_)
       << "tokens [" << begin << ", " << begin + n << ") out of range for " << path_ << " (" << size_
       << " tokens)";
-  if (type_ == TokenType::kU8) {
-    const uint8_t* p = bytes_ + begin;
-    for (int64_t i = 0; i < n; ++i) out[i] = p[i];
-  } else {
-    for (int64_t i = 0; i < n; ++i) out[i] = At(begin + i);
+  while (n > 0) {
+    const Segment& s = SegmentOf(begin);
+    const int64_t from = begin - s.begin;
+    const int64_t take = std::min(n, s.size - from);
+    if (type_ == TokenType::kU8) {
+      const uint8_t* p = s.bytes + from;
+      for (int64_t i = 0; i < take; ++i) out[i] = p[i];
+    } else {
+      for (int64_t i = 0; i < take; ++i) out[i] = At(s.bytes, from + i);
+    }
+    out += take;
+    begin += take;
+    n -= take;
   }
 }
 

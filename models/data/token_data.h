@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -16,13 +17,23 @@
 
 namespace braid::data {
 
-enum class TokenType { kU8, kU16 };  // u16 files are little-endian
+enum class TokenType { kU8, kU16, kU32 };  // u16 and u32 files are little-endian
 
-// A read-only token file, memory-mapped (the OS shares the pages between the ranks of a job on
-// one machine, instead of each rank holding a copy). Move-only.
+// "u8", "u16", "u32", and the width in bytes.
+const char* TokenTypeName(TokenType t);
+int TokenWidth(TokenType t);
+
+// A read-only token sequence: one file, or several read one after another (a prepared data
+// set's shards, token_manifest.h), memory-mapped (the OS shares the pages between the ranks of a
+// job on one machine, instead of each rank holding a copy). Windows may cross from one file into
+// the next. Move-only.
 class TokenFile {
  public:
   static absl::StatusOr<TokenFile> Open(const std::string& path, TokenType type = TokenType::kU8);
+  // The files in order, as one sequence; each must hold a whole, non-zero number of tokens.
+  // `label` names the sequence in messages (path()).
+  static absl::StatusOr<TokenFile> OpenConcatenated(const std::vector<std::string>& paths,
+                                                    TokenType type, const std::string& label);
   // Tokens held in memory (tests, generated data). Values must fit the type.
   static TokenFile FromTokens(const std::vector<int32_t>& tokens, TokenType type = TokenType::kU8);
 
@@ -38,25 +49,41 @@ class TokenFile {
   int32_t operator[](int64_t i) const {
     BRAID_CHECK(i >= 0 && i < size_)
         << "token " << i << " out of range for " << path_ << " (" << size_ << " tokens)";
-    return At(i);
+    const Segment& s = SegmentOf(i);
+    return At(s.bytes, i - s.begin);
   }
   // Copies tokens [begin, begin + n) into out[0..n), widened to i32. Caller checks the range.
   void Copy(int64_t begin, int64_t n, int32_t* out) const;
+  // The file token i is read from and its index in that file (messages).
+  std::pair<std::string, int64_t> Locate(int64_t i) const;
 
  private:
+  struct Segment {
+    int64_t begin = 0;  // index of its first token in the sequence
+    int64_t size = 0;
+    const uint8_t* bytes = nullptr;
+    std::string path;
+  };
   TokenFile() = default;
-  int32_t At(int64_t i) const {
-    if (type_ == TokenType::kU8) return bytes_[i];
-    return int32_t(bytes_[2 * i]) | (int32_t(bytes_[2 * i + 1]) << 8);
+  // u32 ids above INT32_MAX do not occur: no vocabulary is that large.
+  int32_t At(const uint8_t* b, int64_t i) const {
+    switch (type_) {
+      case TokenType::kU8: return b[i];
+      case TokenType::kU16: return int32_t(b[2 * i]) | (int32_t(b[2 * i + 1]) << 8);
+      case TokenType::kU32:
+        return int32_t(uint32_t(b[4 * i]) | (uint32_t(b[4 * i + 1]) << 8) |
+                       (uint32_t(b[4 * i + 2]) << 16) | (uint32_t(b[4 * i + 3]) << 24));
+    }
+    return 0;
   }
+  const Segment& SegmentOf(int64_t i) const;
   void Release();
 
   std::string path_;
   TokenType type_ = TokenType::kU8;
-  const uint8_t* bytes_ = nullptr;
   int64_t size_ = 0;
-  void* mapping_ = nullptr;  // munmap'ed on destruction when set
-  size_t mapping_bytes_ = 0;
+  std::vector<Segment> segments_;
+  std::vector<std::pair<void*, size_t>> mappings_;  // munmap'ed on destruction
   std::vector<uint8_t> owned_;  // FromTokens
 };
 

@@ -70,6 +70,59 @@ TEST(TokenFile, ErrorsNameTheFile) {
   EXPECT_FALSE(TokenFile::Open(empty).ok());
 }
 
+TEST(TokenFile, ReadsLittleEndianU32) {
+  const std::string path = TempPath("tokens32.bin");
+  WriteBytes(path, {0x51, 0xc4, 0x00, 0x00, 0xff, 0xff, 0x01, 0x00});
+  auto u32 = TokenFile::Open(path, TokenType::kU32);
+  ASSERT_TRUE(u32.ok()) << u32.status();
+  ASSERT_EQ(u32->size(), 2);
+  EXPECT_EQ((*u32)[0], 50257);
+  EXPECT_EQ((*u32)[1], 0x1ffff);
+  TokenFile mem = TokenFile::FromTokens({50257, 0x1ffff}, TokenType::kU32);
+  EXPECT_EQ(mem[0], 50257);
+  EXPECT_EQ(mem[1], 0x1ffff);
+  WriteBytes(path, {1, 2, 3, 4, 5, 6});
+  auto odd = TokenFile::Open(path, TokenType::kU32);
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.status().message().find("not a whole number of u32 tokens"), absl::string_view::npos)
+      << odd.status();
+}
+
+// Shards read as one sequence: a copy that crosses from one file into the next reads both, and
+// every position is located in its own file.
+TEST(TokenFile, ConcatenatedFilesReadAsOneSequence) {
+  const std::string a = TempPath("shard_a.bin"), b = TempPath("shard_b.bin"),
+                    c = TempPath("shard_c.bin");
+  WriteBytes(a, {0, 0, 1, 0, 2, 0});  // u16 0 1 2
+  WriteBytes(b, {3, 0});              // 3
+  WriteBytes(c, {4, 0, 5, 0});        // 4 5
+  auto f = TokenFile::OpenConcatenated({a, b, c}, TokenType::kU16, "train split");
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_EQ(f->size(), 6);
+  EXPECT_EQ(f->path(), "train split");
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ((*f)[i], i);
+  for (int64_t begin = 0; begin < 6; ++begin) {
+    for (int64_t n = 0; begin + n <= 6; ++n) {
+      std::vector<int32_t> out(size_t(n) + 1, -1);
+      f->Copy(begin, n, out.data());
+      for (int64_t i = 0; i < n; ++i) EXPECT_EQ(out[size_t(i)], begin + i);
+      EXPECT_EQ(out[size_t(n)], -1) << "wrote past the copy";
+    }
+  }
+  EXPECT_EQ(f->Locate(2), std::make_pair(a, int64_t{2}));
+  EXPECT_EQ(f->Locate(3), std::make_pair(b, int64_t{0}));
+  EXPECT_EQ(f->Locate(5), std::make_pair(c, int64_t{1}));
+
+  TokenFile moved = std::move(*f);
+  EXPECT_EQ(moved[4], 4);
+
+  // A damaged shard is named, not the sequence.
+  WriteBytes(b, {3});
+  auto bad = TokenFile::OpenConcatenated({a, b, c}, TokenType::kU16, "train split");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("shard_b.bin"), absl::string_view::npos) << bad.status();
+}
+
 TEST(RandomWindowSampler, WindowsFollowTheReferenceDefinition) {
   auto data = Counting(5000);
   const int64_t B = 4, T = 8;
