@@ -349,7 +349,7 @@ absl::Status SetLaunchFlag(LaunchFlags* f, const std::string& name, const std::s
     if (v == "auto") f->scheduler = SchedulerMode::kAuto;
     else if (v == "none") f->scheduler = SchedulerMode::kNone;
     else if (v == "slurm") f->scheduler = SchedulerMode::kSlurm;
-    else if (v == "mpi") f->scheduler = SchedulerMode::kOpenMpi;
+    else if (v == "mpi") f->scheduler = SchedulerMode::kMpi;
     else if (v == "env") f->scheduler = SchedulerMode::kTorchEnv;
     else return BadValue(origin, v, "one of auto, none, slurm, mpi, env");
   } else if (name == "job_token_file") {

@@ -13,7 +13,9 @@
 
 namespace braid::launcher {
 
-enum class SchedulerMode { kAuto, kNone, kSlurm, kOpenMpi, kTorchEnv };
+// kMpi: whichever MPI started this process (Open MPI's or a Hydra mpiexec's variables);
+// kOpenMpi and kMpich are what kAuto and kMpi resolve to (launch_plan.cc).
+enum class SchedulerMode { kAuto, kNone, kSlurm, kMpi, kOpenMpi, kMpich, kTorchEnv };
 
 // Which workers' output the launcher copies to its console (every worker's output is always in
 // its log). From torchrun's --redirects, --tee and --local_ranks_filter; see ConsoleFor.

@@ -52,6 +52,7 @@ const char* LayoutSourceName(LayoutSource s) {
     case LayoutSource::kFlags: return "flags";
     case LayoutSource::kSlurm: return "Slurm";
     case LayoutSource::kOpenMpi: return "Open MPI";
+    case LayoutSource::kMpich: return "MPICH";
     case LayoutSource::kTorchEnv: return "RANK/WORLD_SIZE";
   }
   return "?";
@@ -184,31 +185,45 @@ absl::StatusOr<SchedulerLayout> SlurmLayout(const EnvMap& env) {
   return l;
 }
 
-absl::StatusOr<SchedulerLayout> OpenMpiLayout(const EnvMap& env) {
+// An MPI process's layout from its launcher's variables: rank and size, and the local rank and
+// count on this host. Neither Open MPI nor Hydra names a node index, so the node is derived from
+// ranks placed node by node with the same count on every node (both mpiruns' default).
+struct MpiVars {
+  const char* who;  // for messages
+  const char *rank, *size, *local_rank, *local_size;
+  const char* placement_hint;
+};
+constexpr MpiVars kOpenMpiVars = {"Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                                  "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                  "mpirun --map-by slot"};
+// MPICH's Hydra process manager (mpiexec.hydra; Intel MPI and MVAPICH use it too): PMI_RANK and
+// PMI_SIZE are the PMI wire protocol's, MPI_LOCALRANKID and MPI_LOCALNRANKS Hydra's own.
+constexpr MpiVars kMpichVars = {"MPICH", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
+                                "MPI_LOCALNRANKS", "mpiexec -ppn N, or a hostfile's host:N slots"};
+
+absl::StatusOr<SchedulerLayout> MpiLayout(const EnvMap& env, const MpiVars& m) {
   SchedulerLayout l;
-  for (const char* v : {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                        "OMPI_COMM_WORLD_LOCAL_SIZE"}) {
+  for (const char* v : {m.rank, m.size, m.local_rank, m.local_size}) {
     if (!Has(env, v)) {
       return absl::FailedPreconditionError(
-          absl::StrCat("Open MPI layout: ", v, " is not set (run the launcher with mpirun)"));
+          absl::StrCat(m.who, " layout: ", v, " is not set (run the launcher with mpirun)"));
     }
   }
-  BRAID_ASSIGN_OR_RETURN(l.rank, EnvInt(env, "OMPI_COMM_WORLD_RANK"));
-  BRAID_ASSIGN_OR_RETURN(l.world, EnvInt(env, "OMPI_COMM_WORLD_SIZE"));
-  BRAID_ASSIGN_OR_RETURN(l.local_rank, EnvInt(env, "OMPI_COMM_WORLD_LOCAL_RANK"));
-  BRAID_ASSIGN_OR_RETURN(l.local_world, EnvInt(env, "OMPI_COMM_WORLD_LOCAL_SIZE"));
-  l.rank_var = "OMPI_COMM_WORLD_RANK";
-  l.world_var = "OMPI_COMM_WORLD_SIZE";
-  l.local_world_var = "OMPI_COMM_WORLD_LOCAL_SIZE";
-  l.node_var = "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_LOCAL_SIZE";
-  l.nnodes_var = "OMPI_COMM_WORLD_SIZE/OMPI_COMM_WORLD_LOCAL_SIZE";
+  BRAID_ASSIGN_OR_RETURN(l.rank, EnvInt(env, m.rank));
+  BRAID_ASSIGN_OR_RETURN(l.world, EnvInt(env, m.size));
+  BRAID_ASSIGN_OR_RETURN(l.local_rank, EnvInt(env, m.local_rank));
+  BRAID_ASSIGN_OR_RETURN(l.local_world, EnvInt(env, m.local_size));
+  l.rank_var = m.rank;
+  l.world_var = m.size;
+  l.local_world_var = m.local_size;
+  l.node_var = absl::StrCat(m.rank, "/", m.local_size);
+  l.nnodes_var = absl::StrCat(m.size, "/", m.local_size);
   if (l.local_world < 1 || l.world % l.local_world != 0 ||
       (l.rank - l.local_rank) % l.local_world != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "Open MPI layout: cannot tell the node index of rank ", l.rank, " (OMPI_COMM_WORLD_SIZE=",
-        l.world, ", OMPI_COMM_WORLD_LOCAL_SIZE=", l.local_world, ", OMPI_COMM_WORLD_LOCAL_RANK=",
-        l.local_rank, "); place ranks node by node with the same count on every node "
-        "(mpirun --map-by slot)"));
+        m.who, " layout: cannot tell the node index of rank ", l.rank, " (", m.size, "=", l.world,
+        ", ", m.local_size, "=", l.local_world, ", ", m.local_rank, "=", l.local_rank,
+        "); place ranks node by node with the same count on every node (", m.placement_hint, ")"));
   }
   l.node_rank = (l.rank - l.local_rank) / l.local_world;
   l.nnodes = l.world / l.local_world;
@@ -383,10 +398,25 @@ absl::StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchFlags& f, const EnvMap& en
   // The node layout came from torchrun's variables or a pod index: a PyTorchJob or Indexed Job
   // pod, whose RANK/WORLD_SIZE (if any) only describe the pods (checked below).
   const bool layout_from_env = FromEnvironment(f, "node_rank") || FromEnvironment(f, "nnodes");
+  const bool open_mpi = Has(env, "OMPI_COMM_WORLD_RANK") && Has(env, "OMPI_COMM_WORLD_SIZE");
+  // PMI_RANK alone is also what srun --mpi=pmi2 sets (Slurm's layout, below, says more); Hydra
+  // adds its local rank and count.
+  const bool hydra = Has(env, "PMI_RANK") && Has(env, "PMI_SIZE") && Has(env, "MPI_LOCALRANKID");
+  if (mode == SchedulerMode::kMpi) {
+    if (!open_mpi && !Has(env, "PMI_RANK")) {
+      return absl::FailedPreconditionError(
+          "--scheduler=mpi: neither Open MPI's OMPI_COMM_WORLD_RANK nor MPICH's PMI_RANK is set "
+          "(run the launcher with mpirun or mpiexec)");
+    }
+    mode = open_mpi ? SchedulerMode::kOpenMpi : SchedulerMode::kMpich;
+  }
   if (mode == SchedulerMode::kAuto) {
-    // mpirun inside a Slurm allocation: the Open MPI variables describe this very process.
-    if (Has(env, "OMPI_COMM_WORLD_RANK") && Has(env, "OMPI_COMM_WORLD_SIZE")) {
+    // mpirun inside a Slurm allocation: the MPI's variables describe this very process (Slurm's,
+    // if any, describe the step that started mpirun's daemons).
+    if (open_mpi) {
       mode = SchedulerMode::kOpenMpi;
+    } else if (hydra) {
+      mode = SchedulerMode::kMpich;
     } else if (Has(env, "SLURM_PROCID") && Has(env, "SLURM_NTASKS") &&
                (Has(env, "SLURM_STEP_ID") || Has(env, "SLURM_STEPID"))) {
       // Only inside a job step (srun): a batch script also has SLURM_PROCID=0, but there the
@@ -420,15 +450,20 @@ absl::StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchFlags& f, const EnvMap& en
     }
     BRAID_RETURN_IF_ERROR(CheckPodNumbers(f, env, p));
   } else {
+    const bool mpi = mode == SchedulerMode::kOpenMpi || mode == SchedulerMode::kMpich;
     const char* who = mode == SchedulerMode::kSlurm     ? "Slurm"
                       : mode == SchedulerMode::kOpenMpi ? "Open MPI"
+                      : mode == SchedulerMode::kMpich   ? "MPICH"
                                                         : "RANK/WORLD_SIZE";
     p.source = mode == SchedulerMode::kSlurm     ? LayoutSource::kSlurm
                : mode == SchedulerMode::kOpenMpi ? LayoutSource::kOpenMpi
+               : mode == SchedulerMode::kMpich   ? LayoutSource::kMpich
                                                  : LayoutSource::kTorchEnv;
-    BRAID_ASSIGN_OR_RETURN(SchedulerLayout l, mode == SchedulerMode::kSlurm     ? SlurmLayout(env)
-                                              : mode == SchedulerMode::kOpenMpi ? OpenMpiLayout(env)
-                                                                                : TorchEnvLayout(env));
+    BRAID_ASSIGN_OR_RETURN(
+        SchedulerLayout l,
+        mode == SchedulerMode::kSlurm ? SlurmLayout(env)
+        : mpi ? MpiLayout(env, mode == SchedulerMode::kOpenMpi ? kOpenMpiVars : kMpichVars)
+              : TorchEnvLayout(env));
     BRAID_RETURN_IF_ERROR(CheckRange(l, who));
     if (f.Given("nproc_per_node")) {
       // The scheduler started one launcher per node; each spawns its node's workers.
@@ -438,6 +473,7 @@ absl::StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchFlags& f, const EnvMap& en
             " job must start one launcher per node, but it has ", l.local_world_var, "=",
             l.local_world, mode == SchedulerMode::kSlurm     ? " (use srun --ntasks-per-node=1)"
                            : mode == SchedulerMode::kOpenMpi ? " (use mpirun --map-by ppr:1:node)"
+                           : mode == SchedulerMode::kMpich   ? " (use mpiexec -ppn 1)"
                                                              : " (start one launcher per node)",
             "; or drop --nproc_per_node to run one worker per task"));
       }

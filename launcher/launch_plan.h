@@ -19,7 +19,7 @@ using EnvMap = std::map<std::string, std::string>;
 EnvMap CurrentEnvironment();
 
 // Where the layout came from; named in messages so a user knows which numbers to fix.
-enum class LayoutSource { kFlags, kSlurm, kOpenMpi, kTorchEnv };
+enum class LayoutSource { kFlags, kSlurm, kOpenMpi, kMpich, kTorchEnv };
 const char* LayoutSourceName(LayoutSource s);
 
 struct WorkerPlan {
@@ -63,8 +63,10 @@ absl::StatusOr<LaunchFlags> FlagsWithEnvironment(LaunchFlags flags, const EnvMap
 
 // Combines flags (as FlagsWithEnvironment returns them) and environment (Slurm: SLURM_PROCID,
 // SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_NNODES, SLURM_TASKS_PER_NODE,
-// SLURM_JOB_NODELIST; Open MPI: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE; Open MPI
-// names no node index, so the node rank assumes ranks placed node by node, mpirun's default;
+// SLURM_JOB_NODELIST; Open MPI: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE; MPICH's
+// Hydra mpiexec (also Intel MPI's, MVAPICH's): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID,
+// MPI_LOCALNRANKS; neither MPI names a node index, so the node rank assumes ranks placed node
+// by node, both mpiruns' default;
 // torch's env:// variables RANK and WORLD_SIZE (LOCAL_RANK, LOCAL_WORLD_SIZE when given), for a
 // process started by something else that speaks them, e.g. an older PyTorchJob).
 // Under a scheduler, one launcher runs one worker, unless --nproc_per_node is given: then the

@@ -170,7 +170,11 @@ TEST(MakeLaunchPlan, SchedulerAndFlagsMustAgree) {
 
 TEST(MakeLaunchPlan, SchedulerForcedButAbsent) {
   EXPECT_THAT(Error({"--scheduler=slurm"}), HasSubstr("SLURM_PROCID is not set"));
-  EXPECT_THAT(Error({"--scheduler=mpi"}), HasSubstr("OMPI_COMM_WORLD_RANK is not set"));
+  EXPECT_THAT(Error({"--scheduler=mpi"}),
+              HasSubstr("neither Open MPI's OMPI_COMM_WORLD_RANK nor MPICH's PMI_RANK is set"));
+  // PMI_RANK without Hydra's local numbers (srun --mpi=pmi2 sets only PMI's).
+  EXPECT_THAT(Error({"--scheduler=mpi"}, {{"PMI_RANK", "0"}, {"PMI_SIZE", "2"}}),
+              HasSubstr("MPICH layout: MPI_LOCALRANKID is not set"));
   EXPECT_THAT(Error({}, {{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"},
                          {"SLURM_NODEID", "0"}, {"SLURM_NNODES", "1"}, {"SLURM_STEP_ID", "0"}}),
               HasSubstr("SLURM_PROCID='x' is not an integer"));
@@ -216,6 +220,56 @@ TEST(MakeLaunchPlan, OpenMpiWinsOverTheSurroundingSlurmJob) {
   EXPECT_EQ(p->world_size, 4);
   EXPECT_EQ(p->nnodes, 1);
   EXPECT_EQ(p->master_addr, "127.0.0.1");  // one node: loopback
+}
+
+// What MPICH's mpiexec (Hydra) gives each process, as seen under mpiexec.mpich -n 2.
+EnvMap HydraProc(int rank, int local, int size, int local_size) {
+  return {{"PMI_RANK", std::to_string(rank)},          {"PMI_SIZE", std::to_string(size)},
+          {"MPI_LOCALRANKID", std::to_string(local)}, {"MPI_LOCALNRANKS", std::to_string(local_size)},
+          {"PMI_FD", "6"}, {"MPIR_CVAR_CH3_INTERFACE_HOSTNAME", "node1"}};
+}
+
+TEST(MakeLaunchPlan, Mpich) {
+  // mpiexec -n 8 -ppn 4 on two hosts: rank 6 is local rank 2 of node 1.
+  EnvMap env = HydraProc(6, 2, 8, 4);
+  EXPECT_THAT(Error({}, env), HasSubstr("--master_addr"));
+  for (const char* sched : {"--scheduler=auto", "--scheduler=mpi"}) {
+    auto p = MakeLaunchPlan(Flags({sched, "--master_addr=10.0.0.1"}), env);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->source, LayoutSource::kMpich);
+    EXPECT_EQ(p->world_size, 8);
+    EXPECT_EQ(p->nnodes, 2);
+    EXPECT_EQ(p->node_rank, 1);
+    EXPECT_EQ(p->local_world_size, 4);
+    EXPECT_EQ(p->launcher_id, 6);
+    EXPECT_THAT(Workers(*p), ElementsAre(std::make_pair(6, 2)));
+    EXPECT_THAT(p->describe, HasSubstr("MPICH: PMI_SIZE=8, one worker per task"));
+  }
+  // One launcher per node (mpiexec -ppn 1): each spawns its node's workers.
+  auto p = MakeLaunchPlan(Flags({"--nproc_per_node=4", "--master_addr=a"}), HydraProc(1, 0, 2, 1));
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->world_size, 8);
+  EXPECT_EQ(p->node_rank, 1);
+  EXPECT_THAT(Workers(*p), ElementsAre(std::make_pair(4, 0), std::make_pair(5, 1),
+                                       std::make_pair(6, 2), std::make_pair(7, 3)));
+  EXPECT_THAT(Error({"--nproc_per_node=4"}, HydraProc(1, 1, 2, 2)), HasSubstr("mpiexec -ppn 1"));
+  // Round-robin placement (mpiexec -ppn 1 with more ranks than hosts) has no node index.
+  EXPECT_THAT(Error({"--master_addr=a"}, HydraProc(1, 0, 4, 2)),
+              HasSubstr("MPICH layout: cannot tell the node index of rank 1"));
+  EXPECT_THAT(Error({}, HydraProc(2, 0, 2, 1)), HasSubstr("MPICH layout is inconsistent"));
+  // Flags that MPICH also gives must agree with it.
+  EXPECT_THAT(Error({"--nnodes=3", "--master_addr=a"}, env),
+              HasSubstr("--nnodes=3 disagrees with PMI_SIZE/MPI_LOCALNRANKS=2"));
+}
+
+TEST(MakeLaunchPlan, PmiAloneIsNotHydra) {
+  // srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE but not Hydra's local numbers: Slurm's layout.
+  EnvMap env = SlurmTask(1, 1, 0);
+  env["PMI_RANK"] = "1";
+  env["PMI_SIZE"] = env["SLURM_NTASKS"];
+  auto p = MakeLaunchPlan(Flags({}), env);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->source, LayoutSource::kSlurm);
 }
 
 TEST(FirstSlurmHost, Forms) {

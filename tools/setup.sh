@@ -26,7 +26,12 @@ pkgs=(bazel-bootstrap g++ libgloo-dev libabsl-dev libprotobuf-dev protobuf-compi
       libicu-dev
       # SentencePiece vocabularies (--tokenizer=sentencepiece:<model>); spm_train and spm_encode
       # (package sentencepiece) for its test.
-      libsentencepiece-dev sentencepiece)
+      libsentencepiece-dev sentencepiece
+      # Real MPI launches (tests/launcher:mpi_*_test): Open MPI and MPICH, called by their own
+      # names (mpirun.openmpi, mpiexec.mpich) whichever one the mpirun alternative points at.
+      openmpi-bin mpich
+      # The hostfile launcher starts the other nodes over OpenSSH; its test runs sshd.
+      openssh-client openssh-server)
 # Node's npm fetches the data sets; a machine with nodejs from elsewhere already has it.
 command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 [ "$want_torch" = 1 ] && pkgs+=(python3-torch python3-numpy)
@@ -75,9 +80,13 @@ have_torch=0
 /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null && have_torch=1
 have_mpl=0
 /usr/bin/python3 -c 'import matplotlib' 2>/dev/null && have_mpl=1
+have_mpi=0
+command -v mpirun.openmpi >/dev/null && command -v mpiexec.mpich >/dev/null && have_mpi=1
+have_sshd=0
+[ -x /usr/sbin/sshd ] && have_sshd=1
 rc="# Written by tools/setup.sh for $(id -un); git ignores this file.
 build --disk_cache=$cache
-build --repo_env=BRAID_HOST_STAMP=data$have_data-tok$have_tok-torch$have_torch-mpl$have_mpl"
+build --repo_env=BRAID_HOST_STAMP=data$have_data-tok$have_tok-torch$have_torch-mpl$have_mpl-mpi$have_mpi-sshd$have_sshd"
 if [ ! -f "$here/user.bazelrc" ] || [ "$(cat "$here/user.bazelrc")" != "$rc" ]; then
   mkdir -p "$cache"
   printf '%s\n' "$rc" > "$here/user.bazelrc"

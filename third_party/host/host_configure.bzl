@@ -1,6 +1,7 @@
 """Repository rule that finds out what this machine can run: data sets, root with network-admin
-rights, an IPv6 loopback, PyTorch, matplotlib, GPUs, /dev/full, a size-limited /dev/shm, a
-private tmpfs mount, the CPU's architecture and vector instructions.
+rights, an IPv6 loopback, PyTorch, matplotlib, Open MPI, MPICH, OpenSSH's server, GPUs,
+/dev/full, a size-limited /dev/shm, a private tmpfs mount, the CPU's architecture and vector
+instructions.
 
 A test that needs one of these says so with `target_compatible_with = requires(...)` (host.bzl).
 Where the machine lacks it, the target is incompatible: `bazel test //...` lists it as SKIPPED
@@ -68,6 +69,13 @@ def _host_configure_impl(ctx):
         "shm_limit": _sh(ctx, "[ \"$(stat -f -c %b /dev/shm)\" -gt 0 ]"),
         # A private tmpfs mount: a really full disk of a chosen size.
         "mount_tmpfs": _can_mount_tmpfs(ctx),
+        # Debian's two MPIs, by the names that do not depend on which one the `mpirun`
+        # alternative points at (tools/setup.sh installs both).
+        "openmpi": _sh(ctx, "command -v mpirun.openmpi >/dev/null"),
+        "mpich": _sh(ctx, "command -v mpiexec.mpich >/dev/null"),
+        # OpenSSH's server and client, for the hostfile launcher's test (sshd needs its full path).
+        "sshd": _sh(ctx, "[ -x /usr/sbin/sshd ] && command -v ssh >/dev/null && " +
+                        "command -v ssh-keygen >/dev/null"),
         # The CPU: x86-64 (MXCSR), and the vector instructions backends/cpu uses
         # (CpuHasAvx2 in cpu_backend.cc: AVX2, FMA and F16C).
         "x86_64": _sh(ctx, "[ \"$(uname -m)\" = x86_64 ]"),
