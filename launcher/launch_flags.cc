@@ -605,7 +605,7 @@ std::string LauncherUsage() {
       "  --rdzv_id=ID          the job's id; every launcher of the job must give the same\n"
       "  --standalone          one node, the store on a free port of this machine\n"
       "  --role=NAME           the workers' role (ROLE_NAME; console prefix), default 'default'\n"
-      "  --log_dir=D           worker logs D/workerlog.<rank> (default runs/workers-<time>, in the\n"
+      "  --log_dir=D           worker logs D/workerlog.<rank> (default runs/<config>-<time>, in the\n"
       "                        workspace under bazel run); the training program gets it too\n"
       "  --max_restarts=R      restart the whole worker group up to R times on failure (default 0)\n"
       "  --program=PATH        run this executable instead of the training program\n"

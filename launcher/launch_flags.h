@@ -37,7 +37,7 @@ struct LaunchFlags {
   std::string rdzv_backend = "static";  // static or c10d: both mean Braid's own store
   std::string rdzv_id = "none";  // the job's id: every launcher of a job must give the same
   std::string role = "default";  // torchrun's worker role (ROLE_NAME, the console prefix)
-  std::string log_dir;      // "" = the default (runs/workers-<time>)
+  std::string log_dir;      // "" = the default (runs/<config>-<time>)
   int max_restarts = 0;
   std::string program;      // "" = //launcher:train
   SchedulerMode scheduler = SchedulerMode::kAuto;

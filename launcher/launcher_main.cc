@@ -39,6 +39,7 @@
 #include "launcher/launch_plan.h"
 #include "launcher/programs.h"
 #include "launcher/rendezvous.h"
+#include "launcher/run_folder.h"
 #include "launcher/worker_group.h"
 
 namespace braid::launcher {
@@ -169,10 +170,10 @@ class Launcher {
  public:
   Launcher(LaunchFlags flags, LaunchPlan plan, std::vector<std::string> argv,
            std::vector<std::pair<std::string, std::string>> program_env, std::string log_dir,
-           std::string token)
+           std::string run_name, std::string token)
       : flags_(std::move(flags)), plan_(std::move(plan)), argv_(std::move(argv)),
         program_env_(std::move(program_env)), log_dir_(std::move(log_dir)),
-        token_(std::move(token)) {}
+        run_name_(std::move(run_name)), token_(std::move(token)) {}
 
   int Run();
 
@@ -183,6 +184,7 @@ class Launcher {
                : absl::StrCat("rank ", plan_.launcher_id, "'s launcher");
   }
   void ServeAndConnect();
+  void AgreeOnRunFolder();
   std::vector<WorkerSpec> Specs(int attempt) const;
   Outcome RunAttempt(int attempt);
   Outcome WorkerFailure(const WorkerExit& e) const;
@@ -192,7 +194,9 @@ class Launcher {
   LaunchPlan plan_;
   std::vector<std::string> argv_;
   std::vector<std::pair<std::string, std::string>> program_env_;  // e.g. its runfiles
-  std::string log_dir_, token_;
+  std::string log_dir_;   // "" until AgreeOnRunFolder when --log_dir was not given
+  std::string run_name_;  // this launcher's proposal for runs/<name> then
+  std::string token_;
   std::string host_ = Hostname();
   Signals signals_;
   std::unique_ptr<TcpStoreServer> server_;
@@ -267,6 +271,18 @@ void Launcher::ServeAndConnect() {
   rdzv_ = std::make_unique<LauncherRendezvous>(client_.get(), info);
 }
 
+// Every launcher of the job proposes runs/<config>-<its start time>; the first proposal to reach
+// node 0's store is everyone's (each node makes the folder under its own workspace). The store
+// outlives restarts, and the folder is chosen once, so restarted workers append to the same files.
+void Launcher::AgreeOnRunFolder() {
+  if (!log_dir_.empty()) return;
+  absl::StatusOr<std::string> agreed = client_->CompareSet("braid/run_folder", "", run_name_);
+  if (!agreed.ok()) Die(absl::StrCat("agreeing on the run folder: ", agreed.status().message()));
+  const std::string base = Workspace().empty() ? "." : Workspace();
+  log_dir_ = Absolute(ResolveUserPath(absl::StrCat(base, "/runs/", *agreed)));
+  if (absl::Status st = MakeDirs(log_dir_); !st.ok()) Die(absl::StrCat("run folder: ", st.message()));
+}
+
 std::vector<WorkerSpec> Launcher::Specs(int attempt) const {
   EnvMap base = CurrentEnvironment();
   if (!Workspace().empty() && !base.count("BRAID_DATA_DIR")) base["BRAID_DATA_DIR"] = Workspace() + "/data";
@@ -278,6 +294,7 @@ std::vector<WorkerSpec> Launcher::Specs(int attempt) const {
     s.env = base;
     for (auto& [k, v] : program_env_) s.env[k] = v;
     for (auto& [k, v] : WorkerEnvironment(plan_, w, token_, attempt)) s.env[k] = v;
+    s.env[kRunDirEnv] = log_dir_;  // the trainer's metrics and train.log go here too
     s.log_path = absl::StrCat(log_dir_, "/workerlog.", w.rank);
     s.append_log = attempt > 0;
     ConsoleChoice console = ConsoleFor(flags_.console, plan_.role, w.rank, w.local_rank);
@@ -479,6 +496,7 @@ int Launcher::Finish(const Outcome& o, int attempt) {
 int Launcher::Run() {
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   ServeAndConnect();
+  AgreeOnRunFolder();
   for (int attempt = 0;; ++attempt) {
     Outcome o = RunAttempt(attempt);
     bool retry = o.restartable && attempt < flags_.max_restarts && !signals_.first();
@@ -520,15 +538,13 @@ int Main(int argc, char** argv) {
       {plan->num_launchers, plan->master_addr, plan->master_port, plan->describe});
   if (!token.ok()) Die(std::string(token.status().message()));
 
+  // The run folder (worker logs, and the training program's metrics and train.log): --log_dir,
+  // else runs/<config>-<time>, agreed by the launchers once they share the store.
   std::string log_dir = flags->log_dir;
-  if (log_dir.empty()) {
-    std::string base = Workspace().empty() ? "." : Workspace();
-    // Beside the training program's runs/<model>-<time>/ (and ignored by git like it).
-    log_dir = absl::StrCat(base, "/runs/workers-",
-                           absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()));
+  if (!log_dir.empty()) {
+    log_dir = Absolute(ResolveUserPath(log_dir));
+    if (absl::Status st = MakeDirs(log_dir); !st.ok()) Die(absl::StrCat("--log_dir: ", st.message()));
   }
-  log_dir = Absolute(ResolveUserPath(log_dir));
-  if (absl::Status st = MakeDirs(log_dir); !st.ok()) Die(absl::StrCat("--log_dir: ", st.message()));
 
   std::vector<std::string> program_argv;
   const bool default_program = flags->program.empty();
@@ -557,10 +573,20 @@ int Main(int argc, char** argv) {
     program_argv.push_back(arg);
   }
   // The training program's metrics and train.log go beside the worker logs when the user chose
-  // the folder (otherwise it picks runs/<model>-<time> itself).
+  // the folder (a config's log.dir then gives way); otherwise beside them too, unless the
+  // config's log.dir names another folder (the program reads $BRAID_RUN_DIR after log.dir).
   if (default_program && flags->Given("log_dir") && !program_has_log_dir) {
     program_argv.push_back(absl::StrCat("--log_dir=", log_dir));
   }
+  std::string config_path;
+  for (size_t i = 0; i < flags->program_args.size(); ++i) {
+    const std::string& a = flags->program_args[i];
+    if (absl::StartsWith(a, "--config=")) config_path = a.substr(strlen("--config="));
+    if (a == "--config" && i + 1 < flags->program_args.size()) config_path = flags->program_args[i + 1];
+  }
+  const std::string run_name = RunFolderName(
+      config_path, default_program ? kReferenceRunName : program.path.substr(program.path.rfind('/') + 1),
+      absl::Now());
 
   if (plan->num_launchers > 1 && plan->master_addr_defaulted) {
     Say(absl::StrCat("no --master_addr given: node 0 is this machine (", plan->master_addr, ":",
@@ -568,7 +594,7 @@ int Main(int argc, char** argv) {
                      "--master_addr=<node 0's address> to every launcher."));
   }
   Launcher launcher(*std::move(flags), *std::move(plan), std::move(program_argv),
-                    std::move(program.env), log_dir, *token);
+                    std::move(program.env), log_dir, run_name, *token);
   return launcher.Run();
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "core/allocator.h"
+#include "launcher/metrics_file.h"
 
 namespace braid::launcher {
 
@@ -38,6 +39,26 @@ std::string LogPath(const TrainerEnv& env) {
 }
 std::string MetricsPath(const TrainerEnv& env) {
   return env.rank == 0 ? env.metrics_path : absl::StrCat(env.metrics_path, ".rank", env.rank);
+}
+
+absl::Status Reporter::BeginMetrics(int first_step) {
+  if (!metrics_.is_open()) return absl::OkStatus();
+  metrics_.close();
+  const std::string path = MetricsPath(env_);
+  absl::StatusOr<int> dropped = KeepLinesBeforeStep(path, first_step);
+  if (!dropped.ok()) return dropped.status();
+  if (*dropped > 0) {
+    Note(absl::StrFormat("braid: %s: dropped %d line(s) of an earlier attempt, for steps from %d "
+                         "on that this run redoes",
+                         path, *dropped, first_step));
+  }
+  metrics_.open(path, std::ios::app);
+  if (!metrics_.is_open()) return absl::PermissionDeniedError(absl::StrCat("cannot append to ", path));
+  return absl::OkStatus();
+}
+
+void Reporter::Metric(const std::string& json) {
+  if (metrics_.is_open()) metrics_ << StampTime(json, absl::Now()) << "\n" << std::flush;
 }
 
 void StepTotals::Add(double dt, const StepStats& st) {
@@ -87,10 +108,15 @@ RunEnd ReportRunSummary(Reporter& rep, const RunSummaryInputs& in, const StepTot
   end.wall = absl::ToDoubleSeconds(absl::Now() - in.start);
   auto pct = [&](double x) { return totals.total > 0 ? 100.0 * x / totals.total : 0.0; };
   rep.Line(absl::StrFormat(
-      "braid: done: %d steps in %s, loss %.4f -> %.4f, median %.0f %s/s, peak tensor memory "
+      "braid: done: %d steps%s in %s, loss %.4f -> %.4f, median %.0f %s/s, peak tensor memory "
       "%.1f MiB (process RSS %.1f MiB)\n"
       "       time: forward %.1f%%, backward %.1f%%, exposed communication %.1f%%, optimizer %.1f%%",
-      steps, FormatDuration(end.wall), result.first_loss, result.final_loss,
+      steps,
+      in.first_step > 0
+          ? absl::StrFormat(" (%d-%d in this run, resumed at step %d)", in.first_step + 1, steps,
+                            in.first_step)
+          : std::string(),
+      FormatDuration(end.wall), result.first_loss, result.final_loss,
       result.median_tokens_per_s, in.unit, double(result.peak_bytes) / (1 << 20),
       double(end.peak_rss) / (1 << 20), pct(totals.fwd),
       pct(totals.bwd), pct(totals.comm), pct(totals.opt)));
@@ -134,9 +160,9 @@ RunEnd ReportRunSummary(Reporter& rep, const RunSummaryInputs& in, const StepTot
     rep.Line(absl::StrFormat(
         "       overlap: %.1f MiB of %s per step, %.0f%% of the communication time "
         "hidden behind backward; %.1f ms per step spent waiting after backward",
-        double(totals.comm_bytes) / steps / (1 << 20),
+        double(totals.comm_bytes) / (steps - in.first_step) / (1 << 20),
         totals.comm_what.empty() ? "data communicated" : totals.comm_what,
-        100.0 * double(totals.comm_overlapped) / double(totals.comm_bytes), 1e3 * totals.comm / steps));
+        100.0 * double(totals.comm_overlapped) / double(totals.comm_bytes), 1e3 * totals.comm / (steps - in.first_step)));
   }
   return end;
 }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "core/checkpointer.h"
 #include "core/device.h"
@@ -26,15 +27,20 @@ std::string FormatDuration(double s);
 std::string LogPath(const TrainerEnv& env);
 std::string MetricsPath(const TrainerEnv& env);
 
-// Prints to the console and appends to this rank's log.
+// Prints to the console and appends to this rank's log and metrics file. The metrics file is
+// appended to, never started again: a restart or a resume into the same folder keeps the earlier
+// attempts' lines, minus those of the steps it redoes (launcher/metrics_file.h has the rule).
 class Reporter {
  public:
   Reporter(const TrainerEnv& env) : env_(env) {
     if (!env.log_dir.empty()) {
       log_.open(LogPath(env), std::ios::app);
-      metrics_.open(MetricsPath(env), std::ios::trunc);
+      metrics_.open(MetricsPath(env), std::ios::app);  // checks it can be written
     }
   }
+  // Before the first metrics line: drops the lines of the steps from `first_step` on (they are
+  // about to be written again) and says in train.log how many.
+  absl::Status BeginMetrics(int first_step);
   void Line(const std::string& s) {
     if (!env_.quiet) {
       if (pending_progress_) std::fputc('\n', stdout);
@@ -60,9 +66,8 @@ class Reporter {
     }
     if (keep && log_.is_open()) log_ << s << "\n" << std::flush;
   }
-  void Metric(const std::string& json) {
-    if (metrics_.is_open()) metrics_ << json << "\n" << std::flush;
-  }
+  // One line, stamped with the wall-clock time ("time", Unix seconds).
+  void Metric(const std::string& json);
   // For train.log only: facts for whoever debugs a run, not for the console.
   void Note(const std::string& s) {
     if (log_.is_open()) log_ << s << "\n" << std::flush;

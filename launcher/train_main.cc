@@ -22,6 +22,7 @@
 #include "core/plugin.h"
 #include "core/registry.h"
 #include "launcher/programs.h"
+#include "launcher/run_folder.h"
 #include "launcher/trainer.h"
 #include "tools/cpp/runfiles/runfiles.h"
 
@@ -35,7 +36,7 @@ ABSL_FLAG(std::string, init_from, "", "override: start from these safetensors we
 ABSL_FLAG(std::string, save_to, "", "override: write the final weights here (safetensors)");
 ABSL_FLAG(std::string, log_dir, "",
           "folder for metrics.jsonl and train.log (default: the config's log.dir, else "
-          "runs/<model>-<time> in the workspace)");
+          "the launcher's run folder, else runs/<config name>-<time> in the workspace)");
 ABSL_FLAG(bool, print_config, false, "print the effective config (text format) and exit");
 
 namespace {
@@ -159,13 +160,18 @@ absl::Status Run(const char* argv0) {
   }
   braid::cpu::SetNumThreads(cfg.threads());
 
+  // The run folder: --log_dir, else the config's log.dir, else the one the launcher chose for
+  // every process of the job (restarts included), else runs/<config>-<time> of our own.
   std::string log_dir = absl::GetFlag(FLAGS_log_dir);
   if (log_dir.empty()) log_dir = cfg.log().dir();
+  if (const char* chosen = std::getenv(braid::launcher::kRunDirEnv); log_dir.empty() && chosen) {
+    log_dir = chosen;
+  }
   if (log_dir.empty()) {
     const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY");
     std::string base = ws ? ws : ".";
-    log_dir = absl::StrCat(base, "/runs/", cfg.model().name(), "-",
-                           absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone()));
+    log_dir = absl::StrCat(base, "/runs/",
+                           braid::launcher::RunFolderName(path, cfg.model().name(), absl::Now()));
   }
   if (std::system(absl::StrCat("mkdir -p '", log_dir, "'").c_str()) != 0) {
     return absl::PermissionDeniedError(absl::StrCat("cannot create log folder '", log_dir, "'"));

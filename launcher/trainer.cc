@@ -396,6 +396,8 @@ absl::Status Run::SaveCheckpoint(int done_steps) {
 
 // The training steps, each reported as a progress line and a metrics line.
 absl::Status Run::Loop() {
+  // Appends to the metrics of an earlier attempt in this folder, minus the steps redone here.
+  BRAID_RETURN_IF_ERROR(rep_->BeginMetrics(first_step_));
   // Peaks from here on: the training steps, not model construction.
   GetAllocator(device_)->ResetPeak();
   for (auto& [d, m] : AllMemoryStats()) GetAllocator(d)->ResetPeak();
@@ -477,13 +479,24 @@ absl::StatusOr<TrainResult> Run::Finish() {
   summary.checkpoint_dir = checkpointer_ != nullptr ? checkpoint_options_.dir : "";
   summary.checkpoint_blocked_s = checkpoint_blocked_s_;
   summary.checkpoint_async = cfg_.checkpoint().async();
-  const RunEnd end = ReportRunSummary(*rep_, summary, totals_, result_);
+  // A run resumed at (or past) its last step trains nothing: it says so, and adds no summary
+  // to the metrics (the finished run's stays).
+  const bool trained = first_step_ < steps_;
+  RunEnd end;
+  if (trained) {
+    end = ReportRunSummary(*rep_, summary, totals_, result_);
+  } else {
+    rep_->Line(absl::StrFormat(
+        "braid: nothing to train: the checkpoint is at step %d and the run has %d step(s), so it "
+        "was already complete (raise --steps to train on)",
+        first_step_, steps_));
+  }
   std::string eval;
   if (source_->has_evaluation()) {
     BRAID_RETURN_IF_ERROR(strategy_->Evaluate([&](Module& m) { eval = source_->Evaluate(m); }));
   }
   if (!eval.empty()) rep_->Line("braid: " + eval);
-  rep_->Metric(SummaryMetricJson(eval, steps_, result_, end, mp_.get()));
+  if (trained) rep_->Metric(SummaryMetricJson(eval, steps_, result_, end, mp_.get()));
 
   if (!cfg_.save_to().empty()) {
     // Collective for sharded strategies: every rank gathers, rank 0 writes.

@@ -36,6 +36,16 @@ wait $n1; rc1=$?
 expect_grep "node 0 says where the master is" "no --master_addr given: node 0 is this machine \(127\.0\.0\.1:${ports[0]}\)" node0.err
 expect_grep "default model, DDP over both nodes" "^braid: training gpt-mini .* strategy ddp, 3 step\(s\) .* x 2 data-parallel rank\(s\)" node0.out
 expect_grep "training finished" "^braid: done: " node0.out
+# Both launchers agreed on one run folder, named after the run (no config: gpt-mini), holding
+# every rank's worker log, metrics and train.log.
+folders=$(ls "$T/runs")
+if [ "$(echo "$folders" | wc -l)" = 1 ] && [[ "$folders" =~ ^gpt-mini-[0-9]{8}-[0-9]{6}$ ]] &&
+   [ -s "runs/$folders/workerlog.0" ] && [ -s "runs/$folders/workerlog.1" ] &&
+   [ -s "runs/$folders/metrics.jsonl" ] && [ -s "runs/$folders/metrics.jsonl.rank1" ]; then
+  ok "one run folder for both nodes: runs/$folders"
+else
+  fail "run folders: $(for f in $folders; do echo "$f: $(ls "runs/$f" | tr '\n' ' ')"; done)"
+fi
 token_files=$(ls "$XDG_RUNTIME_DIR/braid" | grep -c "^job-token-127.0.0.1-${ports[0]}$")
 [ "$token_files" = 1 ] && ok "one shared token file" || fail "$token_files token files: $(ls "$XDG_RUNTIME_DIR/braid")"
 [ "$(stat -c %a "$XDG_RUNTIME_DIR/braid/job-token-127.0.0.1-${ports[0]}")" = 600 ] &&
