@@ -82,6 +82,15 @@ struct DatasetSpec {
   bool is_default = false;
 };
 
+// One of a model's own hyper-parameters, set as model.options { key: NAME value: "..." }: the
+// way a model's shape reaches it without core's config knowing it. Validation refuses a key the
+// model does not declare (naming those it does) and a value that is not of `kind`.
+struct ModelOption {
+  enum class Kind { kInt, kFloat, kBool, kString };
+  std::string name;  // "n_kv_head"
+  Kind kind = Kind::kInt;
+};
+
 // A model: how to build it from its config section, and what its section may hold.
 struct ModelSpec {
   // Builds the model from its validated section (`validate` has filled in its defaults) with
@@ -92,6 +101,12 @@ struct ModelSpec {
   // The ModelConfig fields besides `name` that apply to it ("n_layer", "n_embd", ...); setting
   // any other is an error naming these.
   std::vector<std::string> fields;
+  // Its own hyper-parameters (model.options), in the order messages list them. The
+  // validate hook fills in their defaults and checks their ranges.
+  std::vector<ModelOption> options;
+  // Its tensor-parallel plan, as text in the language of plugins/tensor_parallel/plan.h ("" when
+  // it has none): the plan lives with the model, the tensor-parallel strategy only applies it.
+  std::string tensor_plan;
   // The kind of data it trains on: the DatasetSpec::yields of its datasets ("tokens").
   std::string takes;
   // Optional, run after the generic checks passed (accepted fields, all >= 1): fills in the

@@ -12,7 +12,6 @@
 #include "models/data/find_data.h"
 #include "models/data/mnist.h"
 #include "models/data/token_data.h"
-#include "models/gpt/gpt.h"
 
 namespace braid::launcher {
 namespace {
@@ -91,9 +90,10 @@ class MnistBatches : public BatchSource {
   int64_t pos_ = 0, epoch_ = 0;
 };
 
-int64_t ContextOf(const config::TrainConfig& cfg, Module& model) {
-  if (auto* g = dynamic_cast<models::Gpt*>(&model)) return g->config().block_size;
-  return 1;
+// A language model's context: validation has filled model.block_size for every model that
+// takes it (GPT, Llama); a model without one reads windows of 1.
+int64_t ContextOf(const config::TrainConfig& cfg, Module&) {
+  return cfg.model().has_block_size() ? cfg.model().block_size() : 1;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -154,6 +155,50 @@ void CheckActivationCheckpointing(Checker& c, TrainConfig* cfg) {
   }
 }
 
+// model.options against the model's declared options: known keys, values of the declared kind.
+// Ranges are the model's validate hook's to check.
+bool CheckModelOptions(Checker& c, const ModelSpec& spec, const ModelConfig& m) {
+  std::vector<std::string> declared;
+  for (const ModelOption& o : spec.options) declared.push_back(o.name);
+  bool ok = true;
+  // By key, so the messages come in the same order whatever order the map iterates in.
+  std::map<std::string, std::string> options(m.options().begin(), m.options().end());
+  for (const auto& [key, value] : options) {
+    auto it = std::find_if(spec.options.begin(), spec.options.end(),
+                           [&key = key](const ModelOption& o) { return o.name == key; });
+    const std::string field = absl::StrCat("model.options ", Quoted(key));
+    if (it == spec.options.end()) {
+      ok = false;
+      c.Error(absl::StrCat(field, " does not apply to model ", Quoted(m.name()),
+                           declared.empty()
+                               ? " (it takes no options)"
+                               : absl::StrCat(" (it takes ", JoinWords(declared, "and"), ")")));
+      continue;
+    }
+    int64_t i = 0;
+    double d = 0;
+    const char* want = nullptr;
+    switch (it->kind) {
+      case ModelOption::Kind::kInt:
+        if (!absl::SimpleAtoi(value, &i)) want = "an integer";
+        break;
+      case ModelOption::Kind::kFloat:
+        if (!absl::SimpleAtod(value, &d) || !std::isfinite(d)) want = "a finite number";
+        break;
+      case ModelOption::Kind::kBool:
+        if (value != "true" && value != "false") want = "true or false";
+        break;
+      case ModelOption::Kind::kString:
+        break;
+    }
+    if (want != nullptr) {
+      ok = false;
+      c.Error(absl::StrCat(field, " (", Quoted(value), ") must be ", want));
+    }
+  }
+  return ok;
+}
+
 // The model and data sections, against the registered models and datasets: their names, the
 // model's fields, what the model takes against what the dataset yields, the dataset's token
 // widths and path; then the model's own hook (its preset's defaults and shape rules).
@@ -173,7 +218,7 @@ void CheckModelAndData(Checker& c, TrainConfig* cfg) {
 
   // Shape fields: counts (>= 1), and only those the model takes.
   bool fields_ok = true;
-  for (const pb::FieldDescriptor* f : SetFields(*m, {"name"})) {
+  for (const pb::FieldDescriptor* f : SetFields(*m, {"name", "options"})) {
     const pb::Reflection* r = m->GetReflection();
     if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_INT32) {
       fields_ok &= c.Positive(absl::StrCat("model.", f->name()), r->GetInt32(*m, f));
@@ -189,6 +234,7 @@ void CheckModelAndData(Checker& c, TrainConfig* cfg) {
                                               " only)")));
     }
   }
+  if (model.ok()) fields_ok &= CheckModelOptions(c, *model, *m);
   if (model.ok() && fields_ok && model->validate) {
     ConfigProblems problems;
     model->validate(m, d->dataset(), data.ok() ? &*data : nullptr, &problems);

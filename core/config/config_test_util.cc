@@ -26,6 +26,10 @@ const bool kDoublesRegistered = [] {
   ModelSpec lm;
   lm.build = NoBuild;
   lm.fields = {"n_layer", "n_head", "n_embd", "block_size", "vocab_size"};
+  lm.options = {{"n_kv_head", ModelOption::Kind::kInt},
+                {"rope_theta", ModelOption::Kind::kFloat},
+                {"tied", ModelOption::Kind::kBool},
+                {"note", ModelOption::Kind::kString}};
   lm.takes = "tokens";
   lm.is_default = true;
   lm.validate = [](ModelConfig* m, const std::string& dataset_name, const DatasetSpec* dataset,

@@ -348,6 +348,28 @@ TEST(ConfigValidate, ModelAndDataAgainstTheirRegistrations) {
   EXPECT_EQ(cfg.data().token_dtype(), "u8");
 }
 
+TEST(ConfigValidate, ModelOptionsAgainstTheirDeclaration) {
+  EXPECT_EQ(ValidationError("model { options { key: \"n_kv_head\" value: \"2\" } "
+                            "options { key: \"rope_theta\" value: \"5e5\" } "
+                            "options { key: \"tied\" value: \"false\" } "
+                            "options { key: \"note\" value: \"anything\" } }"),
+            "");
+  EXPECT_EQ(ValidationError("model { options { key: \"n_kv_heads\" value: \"2\" } }"),
+            "model.options \"n_kv_heads\" does not apply to model \"toy-lm\" (it takes "
+            "n_kv_head, rope_theta, tied and note)");
+  EXPECT_EQ(ValidationError("model { name: \"toy-classifier\" "
+                            "options { key: \"n_kv_head\" value: \"2\" } } "
+                            "data { dataset: \"toy-images\" }"),
+            "model.options \"n_kv_head\" does not apply to model \"toy-classifier\" (it "
+            "takes no options)");
+  EXPECT_THAT(ValidationError("model { options { key: \"n_kv_head\" value: \"two\" } "
+                              "options { key: \"rope_theta\" value: \"inf\" } "
+                              "options { key: \"tied\" value: \"yes\" } }"),
+              AllOf(HasSubstr("model.options \"n_kv_head\" (\"two\") must be an integer"),
+                    HasSubstr("model.options \"rope_theta\" (\"inf\") must be a finite number"),
+                    HasSubstr("model.options \"tied\" (\"yes\") must be true or false")));
+}
+
 TEST(ConfigValidate, CheckpointSection) {
   TrainConfig cfg = Text("checkpoint { dir: \"runs/x\" }");
   ASSERT_TRUE(Validate(&cfg, 1, {}).ok());

@@ -64,4 +64,11 @@ LayerNorm::LayerNorm(int64_t dim, float eps, Device device) : Module("LayerNorm"
 
 Tensor LayerNorm::Forward(const Tensor& x) { return ops::LayerNorm(x, weight_, bias_, eps_); }
 
+RmsNorm::RmsNorm(int64_t dim, float eps, Device device) : Module("RMSNorm"), eps_(eps) {
+  weight_ = RegisterParameter("weight", MakeConstantParameter({dim}, 1.0f, device));
+  weight_.set_weight_decay(false);
+}
+
+Tensor RmsNorm::Forward(const Tensor& x) { return ops::RmsNorm(x, weight_, eps_); }
+
 }  // namespace braid::nn

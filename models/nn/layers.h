@@ -59,6 +59,17 @@ class LayerNorm : public Module {
   float eps_;
 };
 
+// Root-mean-square norm (Llama's): "weight" [dim], no bias, no weight decay.
+class RmsNorm : public Module {
+ public:
+  RmsNorm(int64_t dim, float eps, Device device);
+  Tensor Forward(const Tensor& x) override;
+
+ private:
+  Tensor weight_;
+  float eps_;
+};
+
 }  // namespace braid::nn
 
 #endif  // BRAID_MODELS_NN_LAYERS_H_
