@@ -390,6 +390,8 @@ absl::Status Run::SaveCheckpoint(int done_steps) {
   BRAID_ASSIGN_OR_RETURN(std::vector<StateChunk> chunks, strategy_->StateChunks(/*create=*/false));
   std::map<std::string, std::string> extra = {{"batches_drawn", absl::StrCat(batches_drawn_)},
                                               {"step", absl::StrCat(done_steps)}};
+  // The one shape field no tensor shows, for tools/sample to rebuild the model from the weights.
+  if (cfg_.model().has_n_head()) extra["n_head"] = absl::StrCat(cfg_.model().n_head());
   if (mp_ != nullptr) mp_->scaler.SaveTo(&extra);
   return checkpointer_->Save(done_steps, chunks, extra, *group_[0]);
 }
@@ -502,7 +504,9 @@ absl::StatusOr<TrainResult> Run::Finish() {
     // Collective for sharded strategies: every rank gathers, rank 0 writes.
     BRAID_ASSIGN_OR_RETURN(auto state, strategy_->FullStateDict());
     if (env_.rank == 0) {
-      BRAID_RETURN_IF_ERROR(SaveSafetensors(cfg_.save_to(), state, {{"format", "pt"}}));
+      std::map<std::string, std::string> meta = {{"format", "pt"}};
+      if (cfg_.model().has_n_head()) meta["n_head"] = absl::StrCat(cfg_.model().n_head());
+      BRAID_RETURN_IF_ERROR(SaveSafetensors(cfg_.save_to(), state, meta));
       rep_->Line(absl::StrCat("braid: wrote weights to ", cfg_.save_to()));
     }
   }
