@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -165,6 +166,33 @@ RunEnd ReportRunSummary(Reporter& rep, const RunSummaryInputs& in, const StepTot
         100.0 * double(totals.comm_overlapped) / double(totals.comm_bytes), 1e3 * totals.comm / (steps - in.first_step)));
   }
   return end;
+}
+
+absl::StatusOr<std::unique_ptr<monitor::Monitors>> OpenMonitors(const config::TrainConfig& cfg,
+                                                                 const TrainerEnv& env,
+                                                                 int first_step) {
+  if (env.rank != 0) return nullptr;  // DeepSpeed's monitors write on rank 0 only
+  auto folder = [&](const config::MonitorConfig& m) -> std::string {
+    if (!m.enabled()) return "";
+    std::string base = m.output_path();
+    // Relative to the workspace under `bazel run` (as checkpoint.dir is), not the runfiles tree.
+    const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY");
+    if (!base.empty() && base[0] != '/' && ws != nullptr && *ws) base = absl::StrCat(ws, "/", base);
+    if (base.empty()) base = env.log_dir;
+    if (base.empty()) return "";  // no run folder: no files
+    return absl::StrCat(base, "/", m.job_name().empty() ? "DeepSpeedJobName" : m.job_name());
+  };
+  monitor::MonitorFolders folders{folder(cfg.tensorboard()), folder(cfg.csv_monitor())};
+  if (folders.tensorboard.empty() && folders.csv.empty()) return nullptr;
+  return monitor::Monitors::Open(folders, first_step, cfg.train_batch_size(), absl::Now());
+}
+
+monitor::Events StepEvents(const StepStats& st, float lr, const MixedPrecision* mp) {
+  monitor::Events events = {{"Train/Samples/train_loss", st.loss}, {"Train/Samples/lr", lr}};
+  if (mp != nullptr && mp->dtype == DType::kF16) {
+    events.push_back({"Train/Samples/loss_scale", mp->last_step_scale});
+  }
+  return events;
 }
 
 std::string SummaryMetricJson(const std::string& eval, int steps, const TrainResult& result,

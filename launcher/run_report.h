@@ -16,6 +16,7 @@
 #include "core/device.h"
 #include "core/mixed_precision.h"
 #include "core/strategy.h"
+#include "launcher/monitor/monitor.h"
 #include "launcher/trainer.h"
 
 namespace braid::launcher {
@@ -124,6 +125,17 @@ RunEnd ReportRunSummary(Reporter& rep, const RunSummaryInputs& in, const StepTot
 // The metrics file's last line. `eval` is the evaluation's summary fragment ("" for none).
 std::string SummaryMetricJson(const std::string& eval, int steps, const TrainResult& result,
                               const RunEnd& end, const MixedPrecision* mp);
+
+// DeepSpeed's monitors (tensorboard, csv_monitor) as the config enables them, on rank 0 (null
+// elsewhere, and when none is enabled). Each goes in <output_path>/<job_name>: output_path ""
+// is the run folder, a relative one is taken from the workspace under `bazel run`.
+absl::StatusOr<std::unique_ptr<monitor::Monitors>> OpenMonitors(const config::TrainConfig& cfg,
+                                                                 const TrainerEnv& env,
+                                                                 int first_step);
+
+// A step's events under DeepSpeed's tags: Train/Samples/train_loss, lr, and loss_scale under
+// fp16.
+monitor::Events StepEvents(const StepStats& st, float lr, const MixedPrecision* mp);
 
 }  // namespace braid::launcher
 

@@ -108,6 +108,7 @@ class Run {
   double checkpoint_blocked_s_ = 0;
   TrainResult result_;
   StepTotals totals_;  // for the summary
+  std::unique_ptr<monitor::Monitors> monitors_;  // tensorboard, csv_monitor (rank 0)
   absl::Time start_;
 };
 
@@ -400,6 +401,8 @@ absl::Status Run::SaveCheckpoint(int done_steps) {
 absl::Status Run::Loop() {
   // Appends to the metrics of an earlier attempt in this folder, minus the steps redone here.
   BRAID_RETURN_IF_ERROR(rep_->BeginMetrics(first_step_));
+  BRAID_ASSIGN_OR_RETURN(monitors_, OpenMonitors(cfg_, env_, first_step_));
+  if (monitors_ != nullptr) rep_->Line("braid: monitors: " + monitors_->Describe());
   // Peaks from here on: the training steps, not model construction.
   GetAllocator(device_)->ResetPeak();
   for (auto& [d, m] : AllMemoryStats()) GetAllocator(d)->ResetPeak();
@@ -445,6 +448,9 @@ absl::Status Run::Loop() {
     double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
     double eta = elapsed / (step + 1) * (steps_ - step - 1);
     rep_->Metric(StepMetricJson(step, st, lr, dt, tps, GetMemoryStats(device_).peak_bytes, mp_.get()));
+    if (monitors_ != nullptr) {
+      BRAID_RETURN_IF_ERROR(monitors_->Write(step, StepEvents(st, lr, mp_.get()), absl::Now()));
+    }
     bool keep = step % print_every == 0 || step == steps_ - 1;
     rep_->Progress(absl::StrFormat("step %*d/%d | loss %.4f | %s %s/s | lr %.2e | ETA %s",
                                    int(std::to_string(steps_).size()), step + 1, steps_, st.loss,

@@ -339,5 +339,34 @@ TEST(DeepSpeedKeys, EveryProblemAtOnceWithPositions) {
               AllOf(HasSubstr("unknown field \"flops_profiler\""), Not(HasSubstr("did you mean"))));
 }
 
+
+// ---- Monitoring ----------------------------------------------------------------------------
+
+TEST(DeepSpeedMonitors, TensorBoardAndCsvAreReadWandbAndCometRefusedWhenEnabled) {
+  TrainConfig cfg = Json(R"({
+    "tensorboard": {"enabled": true, "output_path": "out/tb", "job_name": "bert"},
+    "csv_monitor": {"enabled": true, "output_path": "out/csv"},
+    "wandb": {"enabled": false, "project": "p"},
+    "comet": {}
+  })");
+  EXPECT_TRUE(cfg.tensorboard().enabled());
+  EXPECT_EQ(cfg.tensorboard().output_path(), "out/tb");
+  EXPECT_EQ(cfg.tensorboard().job_name(), "bert");
+  EXPECT_EQ(cfg.csv_monitor().output_path(), "out/csv");
+  EXPECT_THAT(ConfigNotes(cfg), testing::IsSupersetOf({"wandb: not enabled, nothing to do",
+                                                       "comet: not enabled, nothing to do"}));
+  absl::StatusOr<TrainConfig> refused = ParseJsonConfig(R"({
+  "wandb": {"enabled": true, "team": "t"},
+  "comet": {"enabled": true}
+})",
+                                                        "ds.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()),
+              AllOf(HasSubstr("ds.json:2:3: wandb: Braid does not log to Weights & Biases (wandb) "
+                              "(it sends the metrics over the network"),
+                    HasSubstr("ds.json:3:3: comet: Braid does not log to Comet (comet)"),
+                    HasSubstr("use csv_monitor or tensorboard, which write files")));
+}
+
 }  // namespace
 }  // namespace braid::config

@@ -82,6 +82,13 @@ const DeepSpeedKey* FindDeepSpeedKey(const std::string& path) {
   return nullptr;
 }
 
+// DeepSpeed's monitors that need a web service: the service's name, or null.
+const char* NetworkMonitor(const std::string& path) {
+  if (path == "wandb") return "Weights & Biases (wandb)";
+  if (path == "comet") return "Comet (comet)";
+  return nullptr;
+}
+
 const pb::FieldDescriptor* FieldByKey(const pb::Descriptor* d, const std::string& key) {
   const pb::FieldDescriptor* f = d->FindFieldByName(key);
   for (int i = 0; f == nullptr && i < d->field_count(); ++i) {
@@ -160,6 +167,26 @@ struct Walk {
         continue;
       }
       const std::string where = absl::StrCat(origin, KeyPosition(text, key), ": ");
+      if (const char* service = NetworkMonitor(path)) {
+        // DeepSpeed's monitors that send the metrics to a web service: refused when enabled
+        // (nothing here reaches the network), accepted when off, as DeepSpeed's own defaults are.
+        const pb::Value* enabled = nullptr;
+        if (value.kind_case() == pb::Value::kStructValue) {
+          auto it = value.struct_value().fields().find("enabled");
+          if (it != value.struct_value().fields().end()) enabled = &it->second;
+        }
+        if (value.kind_case() != pb::Value::kStructValue ||
+            (enabled != nullptr && Literal(*enabled) != "false")) {
+          out->problems.push_back(absl::StrCat(
+              where, path, ": Braid does not log to ", service,
+              " (it sends the metrics over the network, which Braid's runs do not use); set "
+              "\"enabled\": false, or use csv_monitor or tensorboard, which write files"));
+        } else {
+          out->ignored_fields.push_back(path + " (disabled)");
+        }
+        remove.push_back(key);
+        continue;
+      }
       if (const DeepSpeedKey* k = FindDeepSpeedKey(path)) {
         if (k->neutral != nullptr && Literal(value) != k->neutral) {
           out->problems.push_back(
@@ -267,6 +294,9 @@ std::string CheckJsonKeys(const std::string& text, const std::string& json,
 
 std::string IgnoredFieldNote(const std::string& entry) {
   if (entry == "steps_per_print") return "steps_per_print: read as log.print_every";
+  if (entry == "wandb (disabled)" || entry == "comet (disabled)") {
+    return absl::StrCat(entry.substr(0, entry.find(' ')), ": not enabled, nothing to do");
+  }
   if (entry == "zero_optimization.cpu_offload") {
     return "zero_optimization.cpu_offload: read as zero_optimization.offload_optimizer.device "
            "\"cpu\" (its current spelling)";
