@@ -12,6 +12,7 @@
 #include "models/data/find_data.h"
 #include "models/data/mnist.h"
 #include "models/data/token_data.h"
+#include "models/data/token_manifest.h"
 
 namespace braid::launcher {
 namespace {
@@ -115,9 +116,22 @@ absl::StatusOr<std::unique_ptr<BatchSource>> BuildData(const config::TrainConfig
   if (path.empty()) {
     BRAID_ASSIGN_OR_RETURN(path, data::FindDataFile(data::kMobyDickText));
   }
-  data::TokenType tt = d.token_dtype() == "u16" ? data::TokenType::kU16 : data::TokenType::kU8;
-  BRAID_ASSIGN_OR_RETURN(data::TokenFile file, data::TokenFile::Open(path, tt));
-  auto shared = std::make_shared<const data::TokenFile>(std::move(file));
+  std::shared_ptr<const data::TokenFile> shared;
+  if (d.dataset() == "tokens" && data::IsTokenDatasetPath(path)) {
+    // A prepared data set (//tools:prepare_data): every shard checked, and every id checked
+    // against the model's vocabulary, here at start rather than as an abort mid-run.
+    BRAID_ASSIGN_OR_RETURN(data::TokenDataset set, data::TokenDataset::Open(path));
+    if (cfg.model().vocab_size() > 0) {
+      BRAID_RETURN_IF_ERROR(set.CheckVocab(cfg.model().vocab_size()));
+    }
+    BRAID_ASSIGN_OR_RETURN(shared, set.Tokens(data::Split::kTrain));
+  } else {
+    const data::TokenType tt = d.token_dtype() == "u32"   ? data::TokenType::kU32
+                               : d.token_dtype() == "u16" ? data::TokenType::kU16
+                                                          : data::TokenType::kU8;
+    BRAID_ASSIGN_OR_RETURN(data::TokenFile file, data::TokenFile::Open(path, tt));
+    shared = std::make_shared<const data::TokenFile>(std::move(file));
+  }
   int64_t t = ContextOf(cfg, model);
   if (d.sampler() == "sequential") {
     BRAID_ASSIGN_OR_RETURN(auto s, data::SequentialLoader::Create(shared, batch, t, dp_rank,

@@ -68,6 +68,11 @@ absl::Status Run(const char* argv0) {
     cfg.mutable_strategy()->set_path(
         braid::launcher::Absolute(braid::launcher::ResolveUserPath(cfg.strategy().path())));
   }
+  // data.path too: a prepared data set named from the checkout, as the shipped configs do.
+  if (!cfg.data().path().empty()) {
+    cfg.mutable_data()->set_path(
+        braid::launcher::Absolute(braid::launcher::ResolveUserPath(cfg.data().path())));
+  }
 
   braid::launcher::TrainerEnv env;
   env.rank = EnvInt("RANK", 0);

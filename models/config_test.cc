@@ -110,9 +110,10 @@ TEST(RegisteredModels, ModelAndDataRules) {
   EXPECT_EQ(ValidationError("data { token_dtype: \"u16\" }"),
             "data.token_dtype (\"u16\") must be \"u8\" for data.dataset \"moby-dick\"");
   EXPECT_EQ(ValidationError("data { dataset: \"tokens\" }"),
-            "data.path is empty: data.dataset \"tokens\" needs the token file's path");
-  EXPECT_THAT(ValidationError("data { dataset: \"tokens\" path: \"x\" token_dtype: \"u32\" }"),
-              HasSubstr("data.token_dtype \"u32\" is unknown; known: u8, u16"));
+            "data.path is empty: data.dataset \"tokens\" needs a prepared data set's folder or "
+            "manifest.json (bazel run //tools:prepare_data), or a flat token file");
+  EXPECT_THAT(ValidationError("data { dataset: \"tokens\" path: \"x\" token_dtype: \"u64\" }"),
+              HasSubstr("data.token_dtype \"u64\" is unknown; known: u8, u16, u32"));
   EXPECT_EQ(
       ValidationError("model { name: \"mlp\" } data { dataset: \"mnist\" token_dtype: \"u8\" }"),
       "data.token_dtype (\"u8\") does not apply to data.dataset \"mnist\" (it has no tokens)");

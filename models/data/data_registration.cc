@@ -22,11 +22,15 @@ const bool kRegistered = [] {
   mnist.yields = "labelled 28x28 images";
   BRAID_CHECK_OK(r.AddDataset("mnist", mnist, "models/data"));
 
-  DatasetSpec tokens;  // a flat binary file of token ids (token_data.h)
+  // A prepared data set, its folder or manifest.json (token_manifest.h: its ids and width are
+  // the manifest's), or a flat binary file of token ids (token_data.h, data.token_dtype wide).
+  DatasetSpec tokens;
   tokens.yields = "tokens";
-  tokens.token_dtypes = {"u8", "u16"};
+  tokens.token_dtypes = {"u8", "u16", "u32"};
   tokens.default_token_dtype = "u16";
-  tokens.path_needed = "the token file's path";
+  tokens.path_needed =
+      "a prepared data set's folder or manifest.json (bazel run //tools:prepare_data), or a flat "
+      "token file";
   BRAID_CHECK_OK(r.AddDataset("tokens", tokens, "models/data"));
   return true;
 }();
