@@ -1,0 +1,83 @@
+#include "core/weights_match.h"
+
+#include <algorithm>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace braid {
+namespace {
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The name of `candidates` nearest to `name` ("" when there are none); ties go to the first.
+std::string Nearest(const std::string& name, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_distance = std::numeric_limits<size_t>::max();
+  for (const std::string& c : candidates) {
+    const size_t d = EditDistance(name, c);
+    if (d < best_distance) {
+      best_distance = d;
+      best = c;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+absl::Status CheckWeightsMatch(const std::map<std::string, Shape>& model,
+                               const std::map<std::string, Tensor>& weights,
+                               const std::string& origin) {
+  std::vector<std::string> missing, unexpected, shapes;
+  for (auto& [name, shape] : model) {
+    auto it = weights.find(name);
+    if (it == weights.end()) {
+      missing.push_back(name);
+    } else if (it->second.shape() != shape) {
+      shapes.push_back(absl::StrCat(name, " is ", ShapeToString(it->second.shape()),
+                                    ", the model's ", ShapeToString(shape)));
+    }
+  }
+  for (auto& [name, t] : weights) {
+    if (!model.count(name)) unexpected.push_back(name);
+  }
+  if (missing.empty() && unexpected.empty() && shapes.empty()) return absl::OkStatus();
+  // A missing name is most likely one of the unexpected ones misspelt, and the other way round;
+  // with nothing on the other side, the nearest of all its names.
+  std::vector<std::string> all_model, all_file;
+  for (auto& [name, shape] : model) all_model.push_back(name);
+  for (auto& [name, t] : weights) all_file.push_back(name);
+  std::vector<std::string> problems;
+  for (const std::string& name : missing) {
+    const std::string near = Nearest(name, unexpected.empty() ? all_file : unexpected);
+    problems.push_back(absl::StrCat("missing ", name,
+                                    near.empty() ? "" : absl::StrCat(" (nearest in the file: ", near, ")")));
+  }
+  for (const std::string& name : unexpected) {
+    const std::string near = Nearest(name, missing.empty() ? all_model : missing);
+    problems.push_back(absl::StrCat("not in the model: ", name,
+                                    near.empty() ? "" : absl::StrCat(" (nearest in the model: ", near, ")")));
+  }
+  for (std::string& s : shapes) problems.push_back(std::move(s));
+  return absl::InvalidArgumentError(absl::StrCat(
+      origin, " does not match the model (", problems.size(), " problem",
+      problems.size() == 1 ? "" : "s", "): ", absl::StrJoin(problems, "; ")));
+}
+
+}  // namespace braid
