@@ -119,6 +119,33 @@ absl::StatusOr<SharedToken> LocalJobToken(const std::string& folder, const std::
 }
 
 absl::StatusOr<std::string> ReadJobTokenFile(const std::string& path) {
+  if (path == "-") {
+    // The first line of standard input (the hostfile launcher writes the token there, so that
+    // it is on no command line): read byte by byte, so nothing after the line is taken from
+    // whoever reads standard input next (--watch_stdin).
+    std::string line;
+    while (line.size() <= 4096) {
+      char c;
+      ssize_t n = ::read(0, &c, 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return absl::PermissionDeniedError(Errno("--job_token_file: cannot read", "standard input"));
+      if (n == 0 || c == '\n') break;
+      line += c;
+    }
+    if (line.empty() || line.size() > 4096) {
+      return absl::InvalidArgumentError(
+          "--job_token_file=-: the first line of standard input should hold the job token (one "
+          "word, e.g. from openssl rand -hex 32)");
+    }
+    for (char c : line) {
+      if (std::isspace(static_cast<unsigned char>(c)) || std::iscntrl(static_cast<unsigned char>(c))) {
+        return absl::InvalidArgumentError(
+            "--job_token_file=-: the first line of standard input holds more than one word; it "
+            "should hold one token");
+      }
+    }
+    return line;
+  }
   // A Secret's file is a symbolic link into the volume's current data: follow it.
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {

@@ -33,7 +33,7 @@ absl::StatusOr<SharedToken> LocalJobToken(const std::string& folder, const std::
 // The job token kept in a file, e.g. a Kubernetes Secret mounted into the pod, so that it is
 // never on a command line (where ps shows it) nor in the pod's spec: the file's text without the
 // trailing newline. Refused when empty, over 4 KiB, or with whitespace inside (a file holding
-// something other than one token).
+// something other than one token). "-" reads the first line of standard input instead.
 absl::StatusOr<std::string> ReadJobTokenFile(const std::string& path);
 
 // The token the user gave, if any: from --job_token_file (`file`, "" = not given) or from

@@ -1,7 +1,9 @@
 #include "launcher/job_token.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <string>
@@ -118,6 +120,32 @@ TEST(JobTokenFile, RefusesWhatIsNotOneToken) {
               HasSubstr("holds more than one word"));
   EXPECT_THAT(ReadJobTokenFile(WriteFile("big", std::string(5000, 'a'))).status().message(),
               HasSubstr("larger than 4096 bytes"));
+}
+
+// Standard input replaced by a file for one call (the test's own stdin is left as it was).
+absl::StatusOr<std::string> FromStdin(const std::string& text) {
+  const std::string path = WriteFile("stdin", text);
+  int saved = ::dup(0);
+  int fd = ::open(path.c_str(), O_RDONLY);
+  ::dup2(fd, 0);
+  ::close(fd);
+  absl::StatusOr<std::string> t = ReadJobTokenFile("-");
+  char rest[16] = {0};
+  ssize_t n = ::read(0, rest, sizeof rest - 1);  // what a later reader of stdin would get
+  ::dup2(saved, 0);
+  ::close(saved);
+  if (t.ok()) return absl::StrCat(*t, "|", n > 0 ? std::string(rest, n) : "");
+  return t;
+}
+
+TEST(JobTokenFile, DashIsTheFirstLineOfStandardInput) {
+  // Only the first line is taken: what follows stays for the next reader.
+  EXPECT_EQ(*FromStdin("tok123\nmore"), "tok123|more");
+  EXPECT_EQ(*FromStdin("tok123"), "tok123|");
+  EXPECT_THAT(FromStdin("\n").status().message(),
+              HasSubstr("--job_token_file=-: the first line of standard input should hold the job token"));
+  EXPECT_THAT(FromStdin("").status().message(), HasSubstr("should hold the job token"));
+  EXPECT_THAT(FromStdin("a b\n").status().message(), HasSubstr("holds more than one word"));
 }
 
 TEST(JobTokenFile, FileAndEnvironmentMustAgree) {

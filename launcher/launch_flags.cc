@@ -43,7 +43,9 @@ constexpr FlagInfo kLauncherFlags[] = {
     {"heartbeat_timeout_s", false}, {"tail_lines", false},  {"redirects", false},
     {"tee", false},             {"local_ranks_filter", false}, {"monitor_interval", false},
     {"start_method", false},    {"no_python", true},        {"no_local_rank", true},
-    {"dry_run", true},          {"help", true},
+    {"dry_run", true},          {"help", true},             {"hostfile", false},
+    {"include", false},         {"exclude", false},         {"ssh_port", false},
+    {"watch_stdin", true},
 };
 
 const FlagInfo* FindLauncherFlag(const std::string& name) {
@@ -75,16 +77,9 @@ std::string Refusal(const std::string& name) {
       {"signals_to_handle", "Braid's launcher forwards SIGINT, SIGTERM and SIGHUP to the workers"},
       {"virtual_local_rank", "Braid gives every worker its own LOCAL_RANK"},
       {"max_nodes", "Braid's jobs have a fixed number of nodes (--nnodes)"},
-      {"hostfile", "DeepSpeed's hostfile launcher has no Braid equivalent yet: start one launcher "
-                   "per node (docs/LAUNCHING.md)"},
-      {"include", "DeepSpeed's hostfile launcher has no Braid equivalent yet: start one launcher "
-                  "per node (docs/LAUNCHING.md)"},
-      {"exclude", "DeepSpeed's hostfile launcher has no Braid equivalent yet: start one launcher "
-                  "per node (docs/LAUNCHING.md)"},
-      {"ssh_port", "DeepSpeed's hostfile launcher has no Braid equivalent yet: start one launcher "
-                   "per node (docs/LAUNCHING.md)"},
-      {"launcher", "DeepSpeed's --launcher (pdsh, openmpi, slurm) has no Braid equivalent: run "
-                   "Braid's launcher under srun or mpirun instead (docs/LAUNCHING.md)"},
+      {"launcher", "DeepSpeed's --launcher (pdsh, openmpi, slurm) has no Braid equivalent: "
+                   "--hostfile starts the nodes over OpenSSH; or run Braid's launcher under "
+                   "srun or mpirun (docs/LAUNCHING.md)"},
       {"force_multi", "Braid's launcher needs no flag to run several nodes"},
   };
   auto it = kWhy.find(name);
@@ -389,6 +384,16 @@ absl::Status SetLaunchFlag(LaunchFlags* f, const std::string& name, const std::s
     // Braid always runs an executable and never passes --local_rank: nothing to change.
     bool unused;
     st = ParseBool(origin, v, &unused);
+  } else if (name == "hostfile") {
+    if (v.empty()) return BadValue(origin, v, "the path of a hostfile ('HOST slots=N' lines)");
+    f->hostfile = v;
+  } else if (name == "include" || name == "exclude") {
+    if (v.empty()) return BadValue(origin, v, "HOST[:SLOT,...][@HOST...]");
+    (name == "include" ? f->include : f->exclude) = v;
+  } else if (name == "ssh_port") {
+    st = ParsePort(origin, v, &f->ssh_port);
+  } else if (name == "watch_stdin") {
+    st = ParseBool(origin, v, &f->watch_stdin);
   } else if (name == "dry_run") {
     st = ParseBool(origin, v, &f->dry_run);
   } else if (name == "help") {
@@ -486,6 +491,7 @@ absl::StatusOr<LaunchFlags> ParseLaunchFlags(const std::vector<std::string>& arg
       continue;
     }
     if (absl::Status st = SetLaunchFlag(&f, name, value, shown); !st.ok()) return st;
+    f.command_line[name] = has_value ? value : "true";
   }
   if (!positional_program.empty()) {
     if (!f.program.empty()) {
@@ -501,6 +507,12 @@ absl::StatusOr<LaunchFlags> ParseLaunchFlags(const std::vector<std::string>& arg
         first_training_flag, " is a flag of the training program (//launcher:train), but this "
         "launcher runs ", f.program, ": put that program's arguments after --: launcher ",
         "--program=", f.program, " -- ", first_training_flag, "=..."));
+  }
+  for (const char* n : {"include", "exclude", "ssh_port"}) {
+    if (f.Given(n) && f.hostfile.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", n, " selects hosts of a --hostfile, but no --hostfile was given"));
+    }
   }
   if (f.standalone) {
     // torchrun's --standalone: a one-node job whose store this launcher serves on a free port.
@@ -610,7 +622,13 @@ std::string LauncherUsage() {
       "  --max_restarts=R      restart the whole worker group up to R times on failure (default 0)\n"
       "  --program=PATH        run this executable instead of the training program\n"
       "  --job_token_file=F    read the job token from F (a mounted secret) instead of\n"
-      "                        $BRAID_JOB_TOKEN\n"
+      "                        $BRAID_JOB_TOKEN; '-' reads the first line of standard input\n"
+      "  --hostfile=F          DeepSpeed's hostfile ('HOST slots=N' lines): start one launcher\n"
+      "                        per host, here for the first and over ssh for the others\n"
+      "  --include=H[:S,S][@H...] | --exclude=...   only / all but these hosts or slots\n"
+      "  --ssh_port=P          the port of the other hosts' sshd (default: ssh's own)\n"
+      "  --watch_stdin         stop the job when standard input closes (the hostfile\n"
+      "                        launcher's nodes: their ssh connection went away)\n"
       "  --tee=3 | --redirects=3 | --local_ranks_filter=0,1\n"
       "                        which workers' output the console shows (default: rank 0's);\n"
       "                        per local rank: --tee=0:3,1:0\n"

@@ -41,7 +41,11 @@ struct LaunchFlags {
   int max_restarts = 0;
   std::string program;      // "" = //launcher:train
   SchedulerMode scheduler = SchedulerMode::kAuto;
-  std::string job_token_file;  // "" = BRAID_JOB_TOKEN or a generated/shared token
+  std::string job_token_file;  // "" = BRAID_JOB_TOKEN or a generated/shared token; "-" = stdin
+  // DeepSpeed's hostfile launcher (hostfile_launch.h): start one launcher per host over ssh.
+  std::string hostfile, include, exclude;  // include/exclude: "host:slot,slot@host"
+  int ssh_port = 0;         // 0 = ssh's own default
+  bool watch_stdin = false;  // end of standard input stops the job (a node of a hostfile job)
   double connect_timeout_s = 120;  // reaching the master's store
   double rdzv_timeout_s = 300;     // every node checking in (per attempt)
   double stop_grace_s = 10;        // SIGTERM -> SIGKILL
@@ -58,6 +62,9 @@ struct LaunchFlags {
   // Everything for the program: the training program's flags before "--" (canonical spelling)
   // and every argument after "--" (or after a positional program), in order.
   std::vector<std::string> program_args;
+  // The text each launcher flag had on the command line (by canonical name; "true" for a bare
+  // bool flag), so that the hostfile launcher can pass the same flags on to every node.
+  std::map<std::string, std::string> command_line;
 
   bool Given(const std::string& name) const;
   // How to name the source of a flag's value in a message: "--nnodes" or "PET_NNODES".

@@ -209,8 +209,24 @@ TEST(ParseLaunchFlags, RefusedFlagsSayWhy) {
               HasSubstr("--rdzv_conf is not supported: Braid's rendezvous takes no options"));
   EXPECT_THAT(Error({"-m", "pkg.train"}), HasSubstr("--module is not supported"));
   EXPECT_THAT(Error({"--run-path"}), HasSubstr("--run_path is not supported"));
-  EXPECT_THAT(Error({"--hostfile=h"}), HasSubstr("DeepSpeed's hostfile launcher"));
+  EXPECT_THAT(Error({"--launcher=pdsh"}), HasSubstr("--hostfile starts the nodes over OpenSSH"));
   EXPECT_THAT(Error({"--local_addr=x"}), HasSubstr("--local_addr is not supported"));
+}
+
+TEST(ParseLaunchFlags, HostfileFlagsAsDeepSpeed) {
+  LaunchFlags f = Flags({"--hostfile", "hosts", "--include=a:0,1@b", "--ssh_port=2222",
+                         "--max-restarts=1", "--watch_stdin", "--", "--config=x"});
+  EXPECT_EQ(f.hostfile, "hosts");
+  EXPECT_EQ(f.include, "a:0,1@b");
+  EXPECT_EQ(f.ssh_port, 2222);
+  EXPECT_TRUE(f.watch_stdin);
+  // What the command line said, by canonical name: passed on to every node's launcher.
+  EXPECT_EQ(f.command_line.at("hostfile"), "hosts");
+  EXPECT_EQ(f.command_line.at("max_restarts"), "1");
+  EXPECT_EQ(f.command_line.at("watch_stdin"), "true");
+  EXPECT_THAT(Error({"--include=a"}), HasSubstr("--include selects hosts of a --hostfile, but no --hostfile was given"));
+  EXPECT_THAT(Error({"--hostfile=h", "--ssh_port=0"}), HasSubstr("--ssh_port wants a port in 1..65535"));
+  EXPECT_THAT(Error({"--hostfile="}), HasSubstr("--hostfile wants the path of a hostfile"));
 }
 
 TEST(ParseLaunchFlags, PositionalProgramAsTorchrun) {

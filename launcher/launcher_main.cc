@@ -35,6 +35,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "backends/store/tcp_store.h"
+#include "launcher/hostfile_launch.h"
 #include "launcher/job_token.h"
 #include "launcher/launch_plan.h"
 #include "launcher/programs.h"
@@ -514,6 +515,24 @@ int Launcher::Run() {
   }
 }
 
+// A node of a hostfile job reads its standard input from the launcher on the first host (through
+// ssh). End-of-file means that launcher is stopping the job (Ctrl-C there, another node failed),
+// or it or the connection is gone: stop as on SIGTERM, which tells the other nodes too.
+void WatchStdin(int node_rank) {
+  std::thread([node_rank] {
+    char buf[256];
+    while (true) {
+      ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
+      if (n > 0 || (n < 0 && errno == EINTR)) continue;
+      break;
+    }
+    Say(absl::StrCat("node ", node_rank, ": standard input closed: the hostfile launcher on the "
+                     "first host is stopping the job, or it or its ssh connection went away; "
+                     "stopping"));
+    kill(getpid(), SIGTERM);
+  }).detach();
+}
+
 int Main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   absl::StatusOr<LaunchFlags> flags = ParseLaunchFlags(args);
@@ -522,6 +541,8 @@ int Main(int argc, char** argv) {
     std::printf("%s", LauncherUsage().c_str());
     return 0;
   }
+  // DeepSpeed's hostfile launcher: this launcher starts one per node (hostfile_launch.h).
+  if (!flags->hostfile.empty()) return HostfileMain(*flags, argv[0]);
   const EnvMap env = CurrentEnvironment();
   flags = FlagsWithEnvironment(*std::move(flags), env, DetectHost(env));
   if (!flags.ok()) Die(std::string(flags.status().message()));
@@ -533,7 +554,8 @@ int Main(int argc, char** argv) {
   }
   // Before anything is made: a missing or wrong token file stops the launcher with nothing left.
   absl::StatusOr<std::string> token = ChooseJobToken(
-      flags->job_token_file.empty() ? "" : ResolveUserPath(flags->job_token_file),
+      flags->job_token_file.empty() || flags->job_token_file == "-" ? flags->job_token_file
+                                                                     : ResolveUserPath(flags->job_token_file),
       std::getenv("BRAID_JOB_TOKEN"),
       {plan->num_launchers, plan->master_addr, plan->master_port, plan->describe});
   if (!token.ok()) Die(std::string(token.status().message()));
@@ -593,8 +615,13 @@ int Main(int argc, char** argv) {
                      plan->master_port, "). For nodes on several machines, pass "
                      "--master_addr=<node 0's address> to every launcher."));
   }
+  const bool watch_stdin = flags->watch_stdin;
+  const int node_rank = plan->node_rank;
   Launcher launcher(*std::move(flags), *std::move(plan), std::move(program_argv),
                     std::move(program.env), log_dir, run_name, *token);
+  // After the launcher blocked its stop signals (in every thread to come): the watcher's
+  // SIGTERM is then read by the launcher's loop like any other.
+  if (watch_stdin) WatchStdin(node_rank);
   return launcher.Run();
 }
 

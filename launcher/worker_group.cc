@@ -164,7 +164,15 @@ WorkerGroup::~WorkerGroup() {
 void WorkerGroup::CloseFds(Worker& w) {
   if (w.echo_fd >= 0) close(w.echo_fd);
   if (w.log_fd >= 0) close(w.log_fd);
-  w.echo_fd = w.log_fd = -1;
+  if (w.stdin_fd >= 0) close(w.stdin_fd);
+  w.echo_fd = w.log_fd = w.stdin_fd = -1;
+}
+
+void WorkerGroup::CloseStdin() {
+  for (Worker& w : workers_) {
+    if (w.stdin_fd >= 0) close(w.stdin_fd);
+    w.stdin_fd = -1;
+  }
 }
 
 absl::Status WorkerGroup::Start(const std::vector<WorkerSpec>& specs) {
@@ -201,6 +209,15 @@ absl::Status WorkerGroup::Start(const std::vector<WorkerSpec>& specs) {
       out_fd = pipe_fds[1];
       fcntl(w.echo_fd, F_SETFL, fcntl(w.echo_fd, F_GETFL) | O_NONBLOCK);
     }
+    // Close-on-exec: no other worker may hold this one's stdin open.
+    int in_fds[2] = {-1, -1};  // [read end (the worker's), write end (ours)]
+    if (spec.stdin_pipe && pipe2(in_fds, O_CLOEXEC) != 0) {
+      status = absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+      if (pipe_fds[1] >= 0) close(pipe_fds[1]);
+      CloseFds(w);
+      break;
+    }
+    const int in_fd = spec.stdin_pipe ? in_fds[0] : devnull;
     // Everything the child needs is built before fork: after it, only async-signal-safe calls.
     std::vector<std::string> env_strings;
     for (const auto& [k, v] : spec.env) env_strings.push_back(k + "=" + v);
@@ -216,6 +233,7 @@ absl::Status WorkerGroup::Start(const std::vector<WorkerSpec>& specs) {
       status = absl::ResourceExhaustedError(absl::StrCat("fork failed for rank ", spec.rank, ": ",
                                                          strerror(errno)));
       if (pipe_fds[1] >= 0) close(pipe_fds[1]);
+      if (in_fds[0] >= 0) close(in_fds[0]), close(in_fds[1]);
       CloseFds(w);
       break;
     }
@@ -231,7 +249,7 @@ absl::Status WorkerGroup::Start(const std::vector<WorkerSpec>& specs) {
       setpgid(0, 0);
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(137);  // the launcher died before the line above
-      dup2(devnull, 0);
+      dup2(in_fd, 0);
       dup2(out_fd, 1);
       dup2(out_fd, 2);
       execve(argv[0], argv.data(), envp.data());
@@ -244,6 +262,12 @@ absl::Status WorkerGroup::Start(const std::vector<WorkerSpec>& specs) {
     }
     setpgid(pid, pid);  // also here: no window in which a signal to the group misses it
     if (pipe_fds[1] >= 0) close(pipe_fds[1]);
+    if (spec.stdin_pipe) {
+      close(in_fds[0]);
+      w.stdin_fd = in_fds[1];
+      // Small (a token line): the pipe's buffer takes it whole, whether or not the worker reads.
+      WriteAll(w.stdin_fd, spec.stdin_text.data(), spec.stdin_text.size());
+    }
     w.pid = pid;
     workers_.push_back(std::move(w));
   }

@@ -37,6 +37,11 @@ struct WorkerSpec {
   // several workers can be told apart; whole lines only, so theirs never interleave mid-line.
   // The log gets the output unchanged.
   std::string echo_prefix;
+  // Standard input: /dev/null, or with stdin_pipe a pipe that gets stdin_text at once and stays
+  // open until CloseStdin (or this process ends), so that the worker sees end-of-file when this
+  // process is gone (the hostfile launcher's nodes watch for that).
+  bool stdin_pipe = false;
+  std::string stdin_text;
 };
 
 struct WorkerExit {
@@ -85,6 +90,9 @@ class WorkerGroup {
   // Copies whatever echoed output is buffered, without waiting.
   void DrainOutput();
 
+  // Closes every stdin_pipe: those workers read end-of-file.
+  void CloseStdin();
+
  private:
   struct Worker {
     WorkerSpec spec;
@@ -92,6 +100,7 @@ class WorkerGroup {
     bool exited = false;
     bool group_gone = false;  // exited and no process left in its group: never signal it again
     int log_fd = -1, echo_fd = -1;  // echo_fd: read end of the output pipe
+    int stdin_fd = -1;  // write end of the stdin_pipe
     std::string partial_line;  // with echo_prefix: console output after the last newline
   };
   void Echo(Worker& w, const char* data, size_t n, bool flush);

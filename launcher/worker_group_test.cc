@@ -136,6 +136,35 @@ TEST(WorkerGroup, ExecFailureIsLogged) {
   EXPECT_THAT(Read(s.log_path), HasSubstr("cannot run /nonexistent/program: No such file"));
 }
 
+TEST(WorkerGroup, StdinPipeGivesTheTextAndEndOfFileOnlyWhenClosed) {
+  std::string dir = TempDir();
+  WorkerGroup g;
+  // Worker 0 reads its first line, says so, then waits for end-of-file; worker 1 (stdin
+  // /dev/null) reads end-of-file at once.
+  WorkerSpec a = Shell(0, dir, "read -r line; echo \"got $line\"; cat >/dev/null; echo eof");
+  a.stdin_pipe = true;
+  a.stdin_text = "secret-token\n";
+  WorkerSpec b = Shell(1, dir, "cat; echo eof");
+  ASSERT_TRUE(g.Start({a, b}).ok());
+  ASSERT_TRUE(WaitFor([&] { return Read(a.log_path) == "got secret-token\n"; })) << Read(a.log_path);
+  std::vector<WorkerExit> exits;
+  ASSERT_TRUE(WaitFor([&] {
+    for (const WorkerExit& e : g.Poll(absl::Milliseconds(10))) exits.push_back(e);
+    return !exits.empty();
+  }));
+  // Worker 1 ended (its stdin was /dev/null, and it never held worker 0's pipe open); worker 0
+  // still waits for end-of-file.
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].rank, 1);
+  EXPECT_EQ(g.running(), 1);
+  EXPECT_EQ(Read(b.log_path), "eof\n");
+  g.CloseStdin();
+  std::vector<WorkerExit> rest = WaitAll(g);
+  ASSERT_EQ(rest.size(), 1u);
+  EXPECT_TRUE(rest[0].ok());
+  EXPECT_EQ(Read(a.log_path), "got secret-token\neof\n");
+}
+
 TEST(WorkerGroup, StopReachesGrandchildrenAndLeavesNothing) {
   std::string dir = TempDir();
   WorkerGroup g;
