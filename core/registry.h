@@ -107,6 +107,11 @@ struct ModelSpec {
   // Its tensor-parallel plan, as text in the language of plugins/tensor_parallel/plan.h ("" when
   // it has none): the plan lives with the model, the tensor-parallel strategy only applies it.
   std::string tensor_plan;
+  // Optional: makes weights written by another program fit the model's names before they are
+  // checked and loaded (init_from): drops a tied head's copy that PyTorch and Hugging Face
+  // state dicts carry under a name of its own ("lm_head.weight"). `model` is validated.
+  std::function<void(const config::ModelConfig& model, std::map<std::string, Tensor>* weights)>
+      adapt_weights;
   // The kind of data it trains on: the DatasetSpec::yields of its datasets ("tokens").
   std::string takes;
   // Optional, run after the generic checks passed (accepted fields, all >= 1): fills in the
@@ -117,11 +122,6 @@ struct ModelSpec {
       validate;
   // The model of an empty config (at most one model may claim it).
   bool is_default = false;
-  // Optional: the FLOPs of one training step (forward and backward) per token, or per sample
-  // for a model that takes samples, from the validated section; the numerator of the MFU the
-  // training program reports (none is shown without it). Computed from the config, not from a
-  // built model, so a model sharded over ranks still counts whole.
-  std::function<double(const config::ModelConfig& model)> train_flops_per_token;
 };
 
 // An optimizer: how to build it from the config's optimizer section.

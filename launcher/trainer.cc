@@ -27,12 +27,12 @@
 #include "core/plugin.h"
 #include "core/registry.h"
 #include "core/safetensors.h"
+#include "core/sharded_safetensors.h"
 #include "core/store.h"
 #include "launcher/batch_sources.h"
 #include "launcher/compose.h"
 #include "launcher/device_binding.h"
 #include "launcher/optimization.h"
-#include "launcher/peak_flops.h"
 #include "launcher/net.h"
 #include "launcher/run_report.h"
 #include "core/checkpointer.h"
@@ -40,6 +40,7 @@
 #include "core/deferred_init.h"
 #include "core/mesh.h"
 #include "core/strategy.h"
+#include "core/weights_match.h"
 #include "models/data/distributed_sampler.h"
 #include "models/data/find_data.h"
 #include "models/data/mnist.h"
@@ -110,10 +111,6 @@ class Run {
   TrainResult result_;
   StepTotals totals_;  // for the summary
   std::unique_ptr<monitor::Monitors> monitors_;  // tensorboard, csv_monitor (rank 0)
-  IntervalTimes interval_;  // wall_clock_breakdown
-  // The MFU's terms (rank 0; 0 = unknown): the model's training FLOPs per token, the device's
-  // measured peak per process.
-  double flops_per_token_ = 0, peak_flops_ = 0;
   absl::Time start_;
 };
 
@@ -142,10 +139,10 @@ absl::Status Run::OpenReport() {
   if (!env_.plugin_origin.empty()) rep_->Note(absl::StrCat("braid: plugins ", env_.plugin_origin));
   // Read (and checked) before any communication, so a bad file fails at once on every rank.
   if (!cfg_.init_from().empty()) {
-    BRAID_ASSIGN_OR_RETURN(init_weights_, LoadSafetensors(cfg_.init_from()));
-    // PyTorch's nanoGPT state dict also carries the tied head under its own name.
-    auto head = init_weights_.find("lm_head.weight");
-    if (head != init_weights_.end() && init_weights_.count("wte.weight")) init_weights_.erase(head);
+    // One file, or a Hugging Face checkpoint's shards (a folder or its index).
+    BRAID_ASSIGN_OR_RETURN(init_weights_, LoadSafetensorsWeights(cfg_.init_from()));
+    BRAID_ASSIGN_OR_RETURN(ModelSpec spec, Registry::Get().GetModel(cfg_.model().name()));
+    if (spec.adapt_weights) spec.adapt_weights(cfg_.model(), &init_weights_);
   }
   return absl::OkStatus();
 }
@@ -296,6 +293,12 @@ absl::Status Run::BuildModelAndPrecision() {
 }
 
 absl::Status Run::SetUpStrategy() {
+  if (!cfg_.init_from().empty()) {
+    // Against the whole model, before a strategy splits it: every mismatch in one message.
+    std::map<std::string, Shape> shapes;
+    for (auto& [name, t] : model_->NamedParameters()) shapes[name] = t.shape();
+    BRAID_RETURN_IF_ERROR(CheckWeightsMatch(shapes, init_weights_, cfg_.init_from()));
+  }
   BRAID_RETURN_IF_ERROR(strategy_->Setup(*model_, make_optimizer_, ctx_));
   // Activation checkpointing (core/activation_checkpointing.h), under every strategy. Here,
   // after Setup: the model is in its final form (tensor parallelism has split it, the pipeline
@@ -408,18 +411,6 @@ absl::Status Run::Loop() {
   BRAID_RETURN_IF_ERROR(rep_->BeginMetrics(first_step_));
   BRAID_ASSIGN_OR_RETURN(monitors_, OpenMonitors(cfg_, env_, first_step_));
   if (monitors_ != nullptr) rep_->Line("braid: monitors: " + monitors_->Describe());
-  // MFU, on rank 0 (whose console the launcher shows): measured while the other ranks wait for
-  // the first step's collectives, so they do not share the cores with the measurement.
-  if (env_.rank == 0) {
-    BRAID_ASSIGN_OR_RETURN(ModelSpec spec, Registry::Get().GetModel(cfg_.model().name()));
-    if (spec.train_flops_per_token) {
-      flops_per_token_ = spec.train_flops_per_token(cfg_.model());
-      peak_flops_ = MeasurePeakFlops(device_);
-      rep_->Note(absl::StrFormat("braid: MFU's terms: %.6g FLOP per %s (the model's formula), "
-                                 "peak %.4g FLOP/s per process (f32 matmul ceiling measured now)",
-                                 flops_per_token_, unit_, peak_flops_));
-    }
-  }
   // Peaks from here on: the training steps, not model construction.
   GetAllocator(device_)->ResetPeak();
   for (auto& [d, m] : AllMemoryStats()) GetAllocator(d)->ResetPeak();
@@ -464,25 +455,15 @@ absl::Status Run::Loop() {
     double tps = double(tokens_per_step_) / dt;
     double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
     double eta = elapsed / (step + 1) * (steps_ - step - 1);
-    const double mfu = Mfu(flops_per_token_, tps, env_.world_size, peak_flops_);
-    rep_->Metric(StepMetricJson(step, st, lr, dt, tps, GetMemoryStats(device_).peak_bytes, mp_.get(),
-                                peak_flops_ > 0 && flops_per_token_ > 0 ? mfu : -1));
+    rep_->Metric(StepMetricJson(step, st, lr, dt, tps, GetMemoryStats(device_).peak_bytes, mp_.get()));
     if (monitors_ != nullptr) {
-      BRAID_RETURN_IF_ERROR(monitors_->Write(
-          step, StepEvents(st, lr, mp_.get(), cfg_.wall_clock_breakdown()), absl::Now()));
+      BRAID_RETURN_IF_ERROR(monitors_->Write(step, StepEvents(st, lr, mp_.get()), absl::Now()));
     }
-    interval_.Add(st);
     bool keep = step % print_every == 0 || step == steps_ - 1;
-    rep_->Progress(absl::StrFormat("step %*d/%d | loss %.4f | %s %s/s%s | lr %.2e | ETA %s",
+    rep_->Progress(absl::StrFormat("step %*d/%d | loss %.4f | %s %s/s | lr %.2e | ETA %s",
                                    int(std::to_string(steps_).size()), step + 1, steps_, st.loss,
-                                   absl::StrFormat("%.0f", tps), unit_,
-                                   mfu > 0 ? absl::StrFormat(" | MFU %.1f%%", 100 * mfu) : "",
-                                   lr, FormatDuration(eta)),
+                                   absl::StrFormat("%.0f", tps), unit_, lr, FormatDuration(eta)),
                    keep);
-    // DeepSpeed's timer line, every print interval (steps_per_print is log.print_every).
-    if (keep && cfg_.wall_clock_breakdown()) {
-      rep_->Line(interval_.TakeLine(env_.rank, step + 2 - interval_.steps, step + 1));
-    }
     if (checkpointer_ != nullptr) {
       BRAID_RETURN_IF_ERROR(checkpointer_->Poll(*group_[0]));  // commits a finished async save
       const int every = cfg_.checkpoint().every_steps();
@@ -514,10 +495,6 @@ absl::StatusOr<TrainResult> Run::Finish() {
   summary.checkpoint_dir = checkpointer_ != nullptr ? checkpoint_options_.dir : "";
   summary.checkpoint_blocked_s = checkpoint_blocked_s_;
   summary.checkpoint_async = cfg_.checkpoint().async();
-  summary.flops_per_token = flops_per_token_;
-  summary.peak_flops = peak_flops_;
-  summary.processes = env_.world_size;
-  summary.threads = cfg_.threads();
   // A run resumed at (or past) its last step trains nothing: it says so, and adds no summary
   // to the metrics (the finished run's stays).
   const bool trained = first_step_ < steps_;

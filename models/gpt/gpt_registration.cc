@@ -2,6 +2,7 @@
 // run's) and "gpt2-124m". Validation fills every shape field from the preset, so the effective
 // config shows the model's shape and BuildGpt reads plain values.
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -35,8 +36,8 @@ void ValidateGpt(const std::string& name, config::ModelConfig* m, const std::str
   }
 }
 
-// The shape a model section gives (its preset, then the fields it sets).
-absl::StatusOr<GptConfig> GptConfigOf(const config::ModelConfig& m) {
+absl::StatusOr<std::unique_ptr<Module>> BuildGpt(const config::ModelConfig& m, uint64_t seed,
+                                                 Device device) {
   BRAID_ASSIGN_OR_RETURN(GptConfig gc, GptConfig::ByName(m.name()));
   if (m.has_n_layer()) gc.n_layer = m.n_layer();
   if (m.has_n_head()) gc.n_head = m.n_head();
@@ -48,12 +49,6 @@ absl::StatusOr<GptConfig> GptConfigOf(const config::ModelConfig& m) {
     gc.padded_vocab_size = std::max<int64_t>(gc.vocab_size, (gc.vocab_size + 63) / 64 * 64);
   }
   gc.stable_embedding = m.stable_embedding();
-  return gc;
-}
-
-absl::StatusOr<std::unique_ptr<Module>> BuildGpt(const config::ModelConfig& m, uint64_t seed,
-                                                 Device device) {
-  BRAID_ASSIGN_OR_RETURN(GptConfig gc, GptConfigOf(m));
   gc.seed = seed;
   return std::unique_ptr<Module>(std::make_unique<Gpt>(gc, device));
 }
@@ -64,6 +59,10 @@ const bool kRegistered = [] {
     spec.build = BuildGpt;
     spec.fields = {"n_layer", "n_head", "n_embd", "block_size", "vocab_size", "stable_embedding"};
     spec.takes = "tokens";
+    // PyTorch's nanoGPT state dict also carries the tied head under its own name.
+    spec.adapt_weights = [](const config::ModelConfig&, std::map<std::string, Tensor>* w) {
+      if (w->count("wte.weight")) w->erase("lm_head.weight");
+    };
     spec.validate = [preset = std::string(name)](config::ModelConfig* m,
                                                  const std::string& dataset_name,
                                                  const DatasetSpec* dataset,
@@ -71,11 +70,6 @@ const bool kRegistered = [] {
       ValidateGpt(preset, m, dataset_name, dataset, problems);
     };
     spec.is_default = std::string(name) == "gpt-mini";  // the reference run (docs/REFERENCE_RUN.md)
-    spec.train_flops_per_token = [](const config::ModelConfig& m) {
-      absl::StatusOr<GptConfig> gc = GptConfigOf(m);
-      BRAID_CHECK(gc.ok()) << gc.status().ToString();  // validated: the preset exists
-      return TrainFlopsPerToken(*gc);
-    };
     BRAID_CHECK_OK(Registry::Get().AddModel(name, std::move(spec), "models/gpt"));
   }
   return true;

@@ -4,6 +4,7 @@
 // hyper-parameters are model.options, the shape fields GPT shares are model's fields.
 // Validation writes every value back, so the effective config shows the model's whole shape and
 // the build reads plain values.
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "core/check.h"
 #include "core/config/train_config.pb.h"
 #include "core/registry.h"
+#include "models/llama/hf_checkpoint.h"
 #include "models/llama/hf_config.h"
 #include "models/llama/llama.h"
 
@@ -116,6 +118,11 @@ const bool kRegistered = [] {
                     {"rope_scaling_factor", Kind::kFloat}, {"rms_norm_eps", Kind::kFloat},
                     {"tie_embeddings", Kind::kBool},  {"hf_config", Kind::kString}};
     spec.tensor_plan = kLlamaTensorPlan;
+    // Hugging Face's tied checkpoints may carry lm_head.weight, a copy of the embedding.
+    spec.adapt_weights = [](const config::ModelConfig& m, std::map<std::string, Tensor>* w) {
+      absl::StatusOr<LlamaConfig> c = LlamaFromModelConfig(m);
+      if (c.ok()) DropTiedCopies(*c, w);
+    };
     spec.takes = "tokens";
     spec.validate = ValidateLlama;
     BRAID_CHECK_OK(Registry::Get().AddModel(name, std::move(spec), "models/llama"));
