@@ -128,6 +128,21 @@ class Strategy {
   // rank at the same point.
   virtual absl::Status Evaluate(const std::function<void(Module&)>& eval) = 0;
 
+  // Held-out evaluation of a loss: the mean of `loss` over `batches`, forwards only, on the
+  // model as this strategy holds it, through Evaluate. Every rank calls it at the same point
+  // with the same batches and gets the same value. A strategy whose model output is not what
+  // `loss` expects (tensor parallelism's vocabulary-split logits) substitutes its own criterion
+  // here, as its TrainStep does.
+  virtual absl::StatusOr<double> EvaluateLoss(const std::vector<Batch>& batches,
+                                              const LossFn& loss) {
+    double sum = 0;
+    absl::Status st = Evaluate([&](Module& m) {
+      for (const Batch& b : batches) sum += double(loss(m, b).item());
+    });
+    if (!st.ok()) return st;
+    return batches.empty() ? 0.0 : sum / double(batches.size());
+  }
+
   // True when the strategy wants the model built with deferred initialisation
   // (core/deferred_init.h): no parameter memory until the strategy materialises what this rank
   // holds (ZeRO-3 keeps only its shard, with the values a full initialisation would give).

@@ -32,6 +32,7 @@
 #include "launcher/batch_sources.h"
 #include "launcher/compose.h"
 #include "launcher/device_binding.h"
+#include "launcher/evaluation.h"
 #include "launcher/optimization.h"
 #include "launcher/net.h"
 #include "launcher/run_report.h"
@@ -109,6 +110,7 @@ class Run {
   int checkpoints_saved_ = 0;
   double checkpoint_blocked_s_ = 0;
   TrainResult result_;
+  std::unique_ptr<Evaluation> eval_;  // the config's eval section; null without one
   StepTotals totals_;  // for the summary
   std::unique_ptr<monitor::Monitors> monitors_;  // tensorboard, csv_monitor (rank 0)
   absl::Time start_;
@@ -327,6 +329,7 @@ absl::Status Run::PrepareData() {
   BRAID_ASSIGN_OR_RETURN(source_, BuildData(cfg_, *model_, strategy_->data_parallel_rank(),
                                             strategy_->data_parallel_size(), data_device));
   schedule_ = MakeSchedule(cfg_);
+  BRAID_ASSIGN_OR_RETURN(eval_, Evaluation::Create(cfg_, device_, mp_ != nullptr ? mp_->dtype : DType::kF32));
   loss_fn_ = [mpp = mp_.get()](Module& m, const Batch& b) {
     Tensor loss = ops::CrossEntropy(m(b.inputs), b.targets);
     return mpp != nullptr ? ScaledLoss(loss, *mpp) : loss;
@@ -464,6 +467,11 @@ absl::Status Run::Loop() {
                                    int(std::to_string(steps_).size()), step + 1, steps_, st.loss,
                                    absl::StrFormat("%.0f", tps), unit_, lr, FormatDuration(eta)),
                    keep);
+    if (eval_ != nullptr && eval_->Due(step, steps_)) {
+      BRAID_ASSIGN_OR_RETURN(EvalResult ev, eval_->Run(*strategy_, *model_));
+      rep_->Metric(Evaluation::MetricJson(step, ev));
+      rep_->Progress(Evaluation::Line(step, steps_, ev), /*keep=*/true);
+    }
     if (checkpointer_ != nullptr) {
       BRAID_RETURN_IF_ERROR(checkpointer_->Poll(*group_[0]));  // commits a finished async save
       const int every = cfg_.checkpoint().every_steps();

@@ -341,6 +341,22 @@ void CheckRun(Checker& c, TrainConfig* cfg, int dp, bool layout_ok, const Strate
     if (!k->has_resume()) k->set_resume(true);
   }
 
+  if (cfg->has_eval()) {
+    EvalConfig* e = cfg->mutable_eval();
+    if (!e->has_every_steps()) e->set_every_steps(0);
+    if (e->every_steps() < 0) {
+      c.Error(absl::StrCat("eval.every_steps (", e->every_steps(),
+                           ") must be >= 0 (0: only after the last step)"));
+    }
+    if (!e->has_batches()) e->set_batches(8);
+    c.Positive("eval.batches", e->batches());
+    // A validation loss needs a validation split: MNIST's held-out digits are scored anyway.
+    if (cfg->data().dataset() == "mnist") {
+      c.Error("eval is for language models (a validation split of token data); MNIST's test "
+              "accuracy is reported after training without it: remove the eval section");
+    }
+  }
+
   LogConfig* log = cfg->mutable_log();
   if (!log->has_print_every()) log->set_print_every(kDefaultPrintEvery);
   c.Positive("log.print_every", log->print_every());

@@ -382,6 +382,18 @@ TEST(ConfigValidate, CheckpointSection) {
   EXPECT_THAT(ValidationError("checkpoint { dir: \"d\" keep_last: 0 }"), HasSubstr("checkpoint.keep_last (0)"));
 }
 
+TEST(ConfigValidate, EvalSection) {
+  TrainConfig cfg = Text("eval { }");
+  ASSERT_TRUE(Validate(&cfg, 1, {}).ok());
+  EXPECT_EQ(cfg.eval().every_steps(), 0);
+  EXPECT_EQ(cfg.eval().batches(), 8);
+  EXPECT_FALSE(Text("").has_eval());
+  EXPECT_THAT(ValidationError("eval { every_steps: -2 }"), HasSubstr("eval.every_steps (-2) must be >= 0"));
+  EXPECT_THAT(ValidationError("eval { batches: 0 }"), HasSubstr("eval.batches (0)"));
+  EXPECT_THAT(ValidationError("model { name: \"mnist-mlp\" } data { dataset: \"mnist\" } eval { }"),
+              HasSubstr("eval is for language models"));
+}
+
 TEST(ConfigValidate, ReportsEveryProblemAtOnce) {
   EXPECT_THAT(ValidationError("steps: 0 optimizer { params { lr: 0 } } threads: 0"),
               AllOf(HasSubstr("3 problems"), HasSubstr("steps (0)"),

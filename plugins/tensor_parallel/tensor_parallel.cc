@@ -195,9 +195,18 @@ class TensorParallelStrategy : public Strategy {
     if (plan_.output_vocab_sharded) {
       return Error(absl::StatusCode::kUnimplemented,
                    "evaluation of a model whose output is split over the vocabulary is not "
-                   "supported yet; evaluate the saved weights with one process");
+                   "supported yet beyond its loss (EvaluateLoss); evaluate the saved weights "
+                   "with one process");
     }
     return inner_->Evaluate(eval);
+  }
+  // The loss from this rank's vocabulary columns, as in training: the full logits are never
+  // gathered (a GPT-2 batch's would be gigabytes).
+  absl::StatusOr<double> EvaluateLoss(const std::vector<Batch>& batches,
+                                      const LossFn& loss) override {
+    if (!criterion_) return inner_->EvaluateLoss(batches, loss);
+    CriterionFn crit = criterion_;
+    return inner_->EvaluateLoss(batches, [crit](Module& m, const Batch& b) { return crit(m(b.inputs), b); });
   }
 
   std::vector<std::pair<std::string, int64_t>> ModelStatePeaks() const override {
