@@ -122,6 +122,11 @@ struct ModelSpec {
       validate;
   // The model of an empty config (at most one model may claim it).
   bool is_default = false;
+  // Optional: the FLOPs of one training step (forward and backward) per token, or per sample
+  // for a model that takes samples, from the validated section; the numerator of the MFU the
+  // training program reports (none is shown without it). Computed from the config, not from a
+  // built model, so a model sharded over ranks still counts whole.
+  std::function<double(const config::ModelConfig& model)> train_flops_per_token;
 };
 
 // An optimizer: how to build it from the config's optimizer section.

@@ -279,8 +279,8 @@ void Launcher::AgreeOnRunFolder() {
   if (!log_dir_.empty()) return;
   absl::StatusOr<std::string> agreed = client_->CompareSet("braid/run_folder", "", run_name_);
   if (!agreed.ok()) Die(absl::StrCat("agreeing on the run folder: ", agreed.status().message()));
-  const std::string base = Workspace().empty() ? "." : Workspace();
-  log_dir_ = Absolute(ResolveUserPath(absl::StrCat(base, "/runs/", *agreed)));
+  const std::string runs = Workspace().empty() ? "runs/" : Workspace() + "/runs/";
+  log_dir_ = Absolute(ResolveUserPath(runs + *agreed));
   if (absl::Status st = MakeDirs(log_dir_); !st.ok()) Die(absl::StrCat("run folder: ", st.message()));
 }
 

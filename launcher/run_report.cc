@@ -74,19 +74,42 @@ void StepTotals::Add(double dt, const StepStats& st) {
   if (!st.comm_what.empty()) comm_what = st.comm_what;
 }
 
+void IntervalTimes::Add(const StepStats& st) {
+  fwd += st.forward_s;
+  bwd += st.backward_s;
+  comm += st.comm_exposed_s;
+  opt += st.optimizer_s;
+  ++steps;
+}
+
+std::string IntervalTimes::TakeLine(int rank, int first, int last) {
+  std::string line = absl::StrFormat(
+      "braid: steps %d-%d: rank=%d time (ms) | fwd: %.2f | bwd: %.2f | bwd_inner: %.2f | "
+      "bwd_allreduce: %.2f | step: %.2f",
+      first, last, rank, 1e3 * fwd, 1e3 * (bwd + comm), 1e3 * bwd, 1e3 * comm, 1e3 * opt);
+  *this = IntervalTimes();
+  return line;
+}
+
+double Mfu(double flops_per_token, double tokens_per_s, int processes, double peak_flops) {
+  if (!(flops_per_token > 0) || !(peak_flops > 0) || processes < 1) return 0;
+  return flops_per_token * tokens_per_s / (double(processes) * peak_flops);
+}
+
 std::string StepMetricJson(int step, const StepStats& st, float lr, double dt, double tps,
-                           int64_t peak_bytes, const MixedPrecision* mp) {
+                           int64_t peak_bytes, const MixedPrecision* mp, double mfu) {
   return absl::StrFormat(
       "{\"step\": %d, \"loss\": %.9g, \"lr\": %.6g, \"step_s\": %.6f, \"tokens_per_s\": %.1f, "
       "\"forward_s\": %.6f, \"backward_s\": %.6f, \"comm_exposed_s\": %.6f, "
       "\"optimizer_s\": %.6f, \"grad_norm\": %s, \"comm_bytes\": %d, "
-      "\"comm_bytes_overlapped\": %d, \"peak_bytes\": %d%s}",
+      "\"comm_bytes_overlapped\": %d, \"peak_bytes\": %d%s%s}",
       step, st.loss, lr, dt, tps, st.forward_s, st.backward_s, st.comm_exposed_s,
       st.optimizer_s,
       // JSON has no inf/NaN: an overflowed step's norm (fp16, skipped) is null.
       std::isfinite(st.grad_norm) ? absl::StrFormat("%.6g", st.grad_norm) : std::string("null"),
       st.comm_bytes, st.comm_bytes_overlapped,
       peak_bytes,
+      mfu >= 0 ? absl::StrFormat(", \"mfu\": %.6f", mfu) : std::string(),
       mp == nullptr ? std::string()
                     : absl::StrFormat(", \"loss_scale\": %g, \"skipped\": %s", mp->last_step_scale,
                                       mp->last_step_skipped ? "true" : "false"));
@@ -121,6 +144,18 @@ RunEnd ReportRunSummary(Reporter& rep, const RunSummaryInputs& in, const StepTot
       result.median_tokens_per_s, in.unit, double(result.peak_bytes) / (1 << 20),
       double(end.peak_rss) / (1 << 20), pct(totals.fwd),
       pct(totals.bwd), pct(totals.comm), pct(totals.opt)));
+  if (in.flops_per_token > 0 && in.peak_flops > 0) {
+    end.flops_per_token = in.flops_per_token;
+    end.peak_flops = in.peak_flops;
+    end.mfu = Mfu(in.flops_per_token, result.median_tokens_per_s, in.processes, in.peak_flops);
+    rep.Line(absl::StrFormat(
+        "braid: MFU %.1f%%: %.4g FLOP per %s (the model's formula, forward and backward) x median "
+        "%.0f %s/s = %.2f GFLOP/s, of %d process(es) x %.1f GFLOP/s (the f32 matmul ceiling "
+        "measured at start on %d thread(s))",
+        100 * end.mfu, in.flops_per_token, std::string(in.unit) == "tok" ? "token" : "sample",
+        result.median_tokens_per_s, in.unit, in.flops_per_token * result.median_tokens_per_s / 1e9,
+        in.processes, in.peak_flops / 1e9, in.threads));
+  }
   for (const std::string& line : in.strategy->SummaryLines()) rep.Line("braid: " + line);
   if (mp != nullptr) {
     rep.Line(absl::StrFormat("braid: mixed precision %s: loss scale %g at the end, %d of %d steps "
@@ -187,10 +222,20 @@ absl::StatusOr<std::unique_ptr<monitor::Monitors>> OpenMonitors(const config::Tr
   return monitor::Monitors::Open(folders, first_step, cfg.train_batch_size(), absl::Now());
 }
 
-monitor::Events StepEvents(const StepStats& st, float lr, const MixedPrecision* mp) {
+monitor::Events StepEvents(const StepStats& st, float lr, const MixedPrecision* mp,
+                           bool wall_clock_breakdown) {
   monitor::Events events = {{"Train/Samples/train_loss", st.loss}, {"Train/Samples/lr", lr}};
   if (mp != nullptr && mp->dtype == DType::kF16) {
     events.push_back({"Train/Samples/loss_scale", mp->last_step_scale});
+  }
+  if (wall_clock_breakdown) {
+    const double ms = 1e3;
+    events.push_back({"Train/Samples/elapsed_time_ms_forward", float(ms * st.forward_s)});
+    events.push_back({"Train/Samples/elapsed_time_ms_backward",
+                      float(ms * (st.backward_s + st.comm_exposed_s))});
+    events.push_back({"Train/Samples/elapsed_time_ms_backward_inner", float(ms * st.backward_s)});
+    events.push_back({"Train/Samples/elapsed_time_ms_backward_allreduce", float(ms * st.comm_exposed_s)});
+    events.push_back({"Train/Samples/elapsed_time_ms_step", float(ms * st.optimizer_s)});
   }
   return events;
 }
@@ -200,9 +245,13 @@ std::string SummaryMetricJson(const std::string& eval, int steps, const TrainRes
   return absl::StrFormat(
       "{\"summary\": true, \"eval\": \"%s\", \"steps\": %d, \"first_loss\": %.6f, \"final_loss\": %.6f, "
       "\"median_tokens_per_s\": %.1f, \"peak_bytes\": %d, \"peak_rss_bytes\": %d, "
-      "\"wall_s\": %.3f%s}",
+      "\"wall_s\": %.3f%s%s}",
       eval, steps, result.first_loss, result.final_loss, result.median_tokens_per_s,
       result.peak_bytes, end.peak_rss, end.wall,
+      end.mfu >= 0 ? absl::StrFormat(", \"mfu\": %.6f, \"flops_per_token\": %.6g, "
+                                     "\"peak_flops_per_s\": %.6g",
+                                     end.mfu, end.flops_per_token, end.peak_flops)
+                   : std::string(),
       mp == nullptr ? std::string()
                     : absl::StrFormat(", \"precision\": \"%s\", \"loss_scale\": %g, \"skipped_steps\": %d",
                                       DTypeName(mp->dtype), mp->scaler.scale(), mp->scaler.skipped_steps()));

@@ -32,9 +32,6 @@ struct DeepSpeedKey {
   const char* why;
 };
 constexpr DeepSpeedKey kDeepSpeedKeys[] = {
-    {"wall_clock_breakdown", nullptr,
-     "metrics.jsonl always records each step's forward, backward, exposed communication and "
-     "optimizer time, and the summary their shares"},
     {"prescale_gradients", nullptr,
      "Braid averages gradients in one reduction; where the division happens changes nothing "
      "in exact arithmetic"},
