@@ -1,10 +1,13 @@
 #include "launcher/batch_sources.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <numeric>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/autograd.h"
 #include "core/check.h"
@@ -117,6 +120,13 @@ absl::StatusOr<std::unique_ptr<BatchSource>> BuildData(const config::TrainConfig
     BRAID_ASSIGN_OR_RETURN(path, data::FindDataFile(data::kMobyDickText));
   }
   std::shared_ptr<const data::TokenFile> shared;
+  if (d.dataset() == "tokens" && access(path.c_str(), F_OK) != 0) {
+    // Most often the preparation step was skipped or wrote elsewhere.
+    return absl::NotFoundError(absl::StrCat(
+        "data.path '", path, "' does not exist: prepare the data first (bazel run "
+        "//tools:prepare_data -- --tokenizer=gpt2 --out=<folder> <your text>, docs/DATA.md) and "
+        "give data.path that folder"));
+  }
   if (d.dataset() == "tokens" && data::IsTokenDatasetPath(path)) {
     // A prepared data set (//tools:prepare_data): every shard checked, and every id checked
     // against the model's vocabulary, here at start rather than as an abort mid-run.

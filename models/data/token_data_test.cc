@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "models/data/find_data.h"
 
@@ -121,6 +122,44 @@ TEST(TokenFile, ConcatenatedFilesReadAsOneSequence) {
   auto bad = TokenFile::OpenConcatenated({a, b, c}, TokenType::kU16, "train split");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("shard_b.bin"), absl::string_view::npos) << bad.status();
+}
+
+// The samplers read shards as they read one file: the same batches from the shards of a
+// sequence as from the whole sequence in one file.
+TEST(TokenFile, SamplersReadShardsAsOneFile) {
+  std::vector<uint8_t> all;
+  std::vector<std::string> paths;
+  for (int s = 0; s < 4; ++s) {
+    std::vector<uint8_t> bytes;
+    for (int i = 0; i < 97 + 31 * s; ++i) {  // uneven shard sizes
+      const int v = (s * 1000 + i * 7) % 50000;
+      bytes.push_back(uint8_t(v & 0xff));
+      bytes.push_back(uint8_t(v >> 8));
+    }
+    paths.push_back(TempPath(absl::StrCat("sampled_", s, ".bin")));
+    WriteBytes(paths.back(), bytes);
+    all.insert(all.end(), bytes.begin(), bytes.end());
+  }
+  const std::string whole_path = TempPath("sampled_all.bin");
+  WriteBytes(whole_path, all);
+  auto shards = std::make_shared<const TokenFile>(
+      *TokenFile::OpenConcatenated(paths, TokenType::kU16, "shards"));
+  auto whole = std::make_shared<const TokenFile>(*TokenFile::Open(whole_path, TokenType::kU16));
+  ASSERT_EQ(shards->size(), whole->size());
+  auto a = RandomWindowSampler::Create(shards, 3, 40, 1234, 1);
+  auto b = RandomWindowSampler::Create(whole, 3, 40, 1234, 1);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto c = SequentialLoader::Create(shards, 2, 16, 1, 2);
+  auto d = SequentialLoader::Create(whole, 2, 16, 1, 2);
+  ASSERT_TRUE(c.ok() && d.ok());
+  for (int step = 0; step < 20; ++step) {
+    Batch x = a->Next(), y = b->Next();
+    EXPECT_EQ(x.inputs.ToVector<int32_t>(), y.inputs.ToVector<int32_t>());
+    EXPECT_EQ(x.targets.ToVector<int32_t>(), y.targets.ToVector<int32_t>());
+    Batch u = c->Next(), v = d->Next();
+    EXPECT_EQ(u.inputs.ToVector<int32_t>(), v.inputs.ToVector<int32_t>());
+    EXPECT_EQ(u.targets.ToVector<int32_t>(), v.targets.ToVector<int32_t>());
+  }
 }
 
 TEST(RandomWindowSampler, WindowsFollowTheReferenceDefinition) {

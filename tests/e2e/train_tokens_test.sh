@@ -49,6 +49,12 @@ out=$(bounded "$TR" --config="$tmp/bad.pbtxt" --log_dir="$tmp/l4" 2>&1); rc=$?
 grep -q "shard '$tmp/bad/train-00001.bin' does not match its SHA-256" <<<"$out" && [ "$rc" = 1 ] ||
   fail "damaged shard (exit $rc): $(tail -3 <<<"$out")"
 
+# A data set that was never prepared: the path and the command that makes it.
+cfg "$tmp/none.pbtxt" "dataset: \"tokens\" path: \"$tmp/never-prepared\""
+out=$(bounded "$TR" --config="$tmp/none.pbtxt" --log_dir="$tmp/l6" 2>&1); rc=$?
+grep -q "^braid train: data.path '$tmp/never-prepared' does not exist: prepare the data first (bazel run //tools:prepare_data" <<<"$out" &&
+  [ "$rc" = 1 ] || fail "missing data set (exit $rc): $(tail -3 <<<"$out")"
+
 # The flat file of before: u16 ids, no manifest.
 head -c 20000 "$tmp/ds/train-00000.bin" >"$tmp/flat.u16"
 cfg "$tmp/flat.pbtxt" "dataset: \"tokens\" path: \"$tmp/flat.u16\" token_dtype: \"u16\""

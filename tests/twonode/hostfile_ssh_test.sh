@@ -94,6 +94,7 @@ ip netns exec "$ns1" unshare --mount sh -c \
   'mount -t tmpfs -o size=1m,mode=755 tmpfs /run && mkdir -m 755 /run/sshd && exec /usr/sbin/sshd -D -e -f "$1"' \
   sh "$T/sshd_config" 2> "$T/sshd.log" &
 sshd_pid=$!
+disown $sshd_pid  # killed by cleanup: no "Killed" line from the shell
 wait_until 30 grep -q "Server listening on $addr1 port 2222" "$T/sshd.log" ||
   { echo "FAIL: sshd did not start:"; cat "$T/sshd.log"; exit 1; }
 ok "sshd listens on $addr1:2222"

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -233,6 +234,46 @@ TEST(PrepareData, JsonLinesTakeTheNamedField) {
   EXPECT_EQ(Documents(All(*d, Split::kTrain)),
             (std::vector<std::string>{"first", "second \xc3\xa9", "third"}));
   EXPECT_FALSE(d->Tokens(Split::kValidation).ok());
+}
+
+// A vocabulary past 65,536 ids: each byte b is id 65536 + b.
+class WideTokenizer : public text::Tokenizer {
+ public:
+  std::string name() const override { return "wide"; }
+  uint32_t vocab_size() const override { return 70000; }
+  using Tokenizer::Encode;
+  void Encode(absl::string_view text, std::vector<uint32_t>* ids) const override {
+    for (unsigned char c : text) ids->push_back(65536 + c);
+  }
+  absl::StatusOr<std::string> Decode(absl::Span<const uint32_t> ids) const override {
+    return absl::UnimplementedError("not needed");
+  }
+};
+
+TEST(PrepareData, VocabulariesPast65536IdsAreWrittenAsU32) {
+  Corpus c = TenDocuments("wide");
+  PrepareOptions o = Options(c, Temp("wide_out"));
+  o.eot_id = 69999;
+  WideTokenizer wide;
+  absl::StatusOr<data::TokenManifest> m = PrepareData(wide, o);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->dtype, data::TokenType::kU32);
+  absl::StatusOr<TokenDataset> d = TokenDataset::Open(o.out_dir);
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::vector<int32_t> ids = All(*d, Split::kTrain);
+  std::vector<int32_t> val = All(*d, Split::kValidation);
+  ids.insert(ids.end(), val.begin(), val.end());
+  int64_t bytes = 0;
+  for (const std::string& t : c.texts) bytes += int64_t(t.size());
+  EXPECT_EQ(int64_t(ids.size()), bytes + 10);  // every byte and 10 end-of-text ids
+  for (int32_t id : ids) {
+    ASSERT_TRUE(id == 69999 || (id >= 65536 + 'a' && id <= 65536 + 'z') ||
+                (id >= 65536 + '0' && id <= 65536 + '9'))
+        << id;
+  }
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 69999), 10);
+  EXPECT_TRUE(d->CheckVocab(70000).ok());
+  EXPECT_THAT(std::string(d->CheckVocab(65536).message()), HasSubstr("beyond the model's vocabulary of 65536"));
 }
 
 std::string Refusal(const PrepareOptions& o) {
