@@ -2,8 +2,11 @@
 """Draws training runs' metrics files (the trainer's metrics.jsonl) as curves, to PNG or SVG.
 
 Each metrics file holds one JSON object per step ({"step": 0, "loss": 5.54, ...}); the trainer's
-last line, {"summary": true, ...}, is skipped. One curve per file, labelled by --label (one per
-file, in order) or by the file's folder name (runs/<run>/metrics.jsonl -> <run>).
+last line, {"summary": true, ...}, is skipped. A run with an eval section also has validation
+lines ({"step": 99, "val_loss": 2.1, "val_ppl": 8.2}, after the step they follow): the default
+plot (--y loss) draws each file's validation loss beside its training loss, dashed with markers in
+the same colour; --y val_loss or val_ppl draws them alone. One curve per file, labelled by --label
+(one per file, in order) or by the file's folder name (runs/<run>/metrics.jsonl -> <run>).
 
 Examples:
   tools/plot_metrics.py runs/a/metrics.jsonl runs/b/metrics.jsonl -o loss.png
@@ -23,8 +26,15 @@ class MetricsError(Exception):
     """A problem with an input file; the message names the file (and line)."""
 
 
-def read_metrics(path, y):
-    """Returns (steps, values) of field `y` from one metrics file, in file order."""
+EVAL_FIELDS = ("val_loss", "val_ppl")  # the fields of a validation line (the eval section)
+
+
+def read_metrics(path, y, required=True):
+    """Returns (steps, values) of field `y` from one metrics file, in file order.
+
+    A validation line (it has "val_loss") is read for the validation fields and skipped for the
+    others, and a step line for the others only. With required=False, a file without any line
+    holding `y` gives two empty lists instead of an error."""
     steps, values = [], []
     try:
         f = open(path, encoding="utf-8")
@@ -46,6 +56,8 @@ def read_metrics(path, y):
                 continue  # the trainer's summary line, not a step
             if "step" not in row:
                 raise MetricsError(f'{path}:{n}: no "step" field (a step line has "step", "loss", ...)')
+            if ("val_loss" in row) != (y in EVAL_FIELDS):
+                continue  # a validation line when plotting a step field, or the other way round
             if y not in row:
                 known = ", ".join(k for k in row if k != "step")
                 raise MetricsError(f'{path}:{n}: no field "{y}" to plot (this line has: {known}); '
@@ -58,7 +70,9 @@ def read_metrics(path, y):
                 raise MetricsError(f'{path}:{n}: field "step" is {json.dumps(s)}, not a number')
             steps.append(s)
             values.append(float(v))
-    if not steps:
+    if not steps and required:
+        if y in EVAL_FIELDS:
+            raise MetricsError(f"{path}: no validation lines (the run had no eval section)")
         raise MetricsError(f"{path}: no step lines (an empty file, or only the summary)")
     return steps, values
 
@@ -90,8 +104,9 @@ def parse_args(argv):
                    help="a curve's legend label; give one per file, in order "
                         "(default: each file's folder name)")
     p.add_argument("--y", default="loss",
-                   help="the per-step field to plot (default: loss; e.g. tokens_per_s, "
-                        "grad_norm, loss_scale)")
+                   help="the per-step field to plot (default: loss, with the validation loss "
+                        "where the run has one; e.g. tokens_per_s, grad_norm, loss_scale, "
+                        "val_loss, val_ppl)")
     p.add_argument("--smooth", type=int, default=1, metavar="N",
                    help="draw the trailing mean of the last N steps (default: 1, no smoothing)")
     p.add_argument("--logy", action="store_true", help="logarithmic y axis")
@@ -116,6 +131,9 @@ def main(argv):
     args = parse_args(argv)
     try:
         curves = [read_metrics(f, args.y) for f in args.files]
+        # Beside the training loss, each run's validation loss (none: empty).
+        val = [read_metrics(f, "val_loss", required=False) if args.y == "loss" else ([], [])
+               for f in args.files]
     except MetricsError as e:
         print(f"plot_metrics.py: {e}", file=sys.stderr)
         return 1
@@ -142,7 +160,11 @@ def main(argv):
         ys = moving_average(values, args.smooth) if args.smooth > 1 else values
         # gid: in an SVG each curve is the group <g id="curve_<i>">, in file order, so the
         # curves can be found (and restyled) in the file.
-        ax.plot(steps, ys, label=label, linewidth=1.2, gid=f"curve_{i}")
+        line, = ax.plot(steps, ys, label=label, linewidth=1.2, gid=f"curve_{i}")
+        vsteps, vvalues = val[i]
+        if vsteps:  # not smoothed: a few points, each an average over fixed batches already
+            ax.plot(vsteps, vvalues, label=f"{label} (validation)", linestyle="--", marker="o",
+                    markersize=3, color=line.get_color(), linewidth=1.2, gid=f"val_curve_{i}")
     ax.set_xlabel("step")
     ax.set_ylabel(args.y + (f" (mean of last {args.smooth} steps)" if args.smooth > 1 else ""))
     if args.logy:
@@ -157,7 +179,9 @@ def main(argv):
     except OSError as e:
         print(f"plot_metrics.py: {args.output}: cannot write it: {e.strerror}", file=sys.stderr)
         return 1
-    print(f"plot_metrics.py: wrote {args.output} ({len(curves)} curve(s) of {args.y})")
+    n_val = sum(1 for vsteps, _ in val if vsteps)
+    extra = f" and {n_val} of val_loss" if n_val else ""
+    print(f"plot_metrics.py: wrote {args.output} ({len(curves)} curve(s) of {args.y}{extra})")
     return 0
 
 

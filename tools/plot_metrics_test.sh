@@ -2,8 +2,10 @@
 # tools/plot_metrics.py end to end: two small synthetic metrics files (with the trainer's summary
 # line last) drawn to PNG and SVG; the PNG must start with the PNG signature and carry an IHDR of
 # the figure's size, the SVG must parse as XML and hold one <g id="curve_i"> per file whose path
-# has one point per step; --smooth keeps every step; a malformed line, a missing field and a
-# wrong extension fail naming the file and line. Needs matplotlib: Bazel skips this test where it
+# has one point per step; --smooth keeps every step; run_a's validation lines (an eval section)
+# are drawn beside its training loss (<g id="val_curve_0">, one point each), alone with
+# --y val_loss, and skipped for other fields; a malformed line, a missing field and a wrong
+# extension fail naming the file and line. Needs matplotlib: Bazel skips this test where it
 # is missing (BUILD: requires("matplotlib")), so here its absence is a failure.
 set -uo pipefail
 py=/usr/bin/python3
@@ -27,13 +29,16 @@ for name, n, rate in (("run_a", 30, 0.05), ("run_b", 20, 0.08)):
         for s in range(n):
             f.write(json.dumps({"step": s, "loss": 5.5 * math.exp(-rate * s) + 1.0,
                                 "tokens_per_s": 9000 + s}) + "\n")
+            if name == "run_a" and s % 10 == 9:  # eval { every_steps: 10 }: 3 validation lines
+                v = 5.5 * math.exp(-rate * s) + 1.2
+                f.write(json.dumps({"step": s, "val_loss": v, "val_ppl": math.exp(v)}) + "\n")
         f.write(json.dumps({"summary": True, "steps": n, "final_loss": 1.5}) + "\n")
 PY
 a="$tmp/run_a/metrics.jsonl"; b="$tmp/run_b/metrics.jsonl"
 out=$("$py" "$script" "$a" "$b" -o "$tmp/loss.png" 2>&1); rc=$?
-check png-runs "wrote .*loss.png \(2 curve\(s\) of loss\)" "$out rc=$rc"
+check png-runs "wrote .*loss.png \(2 curve\(s\) of loss and 1 of val_loss\)" "$out rc=$rc"
 out=$("$py" "$script" "$a" "$b" --label first --label second --smooth 5 --logy -o "$tmp/loss.svg" 2>&1)
-check svg-runs "wrote .*loss.svg \(2 curve\(s\) of loss\)" "$out"
+check svg-runs "wrote .*loss.svg \(2 curve\(s\) of loss and 1 of val_loss\)" "$out"
 out=$("$py" - "$tmp" <<'PY' 2>&1
 import re, struct, sys
 import xml.etree.ElementTree as ET
@@ -44,11 +49,11 @@ w, h = struct.unpack(">II", png[16:24]) if png[12:16] == b"IHDR" else (0, 0)
 print(f"png signature {sig} ihdr {w}x{h}")  # figsize 8x5 at 100 dpi
 root = ET.parse(f"{d}/loss.svg").getroot()  # raises if it is not XML
 ns = "{http://www.w3.org/2000/svg}"
-for i, steps in ((0, 30), (1, 20)):
-    g = [e for e in root.iter(ns + "g") if e.get("id") == f"curve_{i}"]
+for gid, steps in (("curve_0", 30), ("curve_1", 20), ("val_curve_0", 3), ("val_curve_1", 0)):
+    g = [e for e in root.iter(ns + "g") if e.get("id") == gid]
     paths = [p for e in g for p in e.iter(ns + "path")]
     pts = len(re.findall(r"[ML]\s", paths[0].get("d"))) if paths else 0
-    print(f"curve_{i} groups {len(g)} paths {len(paths)} points {pts} want {steps}")
+    print(f"{gid} groups {len(g)} paths {len(paths)} points {pts} want {steps}")
 texts = " ".join(t.text or "" for t in root.iter(ns + "text"))
 print("svg has", len(list(root.iter(ns + "g"))), "groups")
 PY
@@ -56,6 +61,15 @@ PY
 check png-signature "png signature True ihdr 800x500" "$out"
 check svg-curve-0 "curve_0 groups 1 paths 1 points 30 want 30" "$out"
 check svg-curve-1 "curve_1 groups 1 paths 1 points 20 want 20" "$out"
+check svg-val-curve-0 "val_curve_0 groups 1 paths [0-9]+ points 3 want 3" "$out"
+check svg-no-val-curve-1 "val_curve_1 groups 0 paths 0 points 0 want 0" "$out"
+# Other fields skip the validation lines; --y val_loss draws them alone.
+out=$("$py" "$script" "$a" "$b" --y tokens_per_s -o "$tmp/tps.png" 2>&1)
+check skip-val-lines "wrote .*tps.png \(2 curve\(s\) of tokens_per_s\)$" "$out"
+out=$("$py" "$script" "$a" --y val_loss -o "$tmp/val.png" 2>&1)
+check val-alone "wrote .*val.png \(1 curve\(s\) of val_loss\)$" "$out"
+out=$("$py" "$script" "$b" --y val_loss -o "$tmp/noval.png" 2>&1)
+check no-val-lines "run_b/metrics.jsonl: no validation lines \(the run had no eval section\)" "$out"
 # Malformed input: the error names the file and the line.
 cp "$a" "$tmp/bad.jsonl"; sed -i '4s/.*/{"step": 3, "loss": 2.0/' "$tmp/bad.jsonl"
 out=$("$py" "$script" "$tmp/bad.jsonl" -o "$tmp/bad.png" 2>&1); rc=$?
