@@ -34,6 +34,7 @@
 #include "launcher/device_binding.h"
 #include "launcher/evaluation.h"
 #include "launcher/optimization.h"
+#include "launcher/peak_flops.h"
 #include "launcher/net.h"
 #include "launcher/run_report.h"
 #include "core/checkpointer.h"
@@ -113,6 +114,10 @@ class Run {
   std::unique_ptr<Evaluation> eval_;  // the config's eval section; null without one
   StepTotals totals_;  // for the summary
   std::unique_ptr<monitor::Monitors> monitors_;  // tensorboard, csv_monitor (rank 0)
+  IntervalTimes interval_;  // wall_clock_breakdown
+  // The MFU's terms (rank 0; 0 = unknown): the model's training FLOPs per token, the device's
+  // measured peak per process.
+  double flops_per_token_ = 0, peak_flops_ = 0;
   absl::Time start_;
 };
 
@@ -414,6 +419,18 @@ absl::Status Run::Loop() {
   BRAID_RETURN_IF_ERROR(rep_->BeginMetrics(first_step_));
   BRAID_ASSIGN_OR_RETURN(monitors_, OpenMonitors(cfg_, env_, first_step_));
   if (monitors_ != nullptr) rep_->Line("braid: monitors: " + monitors_->Describe());
+  // MFU, on rank 0 (whose console the launcher shows): measured while the other ranks wait for
+  // the first step's collectives, so they do not share the cores with the measurement.
+  if (env_.rank == 0) {
+    BRAID_ASSIGN_OR_RETURN(ModelSpec spec, Registry::Get().GetModel(cfg_.model().name()));
+    if (spec.train_flops_per_token) {
+      flops_per_token_ = spec.train_flops_per_token(cfg_.model());
+      peak_flops_ = MeasurePeakFlops(device_);
+      rep_->Note(absl::StrFormat("braid: MFU's terms: %.6g FLOP per %s (the model's formula), "
+                                 "peak %.4g FLOP/s per process (f32 matmul ceiling measured now)",
+                                 flops_per_token_, unit_, peak_flops_));
+    }
+  }
   // Peaks from here on: the training steps, not model construction.
   GetAllocator(device_)->ResetPeak();
   for (auto& [d, m] : AllMemoryStats()) GetAllocator(d)->ResetPeak();
@@ -458,15 +475,25 @@ absl::Status Run::Loop() {
     double tps = double(tokens_per_step_) / dt;
     double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
     double eta = elapsed / (step + 1) * (steps_ - step - 1);
-    rep_->Metric(StepMetricJson(step, st, lr, dt, tps, GetMemoryStats(device_).peak_bytes, mp_.get()));
+    const double mfu = Mfu(flops_per_token_, tps, env_.world_size, peak_flops_);
+    rep_->Metric(StepMetricJson(step, st, lr, dt, tps, GetMemoryStats(device_).peak_bytes, mp_.get(),
+                                peak_flops_ > 0 && flops_per_token_ > 0 ? mfu : -1));
     if (monitors_ != nullptr) {
-      BRAID_RETURN_IF_ERROR(monitors_->Write(step, StepEvents(st, lr, mp_.get()), absl::Now()));
+      BRAID_RETURN_IF_ERROR(monitors_->Write(
+          step, StepEvents(st, lr, mp_.get(), cfg_.wall_clock_breakdown()), absl::Now()));
     }
+    interval_.Add(st);
     bool keep = step % print_every == 0 || step == steps_ - 1;
-    rep_->Progress(absl::StrFormat("step %*d/%d | loss %.4f | %s %s/s | lr %.2e | ETA %s",
+    rep_->Progress(absl::StrFormat("step %*d/%d | loss %.4f | %s %s/s%s | lr %.2e | ETA %s",
                                    int(std::to_string(steps_).size()), step + 1, steps_, st.loss,
-                                   absl::StrFormat("%.0f", tps), unit_, lr, FormatDuration(eta)),
+                                   absl::StrFormat("%.0f", tps), unit_,
+                                   mfu > 0 ? absl::StrFormat(" | MFU %.1f%%", 100 * mfu) : "",
+                                   lr, FormatDuration(eta)),
                    keep);
+    // DeepSpeed's timer line, every print interval (steps_per_print is log.print_every).
+    if (keep && cfg_.wall_clock_breakdown()) {
+      rep_->Line(interval_.TakeLine(env_.rank, step + 2 - interval_.steps, step + 1));
+    }
     if (eval_ != nullptr && eval_->Due(step, steps_)) {
       BRAID_ASSIGN_OR_RETURN(EvalResult ev, eval_->Run(*strategy_, *model_));
       rep_->Metric(Evaluation::MetricJson(step, ev));
@@ -503,6 +530,10 @@ absl::StatusOr<TrainResult> Run::Finish() {
   summary.checkpoint_dir = checkpointer_ != nullptr ? checkpoint_options_.dir : "";
   summary.checkpoint_blocked_s = checkpoint_blocked_s_;
   summary.checkpoint_async = cfg_.checkpoint().async();
+  summary.flops_per_token = flops_per_token_;
+  summary.peak_flops = peak_flops_;
+  summary.processes = env_.world_size;
+  summary.threads = cfg_.threads();
   // A run resumed at (or past) its last step trains nothing: it says so, and adds no summary
   // to the metrics (the finished run's stays).
   const bool trained = first_step_ < steps_;
