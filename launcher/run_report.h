@@ -91,9 +91,26 @@ struct StepTotals {
   void Add(double dt, const StepStats& st);
 };
 
-// One step's line in the metrics file. `mp` is null without mixed precision.
+// wall_clock_breakdown: the step phases' time summed over a print interval, printed as
+// DeepSpeed prints its timers: "time (ms) | fwd: .. | bwd: .. | bwd_inner: .. | bwd_allreduce:
+// .. | step: ..". DeepSpeed's bwd includes the gradient reduction: here bwd_inner is backward
+// (with the reduction it overlaps), bwd_allreduce the reduction time it left exposed.
+struct IntervalTimes {
+  double fwd = 0, bwd = 0, comm = 0, opt = 0;  // seconds
+  int steps = 0;
+
+  void Add(const StepStats& st);
+  // The line for steps [first, last] (1-based, as the progress line counts), then starts over.
+  std::string TakeLine(int rank, int first, int last);
+};
+
+// Model FLOPs utilisation: the model's training FLOPs per token (ModelSpec::train_flops_per_token)
+// at `tokens_per_s` over `processes` x `peak_flops` (launcher/peak_flops.h); 0 when unknown.
+double Mfu(double flops_per_token, double tokens_per_s, int processes, double peak_flops);
+
+// One step's line in the metrics file. `mp` is null without mixed precision; `mfu` < 0: unknown.
 std::string StepMetricJson(int step, const StepStats& st, float lr, double dt, double tps,
-                           int64_t peak_bytes, const MixedPrecision* mp);
+                           int64_t peak_bytes, const MixedPrecision* mp, double mfu = -1);
 
 // What the end-of-run summary describes beyond the step totals.
 struct RunSummaryInputs {
@@ -110,12 +127,18 @@ struct RunSummaryInputs {
   std::string checkpoint_dir;
   double checkpoint_blocked_s = 0;
   bool checkpoint_async = false;
+  // For the MFU line (none when either is 0: a model without a FLOPs formula, a device without a
+  // measured peak, a rank other than 0).
+  double flops_per_token = 0, peak_flops = 0;
+  int processes = 1, threads = 1;
 };
 
 // Figures the summary lines measured that the summary metric repeats.
 struct RunEnd {
   int64_t peak_rss = 0;  // bytes
   double wall = 0;       // seconds since RunSummaryInputs::start
+  double mfu = -1;       // at the median throughput; < 0: unknown
+  double flops_per_token = 0, peak_flops = 0;
 };
 
 // Fills `result`'s steady-state throughput and peak memory, then prints the summary lines.
@@ -133,9 +156,11 @@ absl::StatusOr<std::unique_ptr<monitor::Monitors>> OpenMonitors(const config::Tr
                                                                  const TrainerEnv& env,
                                                                  int first_step);
 
-// A step's events under DeepSpeed's tags: Train/Samples/train_loss, lr, and loss_scale under
-// fp16.
-monitor::Events StepEvents(const StepStats& st, float lr, const MixedPrecision* mp);
+// A step's events under DeepSpeed's tags: Train/Samples/train_loss, lr, loss_scale under fp16,
+// and with wall_clock_breakdown its elapsed_time_ms_forward, _backward, _backward_inner,
+// _backward_allreduce and _step.
+monitor::Events StepEvents(const StepStats& st, float lr, const MixedPrecision* mp,
+                           bool wall_clock_breakdown);
 
 }  // namespace braid::launcher
 

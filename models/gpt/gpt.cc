@@ -206,6 +206,16 @@ KvCache Gpt::NewKvCache(int64_t batch) const {
   return KvCache(cfg_.n_layer, batch, cfg_.block_size);
 }
 
+double TrainFlopsPerToken(const GptConfig& c) {
+  const double d = double(c.n_embd), l = double(c.n_layer), t = double(c.block_size);
+  // Per block: ln_1, ln_2 (2d each), c_attn (3d² + 3d), attn.c_proj (d² + d), c_fc (4d² + 4d),
+  // mlp.c_proj (4d² + d).
+  const double per_block = 12 * d * d + 13 * d;
+  const double n = double(c.padded_vocab_size) * d + l * per_block + 2 * d /* ln_f */ +
+                   (c.stable_embedding ? 2 * d : 0.0) /* wte_norm */;
+  return 6 * n + 12 * l * d * t;
+}
+
 double Gpt::FlopsPerToken() const {
   double c = double(cfg_.n_embd), l = double(cfg_.n_layer), t = double(cfg_.block_size);
   double v = double(cfg_.padded_vocab_size);

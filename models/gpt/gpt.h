@@ -38,6 +38,13 @@ struct GptConfig {
   static absl::StatusOr<GptConfig> ByName(const std::string& name);
 };
 
+// The FLOPs of one training step per token by nanoGPT's and PaLM's estimate (PaLM, appendix B):
+// 6·N + 12·L·d·T, N the parameters less the position embedding (the tied head counted once, as
+// the embedding), 6·N for the matrix products (2 per weight forward, 4 backward) and 12·L·d·T
+// for attention's QKᵀ and AV over the whole context (causality not discounted). The MFU's
+// numerator (ModelSpec::train_flops_per_token).
+double TrainFlopsPerToken(const GptConfig& c);
+
 class Gpt : public Module {
  public:
   Gpt(const GptConfig& cfg, Device device = Device::CPU());

@@ -36,8 +36,8 @@ void ValidateGpt(const std::string& name, config::ModelConfig* m, const std::str
   }
 }
 
-absl::StatusOr<std::unique_ptr<Module>> BuildGpt(const config::ModelConfig& m, uint64_t seed,
-                                                 Device device) {
+// The shape a model section gives (its preset, then the fields it sets).
+absl::StatusOr<GptConfig> GptConfigOf(const config::ModelConfig& m) {
   BRAID_ASSIGN_OR_RETURN(GptConfig gc, GptConfig::ByName(m.name()));
   if (m.has_n_layer()) gc.n_layer = m.n_layer();
   if (m.has_n_head()) gc.n_head = m.n_head();
@@ -49,6 +49,12 @@ absl::StatusOr<std::unique_ptr<Module>> BuildGpt(const config::ModelConfig& m, u
     gc.padded_vocab_size = std::max<int64_t>(gc.vocab_size, (gc.vocab_size + 63) / 64 * 64);
   }
   gc.stable_embedding = m.stable_embedding();
+  return gc;
+}
+
+absl::StatusOr<std::unique_ptr<Module>> BuildGpt(const config::ModelConfig& m, uint64_t seed,
+                                                 Device device) {
+  BRAID_ASSIGN_OR_RETURN(GptConfig gc, GptConfigOf(m));
   gc.seed = seed;
   return std::unique_ptr<Module>(std::make_unique<Gpt>(gc, device));
 }
@@ -70,6 +76,11 @@ const bool kRegistered = [] {
       ValidateGpt(preset, m, dataset_name, dataset, problems);
     };
     spec.is_default = std::string(name) == "gpt-mini";  // the reference run (docs/REFERENCE_RUN.md)
+    spec.train_flops_per_token = [](const config::ModelConfig& m) {
+      absl::StatusOr<GptConfig> gc = GptConfigOf(m);
+      BRAID_CHECK(gc.ok()) << gc.status().ToString();  // validated: the preset exists
+      return TrainFlopsPerToken(*gc);
+    };
     BRAID_CHECK_OK(Registry::Get().AddModel(name, std::move(spec), "models/gpt"));
   }
   return true;

@@ -35,6 +35,12 @@ const bool kRegistered = [] {
   spec.fields = {"n_layer", "n_embd"};
   spec.takes = "labelled 28x28 images";
   spec.validate = ValidateMlp;
+  // Per sample: 6 FLOPs per parameter (2 forward, 4 backward), every one in a matrix product.
+  spec.train_flops_per_token = [](const config::ModelConfig& m) {
+    MlpConfig c;
+    c.hidden = m.n_embd();
+    return 6.0 * double(c.in * c.hidden + c.hidden + c.hidden * c.out + c.out);
+  };
   BRAID_CHECK_OK(Registry::Get().AddModel("mlp", std::move(spec), "models/mlp"));
   return true;
 }();

@@ -8,6 +8,13 @@
 #   - csv_monitor { enabled job_name } (no output_path: the run folder) writes DeepSpeed's files,
 #     Train_Samples_train_loss.csv ("step,train_loss") and Train_Samples_lr.csv, with the same
 #     rows;
+#   - wall_clock_breakdown with steps_per_print 2 prints DeepSpeed's timer line for steps 1, 2-3
+#     and 4, each phase the sum of metrics.jsonl's per-step times (to the 0.01 ms printed, plus
+#     the metrics' microsecond rounding), and adds the elapsed_time_ms_* events;
+#   - the MFU: the summary's flops_per_token equals 6 N + 12 L d T computed here from the shape
+#     (N counted here, the position embedding left out), and its mfu equals
+#     flops_per_token x median tokens/s / (2 processes x the measured peak), within 1e-5
+#     relative (the printed digits); each step's mfu likewise with its tokens_per_s;
 #   - wandb and comet enabled are refused, one line each, before anything runs.
 source "$TEST_SRCDIR/braid/tests/distributed/lib.sh" monitors
 cat > "$T/ds.json" <<CFG
@@ -17,6 +24,8 @@ cat > "$T/ds.json" <<CFG
   "train_micro_batch_size_per_gpu": 2,
   "gradient_accumulation_steps": 1,
   "steps": 4,
+  "steps_per_print": 2,
+  "wall_clock_breakdown": true,
   "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
   "tensorboard": {"enabled": true, "output_path": "$T/tb", "job_name": "tbjob"},
   "csv_monitor": {"enabled": true, "job_name": "csvjob"},
@@ -117,6 +126,10 @@ for e, s in zip(scalars, steps):
     lr = e["values"]["Train/Samples/lr"]
     assert abs(lr - s["lr"]) <= 1e-5 * abs(s["lr"]), (lr, s["lr"])  # metrics.jsonl prints lr to 6 digits
     assert math.isfinite(e["wall_time"]) and abs(e["wall_time"] - s["time"]) < 60, (e["wall_time"], s["time"])
+for e in scalars:
+    for k in ("forward", "backward", "backward_inner", "backward_allreduce", "step"):
+        v = e["values"][f"Train/Samples/elapsed_time_ms_{k}"]
+        assert v >= 0 and v == v, (k, v)
 print(f"ok   TensorBoard: {len(events)} records, CRCs checked; x {[e['step'] for e in scalars]}, "
       f"losses {[round(e['values']['Train/Samples/train_loss'], 4) for e in scalars]} = metrics.jsonl's")
 
@@ -129,6 +142,49 @@ assert lr_rows[0] == ["step", "lr"] and len(lr_rows) == 5, lr_rows
 assert all(abs(float(r[1]) - s["lr"]) <= 1e-5 * abs(s["lr"]) for r, s in zip(lr_rows[1:], steps)), lr_rows
 print(f"ok   CSV: {sorted(os.listdir(csv_dir))}, {len(rows) - 1} rows each, equal to metrics.jsonl")
 PY
+
+# ---- wall_clock_breakdown and MFU ----
+/usr/bin/python3 - "$T/run/metrics.jsonl" "$T/run.out" <<'PY' || fail "wall_clock_breakdown / MFU"
+import json, re, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+steps = [r for r in rows if "step" in r]
+(summary,) = [r for r in rows if r.get("summary")]
+lines = [l for l in open(sys.argv[2]) if "time (ms) |" in l]
+pat = re.compile(r"^braid: steps (\d+)-(\d+): rank=0 time \(ms\) \| fwd: ([\d.]+) \| bwd: ([\d.]+) \| "
+                 r"bwd_inner: ([\d.]+) \| bwd_allreduce: ([\d.]+) \| step: ([\d.]+)$")
+got = [pat.match(l.rstrip("\n")) for l in lines]
+assert all(got) and len(got) == 3, lines
+assert [(int(m[1]), int(m[2])) for m in got] == [(1, 1), (2, 3), (4, 4)], lines
+for m in got:
+    a, b = int(m[1]) - 1, int(m[2])
+    want = {k: 1e3 * sum(s[k] for s in steps[a:b]) for k in ("forward_s", "backward_s", "comm_exposed_s", "optimizer_s")}
+    fwd, bwd, inner, comm, opt = (float(m[i]) for i in range(3, 8))
+    tol = 0.005 + 1e-3 * (b - a)  # printed to 0.01 ms; metrics to 1 us per step
+    for name, printed, w in [("fwd", fwd, want["forward_s"]), ("bwd_inner", inner, want["backward_s"]),
+                             ("bwd_allreduce", comm, want["comm_exposed_s"]), ("step", opt, want["optimizer_s"]),
+                             ("bwd", bwd, want["backward_s"] + want["comm_exposed_s"])]:
+        assert abs(printed - w) <= tol, (name, printed, w, m[0])
+print(f"ok   wall_clock_breakdown: {len(got)} lines, each the sum of its steps; e.g. {got[1][0][7:]}")
+
+# 6 N + 12 L d T for gpt-mini with n_layer 1: d 256, T 128, V 256 (no padding).
+d, L, T, V = 256, 1, 128, 256
+N = V * d + L * (12 * d * d + 13 * d) + 2 * d
+want_flops = 6 * N + 12 * L * d * T
+assert abs(summary["flops_per_token"] - want_flops) <= 1e-5 * want_flops, (summary["flops_per_token"], want_flops)
+peak = summary["peak_flops_per_s"]
+assert peak > 1e8, peak
+mfu = want_flops * summary["median_tokens_per_s"] / (2 * peak)
+assert abs(summary["mfu"] - mfu) <= 1e-5 * mfu + 1e-6, (summary["mfu"], mfu)
+for s in steps:
+    m = want_flops * s["tokens_per_s"] / (2 * peak)
+    assert abs(s["mfu"] - m) <= 1e-5 * m + 1e-6, (s, m)
+print(f"ok   MFU {100 * summary['mfu']:.1f}%: {want_flops} FLOP/token (6N + 12LdT, N = {N}) x "
+      f"{summary['median_tokens_per_s']} tok/s / (2 x {peak / 1e9:.1f} GFLOP/s measured)")
+PY
+grep -qE "^braid: MFU [0-9.]+%: 5\.528e\+06 FLOP per token" "$T/run.out" &&
+  echo "ok   $(grep '^braid: MFU' "$T/run.out" | cut -c1-100)..." || fail "no MFU summary line"
+grep -qE "^step +[0-9]+/4 \| loss [0-9.]+ \| [0-9]+ tok/s \| MFU [0-9.]+% \| lr" "$T/run.out" &&
+  echo "ok   the progress line shows the MFU" || fail "no MFU in the progress line"
 
 for svc in wandb comet; do
   printf '{"steps": 1, "%s": {"enabled": true}}\n' $svc > "$T/$svc.json"
