@@ -39,8 +39,16 @@ Tensor Module::RegisterBuffer(const std::string& name, Tensor t) {
 
 void Module::AddChild(const std::string& name, std::unique_ptr<Module> m) {
   for (auto& c : children_) BRAID_CHECK(c.first != name) << "two children named " << name;
-  children_.emplace_back(name, std::move(m));
+  children_.emplace_back(name, m.get());
+  owned_children_.push_back(std::move(m));
 }
+
+void Module::BorrowModule(const std::string& name, Module* m) {
+  for (auto& c : children_) BRAID_CHECK(c.first != name) << "two children named " << name;
+  children_.emplace_back(name, m);
+}
+
+void Module::ShareParameter(const std::string& name, Tensor t) { params_.emplace_back(name, t); }
 
 Tensor Module::param(const std::string& name) const {
   for (auto& [n, t] : params_) {
@@ -81,7 +89,7 @@ Module::NamedTensors Module::NamedBuffers() const {
 
 std::vector<std::pair<std::string, Module*>> Module::NamedChildren() const {
   std::vector<std::pair<std::string, Module*>> out;
-  for (auto& [n, c] : children_) out.emplace_back(n, c.get());
+  for (auto& [n, c] : children_) out.emplace_back(n, c);
   return out;
 }
 

@@ -106,6 +106,12 @@ class Module {
     return raw;
   }
   void set_block(bool b) { is_block_ = b; }
+  // A view of part of another model (a pipeline stage's layers, handed to the strategy that
+  // trains the stage): a child this module does not own, and a parameter registered as it is
+  // (its flags kept), both under the names the model gives them, so state dicts, hooks and
+  // checkpoints of the view are the model's own. The borrowed module must outlive this one.
+  void BorrowModule(const std::string& name, Module* m);
+  void ShareParameter(const std::string& name, Tensor t);
   // Direct access to a registered parameter by its local name (subclasses keep Tensor handles
   // too, but LoadStateDict may replace storage; it copies in place, so handles stay valid).
   Tensor param(const std::string& name) const;
@@ -119,7 +125,8 @@ class Module {
   std::string type_name_;
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<std::string, Tensor>> buffers_;
-  std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
+  std::vector<std::pair<std::string, Module*>> children_;
+  std::vector<std::unique_ptr<Module>> owned_children_;  // those registered, not borrowed
   bool training_ = true;
   bool is_block_ = false;
   ForwardFn replaced_forward_;

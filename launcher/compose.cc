@@ -1,6 +1,7 @@
 #include "launcher/compose.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -100,24 +101,31 @@ absl::StatusOr<Stack> ComposeStack(int tensor, int pipeline, int data, const std
   BRAID_CHECK(tensor >= 1 && pipeline >= 1 && data >= 1)
       << "ComposeStack(" << tensor << ", " << pipeline << ", " << data << "): a validated layout";
   // The layer that holds the training state: the named strategy, or the default for the layout.
+  // A named strategy that serves the pipeline axis alone names that layer instead (a config
+  // that says `strategy { name: "pipeline" }`), and the data axis gets the default.
   Chosen base;
+  std::optional<Chosen> named_pipeline;
   if (!named.empty()) {
     BRAID_ASSIGN_OR_RETURN(base, Get(named, catalog, "strategy.name"));
-  } else if (pipeline > 1) {
-    BRAID_ASSIGN_OR_RETURN(base, ServingAxis(kAxisPipeline, pipeline, catalog, ""));
-  } else {
+    if (Has(base.axes, kAxisPipeline) && !Has(base.axes, kAxisData)) {
+      named_pipeline = base;
+      base = Chosen();
+    }
+  }
+  if (base.name.empty()) {
     const char* fallback = data > 1 ? kDefaultDataLayer : kSingleProcessLayer;
     BRAID_ASSIGN_OR_RETURN(base, Get(fallback, catalog, "the default strategy"));
     if (!Provides(base.traits, features)) {
       // The sections ask for more than the default has: the first strategy that serves the data
       // axis alone (not a pipeline that also does), trains this many data ranks, can be wrapped
-      // when tensor parallelism wraps it, and provides every requested feature. None: keep the
+      // when another layer wraps it, and provides every requested feature. None: keep the
       // default, and validation names the feature and who has it.
+      const bool wrapped = tensor > 1 || pipeline > 1 || named_pipeline.has_value();
       for (const auto& [name, origin] : catalog.serving(kAxisData)) {
         absl::StatusOr<Chosen> c = Get(name, catalog, "strategy");
         if (!c.ok() || c->axes != std::vector<std::string>{kAxisData}) continue;
         if (c->traits.max_data_ranks > 0 && data > c->traits.max_data_ranks) continue;
-        if (tensor > 1 && !c->traits.cannot_be_wrapped.empty()) continue;
+        if (wrapped && !c->traits.cannot_be_wrapped.empty()) continue;
         if (!Provides(c->traits, features)) continue;
         base = *std::move(c);
         break;
@@ -139,16 +147,20 @@ absl::StatusOr<Stack> ComposeStack(int tensor, int pipeline, int data, const std
   }
   std::vector<Chosen> stack = {base};  // innermost first while building
 
-  if (pipeline > 1 && !Has(base.axes, kAxisPipeline)) {
-    BRAID_ASSIGN_OR_RETURN(
-        Chosen pp, ServingAxis(kAxisPipeline, pipeline, catalog,
-                               absl::StrCat(" (", Q(base.name), " serves the data axis)")));
+  if ((pipeline > 1 || named_pipeline.has_value()) && !Has(base.axes, kAxisPipeline)) {
+    Chosen pp;
+    if (named_pipeline.has_value()) {
+      pp = *named_pipeline;
+    } else {
+      BRAID_ASSIGN_OR_RETURN(pp, ServingAxis(kAxisPipeline, pipeline, catalog,
+                                             absl::StrCat(" (", Q(base.name), " serves the data axis)")));
+    }
     if (Has(pp.axes, kAxisData)) {
       return Invalid(absl::StrCat(
           "layers ", Named(pp.name, pp.axes), " and ", Named(base.name, {kAxisData}),
           " do not stack: ", Q(pp.name), " serves the data axis inside each stage itself and "
           "takes no data-axis layer; leave strategy.name empty (or name ", Q(pp.name),
-          "; zero_optimization.stage 1 or 2 shards its data axis), or set parallel.pipeline to 1"));
+          "), or set parallel.pipeline to 1"));
     }
     if (!base.traits.cannot_be_wrapped.empty()) {
       return Invalid(absl::StrCat("layers ", Named(pp.name, pp.axes), " and ",
@@ -158,8 +170,8 @@ absl::StatusOr<Stack> ComposeStack(int tensor, int pipeline, int data, const std
     }
     stack.push_back(pp);
   }
-  // (A pipeline strategy named on a layout without pipeline stages serves the data axis: one
-  // stage, or the stages its options give when the config has no parallel section.)
+  // (A pipeline named on a layout without a parallel section takes its stages from its
+  // options; the data axis under it is the default's.)
 
   if (tensor > 1) {
     const Chosen& below = stack.back();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -26,7 +27,7 @@ std::map<std::string, StrategyTraits> Shipped() {
       {"zero", StrategyTraits{{"zero1", "zero2", "zero3", "fp16", "bf16"}}},
       {"dp", StrategyTraits{{}, {kAxisData}, "it keeps whole replicas of the model, one per device"}},
       {"paramserver", StrategyTraits{{}, {kAxisData}, "its server keeps the whole model"}},
-      {"pipeline", StrategyTraits{{"zero1", "zero2"}, {kAxisPipeline, kAxisData}}},
+      {"pipeline", StrategyTraits{{}, {kAxisPipeline}}},
       {"tensor_parallel", StrategyTraits{{"tensor_parallel"}, {kAxisTensor}}},
       {"localsgd", StrategyTraits{}},
   };
@@ -68,10 +69,11 @@ TEST(ComposeStack, DefaultsFollowTheLayout) {
   const LayerCatalog c = Catalog(Shipped());
   EXPECT_EQ(Compose(1, 1, 1, "", c), "single [data]");
   EXPECT_EQ(Compose(1, 1, 4, "", c), "ddp [data]");
-  EXPECT_EQ(Compose(1, 2, 2, "", c), "pipeline [pipeline, data]");
+  EXPECT_EQ(Compose(1, 2, 2, "", c), "pipeline [pipeline] > ddp [data]");
+  EXPECT_EQ(Compose(1, 2, 1, "", c), "pipeline [pipeline] > single [data]");
   EXPECT_EQ(Compose(2, 1, 2, "", c), "tensor_parallel [tensor] > ddp [data]");
   EXPECT_EQ(Compose(2, 1, 1, "", c), "tensor_parallel [tensor] > single [data]");
-  EXPECT_EQ(Compose(2, 2, 2, "", c), "tensor_parallel [tensor] > pipeline [pipeline, data]");
+  EXPECT_EQ(Compose(2, 2, 2, "", c), "tensor_parallel [tensor] > pipeline [pipeline] > ddp [data]");
 }
 
 TEST(ComposeStack, TheNamedStrategyServesTheDataAxis) {
@@ -80,7 +82,11 @@ TEST(ComposeStack, TheNamedStrategyServesTheDataAxis) {
   // A user's strategy that declares nothing serves the data axis, and composes unchanged.
   EXPECT_EQ(Compose(2, 1, 2, "localsgd", c), "tensor_parallel [tensor] > localsgd [data]");
   EXPECT_EQ(Compose(1, 1, 4, "localsgd", c), "localsgd [data]");
-  EXPECT_EQ(Compose(2, 2, 1, "pipeline", c), "tensor_parallel [tensor] > pipeline [pipeline, data]");
+  // Naming the pipeline names that layer; the data axis under it gets the default.
+  EXPECT_EQ(Compose(2, 2, 1, "pipeline", c),
+            "tensor_parallel [tensor] > pipeline [pipeline] > single [data]");
+  // Without a parallel section the stages come from the pipeline's options.
+  EXPECT_EQ(Compose(1, 1, 4, "pipeline", c), "pipeline [pipeline] > ddp [data]");
   absl::StatusOr<Stack> s = ComposeStack(2, 1, 2, "localsgd", c);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->state_holder(), "localsgd");
@@ -88,16 +94,26 @@ TEST(ComposeStack, TheNamedStrategyServesTheDataAxis) {
 }
 
 // The run the issue reported: a user's strategy under parallel { pipeline: 2 data: 2 } trained
-// with no pipelining at all. Now no stack serves it, and the message names both layers.
-TEST(ComposeStack, AnAxisNoLayerHonoursIsRefused) {
+// with no pipelining at all. Now the pipeline serves its axis and the user's strategy (or ddp,
+// or zero) serves each stage's data axis under it.
+TEST(ComposeStack, ADataAxisStrategyServesUnderThePipeline) {
   const LayerCatalog c = Catalog(Shipped());
   for (const char* data_layer : {"localsgd", "ddp", "zero"}) {
-    EXPECT_THAT(Compose(1, 2, 2, data_layer, c),
-                AllOf(HasSubstr("layers \"pipeline\" (pipeline and data axes) and"),
-                      HasSubstr(std::string("\"") + data_layer + "\" (data axis) do not stack"),
-                      HasSubstr("leave strategy.name empty")))
-        << data_layer;
+    EXPECT_EQ(Compose(1, 2, 2, data_layer, c), absl::StrCat("pipeline [pipeline] > ", data_layer, " [data]"));
+    EXPECT_EQ(Compose(2, 2, 2, data_layer, c),
+              absl::StrCat("tensor_parallel [tensor] > pipeline [pipeline] > ", data_layer, " [data]"));
   }
+  // A pipeline plugin that keeps its own data axis takes no data-axis layer: refused, naming both.
+  std::map<std::string, StrategyTraits> own_data = Shipped();
+  own_data["pipeline"] = StrategyTraits{{}, {kAxisPipeline, kAxisData}};
+  EXPECT_THAT(Compose(1, 2, 2, "ddp", Catalog(own_data)),
+              AllOf(HasSubstr("layers \"pipeline\" (pipeline and data axes) and \"ddp\" (data axis) "
+                              "do not stack"),
+                    HasSubstr("leave strategy.name empty")));
+  // A data-axis strategy that keeps whole replicas cannot serve under the pipeline either.
+  EXPECT_THAT(Compose(1, 2, 2, "dp", c),
+              AllOf(HasSubstr("layers \"pipeline\" (pipeline axis) and \"dp\" (data axis) do not stack"),
+                    HasSubstr("it keeps whole replicas of the model")));
   // Without any pipeline plugin the axis is named with what is missing.
   std::map<std::string, StrategyTraits> no_pipeline = Shipped();
   no_pipeline.erase("pipeline");
@@ -131,8 +147,8 @@ std::string ComposeFor(int t, int p, int d, const std::vector<std::string>& feat
 }
 
 // A config that names no strategy gets one that provides what its sections ask for: a
-// DeepSpeed config's zero_optimization alone picks ZeRO (never the pipeline, which also serves
-// the data axis, on a layout without stages), fp16 keeps the default.
+// DeepSpeed config's zero_optimization alone picks ZeRO, under the pipeline too; fp16 keeps the
+// default.
 TEST(ComposeStack, WhatTheSectionsRequestPicksTheDefault) {
   const LayerCatalog c = Catalog(Shipped());
   EXPECT_EQ(ComposeFor(1, 1, 1, {"zero2"}, c), "zero [data]");
@@ -140,7 +156,8 @@ TEST(ComposeStack, WhatTheSectionsRequestPicksTheDefault) {
   EXPECT_EQ(ComposeFor(2, 1, 2, {"zero1"}, c), "tensor_parallel [tensor] > zero [data]");
   EXPECT_EQ(ComposeFor(1, 1, 2, {"fp16"}, c), "ddp [data]");
   EXPECT_EQ(ComposeFor(1, 1, 1, {"bf16"}, c), "single [data]");
-  EXPECT_EQ(ComposeFor(1, 2, 2, {"zero1"}, c), "pipeline [pipeline, data]");
+  EXPECT_EQ(ComposeFor(1, 2, 2, {"zero1"}, c), "pipeline [pipeline] > zero [data]");
+  EXPECT_EQ(ComposeFor(2, 2, 2, {"zero3"}, c), "tensor_parallel [tensor] > pipeline [pipeline] > zero [data]");
   // Nobody provides it: the default stays, and validation names the feature.
   EXPECT_EQ(ComposeFor(1, 1, 2, {"zero9"}, c), "ddp [data]");
   // A named strategy is never replaced.

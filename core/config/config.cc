@@ -281,7 +281,10 @@ void CheckModelAndData(Checker& c, TrainConfig* cfg) {
   }
 }
 
-void CheckRun(Checker& c, TrainConfig* cfg, int dp, bool layout_ok, const StrategyCatalog& catalog) {
+// `state_holder`: the layer that holds the training state (the data axis's), whose features the
+// sections need; the named strategy unless it names another axis's layer (the pipeline).
+void CheckRun(Checker& c, TrainConfig* cfg, int dp, bool layout_ok, const StrategyCatalog& catalog,
+              std::string* state_holder) {
   if (!cfg->has_steps()) cfg->set_steps(kDefaultSteps);
   c.Positive("steps", cfg->steps());
   if (!cfg->has_gradient_clipping()) cfg->set_gradient_clipping(0);
@@ -303,7 +306,8 @@ void CheckRun(Checker& c, TrainConfig* cfg, int dp, bool layout_ok, const Strate
         cfg->has_parallel() ? p.tensor() : 1, cfg->has_parallel() ? p.pipeline() : 1, dp, s->name(),
         RequestedFeatures(*cfg));
     if (chosen.ok()) {
-      s->set_name(*chosen);
+      if (s->name().empty()) s->set_name(*chosen);
+      *state_holder = *chosen;
     } else {
       c.Error(std::string(chosen.status().message()));
     }
@@ -400,10 +404,11 @@ absl::Status ValidateConfigWith(TrainConfig* cfg, int data_parallel_size,
   bool layout_ok = false;
   const int dp = CheckParallel(c, cfg, data_parallel_size, &layout_ok);
   CheckBatch(c, cfg, dp);
-  CheckRun(c, cfg, dp, layout_ok, strategies);
+  std::string state_holder;
+  CheckRun(c, cfg, dp, layout_ok, strategies, &state_holder);
   CheckOptimizer(c, cfg);
   CheckScheduler(c, cfg);
-  CheckFeatures(c, cfg, strategies);
+  CheckFeatures(c, cfg, strategies, state_holder.empty() ? cfg->strategy().name() : state_holder);
   CheckActivationCheckpointing(c, cfg);
   CheckModelAndData(c, cfg);
   return c.Status();

@@ -110,7 +110,9 @@ inline bool Has(const std::vector<std::string>& features, const std::string& nam
 // parallel layout (returns the data-parallel size) and the feature sections.
 // `layout_ok`: false when the section is inconsistent (the composer is then not asked).
 int CheckParallel(Checker& c, TrainConfig* cfg, int world, bool* layout_ok);
-void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog);
+// Feature sections (fp16, zero_optimization, ...) against what `state_holder` declares.
+void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog,
+                   const std::string& state_holder);
 // The optimizer and scheduler sections (config_optim.cc); CheckScheduler after CheckOptimizer
 // (the warm-up peak is the optimizer's rate).
 void CheckOptimizer(Checker& c, TrainConfig* cfg);

@@ -85,8 +85,9 @@ class FeatureCheck {
 
 }  // namespace
 
-void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog) {
-  FeatureCheck features(c, catalog, cfg->strategy().name(), cfg->strategy().path());
+void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog,
+                   const std::string& state_holder) {
+  FeatureCheck features(c, catalog, state_holder, cfg->strategy().path());
   if (cfg->fp16().enabled()) {
     features.Require("fp16", kFeatureFp16);
     Fp16Config* f = cfg->mutable_fp16();

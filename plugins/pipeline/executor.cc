@@ -93,6 +93,7 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
     case Op::kRecvGrad:
       return PostReceive(a, /*may_block=*/true).status();
     case Op::kForward: {
+      if (tie_receive_) BRAID_RETURN_IF_ERROR(ReceiveTieValues());  // a copy: the owner's new value
       double start = NowS();
       if (vs == 0) {
         f.input = batch.inputs;
@@ -104,12 +105,14 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
         f.input.set_requires_grad(true);
         f.recv_act = Tensor();
       }
-      f.output = ForwardChunk(chunk, f.input);
+      // Through the view, so the data-axis layer's hooks run around the chunk (ZeRO-3 gathers).
+      view_->set_forward([this, &chunk](const Tensor& x) { return ForwardChunk(chunk, x); });
+      f.output = (*view_)(f.input);
       if (vs == last) {
         Tensor loss = criterion_(f.output, batch);
         BRAID_RETURN_IF_ERROR(CheckLoss(kName, a.micro_batch, loss));
         loss_sum_ += loss.item();
-        f.loss = k_ > 1 ? ops::Scale(loss, 1.0f / float(k_)) : loss;
+        f.loss = loss;  // NextBackward scales it for the data-axis layer
       }
       const double end = NowS();
       stats->forward_s += end - start;
@@ -134,65 +137,21 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
       sends_.push_back(pipe_->Send(out, RankOfVirtualStage(vs + 1), Tag(0, vs + 1, a.micro_batch)));
       return absl::OkStatus();
     }
-    case Op::kBackward: {
-      double start = NowS();
-      if (vs != last) {
-        BRAID_RETURN_IF_ERROR(f.grad_work->Wait());
-        step_grad_in_ = NowS();
-        events_.push_back({absl::StrCat("wait gradient ", MicroBatchName(a, opts_.chunks)), start, step_grad_in_});
-        start = NowS();
-      }
-      {
-        std::optional<autograd::WeightGradQueue::ActiveScope> put_off;
-        if (opts_.split_backward) {
-          f.weight_grads = std::make_unique<autograd::WeightGradQueue>();
-          put_off.emplace(f.weight_grads.get());
-        }
-        if (vs == last) {
-          f.loss.Backward();
-        } else {
-          f.output.Backward(f.recv_grad);
-        }
-      }
-      // How many weight gradients the backward put off (WeightGradQueue): the trace says, so a
-      // test can tell a split backward that split nothing.
-      const size_t put_off = f.weight_grads != nullptr ? f.weight_grads->size() : 0;
-      if (vs > 0) f.input_grad = f.input.grad();
-      f.output = Tensor();
-      f.loss = Tensor();
-      f.recv_grad = Tensor();
-      const double end = NowS();
-      stats->backward_s += end - start;
-      Computed(start, end, absl::StrCat("B", MicroBatchName(a, opts_.chunks)),
-               absl::StrCat("\"weight_gradients_put_off\":", put_off));
-      // ZeRO-2: this micro-batch's gradients are complete on this rank after its lowest chunk's
-      // backward (and weight gradients); they go into the shard now (asynchronously), not at the
-      // step's end.
-      if (a.chunk == 0 && !opts_.split_backward) BRAID_RETURN_IF_ERROR(stage_opt_->ReduceMicroBatch());
+    case Op::kBackward:
+      // Run by the data-axis layer: NextBackward hands it this action's backward as a loss.
+      return Error(absl::StatusCode::kInternal, "a backward action outside NextBackward");
+    case Op::kWeightGrad:
+      // A split backward computes the weight gradients inside the same backward pass, right
+      // after posting the input's gradient (CloseBackward): the data-axis layer reduces them in
+      // that pass, as it would any gradient.
       return absl::OkStatus();
-    }
-    case Op::kWeightGrad: {
-      if (f.weight_grads == nullptr) {
-        return Error(absl::StatusCode::kInternal,
-                     absl::StrCat("weight gradients of micro-batch ", a.micro_batch,
-                                  " before its split backward"));
-      }
-      const size_t computed = f.weight_grads->size();
-      const double start = NowS();
-      f.weight_grads->Run();
-      f.weight_grads.reset();
-      const double end = NowS();
-      stats->backward_s += end - start;
-      Computed(start, end, absl::StrCat("W", MicroBatchName(a, opts_.chunks)),
-               absl::StrCat("\"weight_gradients\":", computed));
-      if (a.chunk == 0) BRAID_RETURN_IF_ERROR(stage_opt_->ReduceMicroBatch());
-      return absl::OkStatus();
-    }
     case Op::kSendGrad:
+      if (f.grad_sent) return absl::OkStatus();  // posted from inside the backward
       if (!f.input_grad.defined()) {
         return Error(absl::StatusCode::kInternal, absl::StrCat("no gradient reached the input of virtual stage ", vs));
       }
       sends_.push_back(pipe_->Send(f.input_grad, RankOfVirtualStage(vs - 1), Tag(1, vs - 1, a.micro_batch)));
+      f.grad_sent = true;
       step_grad_out_ = NowS();
       return absl::OkStatus();
   }
@@ -200,80 +159,171 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
 }
 
 
+// The data-axis layer's loss function, called once per backward action of this rank (its T
+// "tokens"): runs the actions before that backward (forwards, sends, receives), then returns a
+// scalar whose backward is the stage's backward of that micro-batch. The layer differentiates
+// loss / T, so the scalar is T times: the loss / m (m micro-batches) on the last virtual stage,
+// sum(output * received gradient) elsewhere (the received gradient already carries the 1/m).
+Tensor PipelineStrategy::NextBackward(const std::vector<Batch>& mbs, StepStats* stats) {
+  CloseBackward();
+  while (next_action_ < schedule_.size() && schedule_[next_action_].op != Op::kBackward) {
+    const Action& a = schedule_[next_action_];
+    const double posted = NowS();
+    PostReceivesAhead(schedule_, next_action_);
+    const bool posted_already = a.op == Op::kSendGrad && flight_[{a.micro_batch, a.chunk}].grad_sent;
+    absl::Status st = Run(a, mbs, stats);
+    if (a.op != Op::kForward && a.op != Op::kWeightGrad && !posted_already) {
+      events_.push_back({absl::StrCat(OpName(a.op), " ", MicroBatchName(a, opts_.chunks)), posted, NowS()});
+    }
+    act_peak_ = std::max(act_peak_, GetMemoryStats(device_).current_bytes - act_base_);
+    ++next_action_;
+    if (!st.ok()) {
+      if (status_.ok()) status_ = st;
+      return Tensor();  // the layer's loss check fails the step; status_ says why
+    }
+  }
+  if (next_action_ >= schedule_.size()) {
+    if (status_.ok()) status_ = Error(absl::StatusCode::kInternal, "the data-axis layer asked for more backward actions than the schedule has");
+    return Tensor();
+  }
+  const Action& a = schedule_[next_action_++];
+  PostReceivesAhead(schedule_, next_action_ - 1);
+  const Chunk& chunk = chunks_[size_t(a.chunk)];
+  const int vs = chunk.virtual_stage, last = stages_ * opts_.chunks - 1;
+  InFlight& f = flight_[{a.micro_batch, a.chunk}];
+  double start = NowS();
+  Tensor surrogate;
+  if (vs == last) {
+    surrogate = tokens_ == k_ ? f.loss : ops::Scale(f.loss, float(tokens_) / float(k_));
+  } else {
+    absl::Status st = f.grad_work->Wait();
+    if (!st.ok()) {
+      if (status_.ok()) status_ = st;
+      return Tensor();
+    }
+    step_grad_in_ = NowS();
+    events_.push_back({absl::StrCat("wait gradient ", MicroBatchName(a, opts_.chunks)), start, step_grad_in_});
+    start = NowS();
+    surrogate = ops::Scale(ops::Sum(ops::Mul(f.output, f.recv_grad)), float(tokens_));
+  }
+  if (vs > 0) {
+    // Posts the input's gradient the moment it exists, from inside the backward: the previous
+    // stage waits for nothing else, and the data-axis layer's collectives come after. A split
+    // backward computes the weights' gradients only then.
+    const int mb = a.micro_batch, ch = a.chunk;
+    f.input.RegisterPostAccumulateGradHook([this, mb, ch](Tensor& in) {
+      InFlight& g = flight_[{mb, ch}];
+      if (g.grad_sent) return;
+      put_off_scope_.reset();
+      const Action b{Op::kBackward, mb, ch};
+      const size_t n = g.weight_grads != nullptr ? g.weight_grads->size() : 0;
+      Computed(open_backward_start_, NowS(), absl::StrCat("B", MicroBatchName(b, opts_.chunks)),
+               absl::StrCat("\"weight_gradients_put_off\":", n));
+      g.backward_recorded = true;
+      g.input_grad = in.grad();
+      const int v = chunks_[size_t(ch)].virtual_stage;
+      const double posted = NowS();
+      sends_.push_back(pipe_->Send(g.input_grad, RankOfVirtualStage(v - 1), Tag(1, v - 1, mb)));
+      g.grad_sent = true;
+      step_grad_out_ = NowS();
+      events_.push_back({absl::StrCat("send-grad ", MicroBatchName(b, opts_.chunks)), posted, step_grad_out_});
+      if (g.weight_grads != nullptr) {
+        const double w0 = NowS();
+        g.weight_grads->Run();
+        g.weight_grads.reset();
+        Computed(w0, NowS(), absl::StrCat("W", MicroBatchName(b, opts_.chunks)),
+                 absl::StrCat("\"weight_gradients\":", n));
+      }
+    });
+    if (opts_.split_backward) {
+      f.weight_grads = std::make_unique<autograd::WeightGradQueue>();
+      put_off_scope_ = std::make_unique<autograd::WeightGradQueue::ActiveScope>(f.weight_grads.get());
+    }
+  }
+  open_backward_ = {a.micro_batch, a.chunk};
+  open_backward_start_ = start;
+  return surrogate;
+}
+
+// After the backward NextBackward returned has run (the next call, or the end of the step).
+void PipelineStrategy::CloseBackward() {
+  if (open_backward_.first < 0) return;
+  put_off_scope_.reset();
+  InFlight& f = flight_[open_backward_];
+  const Action a{Op::kBackward, open_backward_.first, open_backward_.second};
+  BRAID_CHECK(f.weight_grads == nullptr) << "weight gradients put off and never computed";
+  if (!f.backward_recorded) {  // no input gradient to send first (the first virtual stage)
+    Computed(open_backward_start_, NowS(), absl::StrCat("B", MicroBatchName(a, opts_.chunks)),
+             "\"weight_gradients_put_off\":0");
+  }
+  f.output = Tensor();
+  f.loss = Tensor();
+  f.recv_grad = Tensor();
+  open_backward_ = {-1, -1};
+}
+
+absl::Status PipelineStrategy::RunRest(const std::vector<Batch>& mbs, StepStats* stats) {
+  for (; next_action_ < schedule_.size(); ++next_action_) {
+    const Action& a = schedule_[next_action_];
+    if (a.op == Op::kBackward) {
+      return Error(absl::StatusCode::kInternal,
+                   absl::StrCat("the data-axis strategy \"", inner_->name(), "\" ran fewer backward "
+                                "passes than the schedule has (", tokens_, "); it must call the loss "
+                                "function once per micro-batch it is given"));
+    }
+    BRAID_RETURN_IF_ERROR(Run(a, mbs, stats));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& micro_batches,
                                                       const LossFn&) {
   if (model_ == nullptr) return Error(absl::StatusCode::kFailedPrecondition, "TrainStep before Setup");
   k_ = int(micro_batches.size());
-  BRAID_ASSIGN_OR_RETURN(Schedule schedule,
-                         MakeSchedule(opts_.schedule, {stages_, k_, opts_.chunks}, stage_));
-  if (opts_.split_backward) schedule = SplitBackward(schedule);
+  BRAID_ASSIGN_OR_RETURN(schedule_, MakeSchedule(opts_.schedule, {stages_, k_, opts_.chunks}, stage_));
+  if (opts_.split_backward) schedule_ = SplitBackward(schedule_);
+  tokens_ = 0;
+  for (const Action& a : schedule_) tokens_ += a.op == Op::kBackward ? 1 : 0;
+  next_action_ = 0;
+  status_ = absl::OkStatus();
   const double step_start = NowS();
   StepStats stats;
-  stage_opt_->ZeroGrad();
+  for (Tie& t : ties_) {
+    t.seen = 0;
+    if (!t.owner) t.param.ZeroGrad();  // a copy is outside the view the data-axis layer zeroes
+  }
   loss_sum_ = 0;
   flight_.clear();
   events_.clear();
   step_busy_ = step_first_ = step_last_ = step_grad_in_ = step_grad_out_ = 0;
   act_base_ = GetMemoryStats(device_).current_bytes;
-  for (size_t i = 0; i < schedule.size(); ++i) {
-    const Action& a = schedule[i];
-    const double posted = NowS();
-    PostReceivesAhead(schedule, i);
-    absl::Status st = Run(a, micro_batches, &stats);
-    if (a.op != Op::kForward && a.op != Op::kBackward && a.op != Op::kWeightGrad) {  // posting
-      events_.push_back({absl::StrCat(OpName(a.op), " ", MicroBatchName(a, opts_.chunks)), posted, NowS()});
-    }
-    // What the step holds above its start: activations and the graph's saved tensors, in flight.
-    act_peak_ = std::max(act_peak_, GetMemoryStats(device_).current_bytes - act_base_);
-    if (!st.ok()) {
-      for (auto& w : sends_) (void)w->Wait();
-      sends_.clear();
-      return st;
-    }
-  }
+  // One token per backward action; the layer reduces, clips (the norm summed over the stages)
+  // and steps the view's parameters.
+  std::vector<Batch> tokens;
+  for (int i = 0; i < tokens_; ++i) tokens.push_back(micro_batches[size_t(i % k_)]);
+  absl::StatusOr<StepStats> inner = inner_->TrainStep(tokens, [this, &micro_batches, &stats](Module&, const Batch&) {
+    return NextBackward(micro_batches, &stats);
+  });
+  CloseBackward();
+  absl::Status rest = status_.ok() && inner.ok() ? RunRest(micro_batches, &stats) : absl::OkStatus();
   double comm_start = NowS();
-  for (auto& w : sends_) BRAID_RETURN_IF_ERROR(w->Wait());
+  for (auto& w : sends_) (void)w->Wait();
+  for (auto& w : tie_works_) (void)w->Wait();
   sends_.clear();
+  tie_works_.clear();
   flight_.clear();
-  // A weight two stages share gets the sum of their gradients, on both.
-  for (auto& [group, tensors] : ties_) {
-    for (Tensor& t : tensors) {
-      Tensor g = t.grad();
-      if (!g.defined()) {
-        g = Tensor::Zeros(t.shape(), DType::kF32, device_);
-        t.set_grad(g);
-      }
-      BRAID_RETURN_IF_ERROR(group->AllReduce(g, ReduceOp::kSum)->Wait());
-    }
-  }
-  // Each stage's replicas average their gradients (one flat buffer: one collective), or with
-  // ZeRO-1 reduce-scatter them into each replica's shard.
-  const int64_t comm_before = stage_opt_->comm_bytes();
-  BRAID_RETURN_IF_ERROR(stage_opt_->Reduce());
-  stats.comm_exposed_s += NowS() - comm_start;
-  double opt_start = NowS();
-  // The global norm over every stage (a tied weight counted once), and every shard, then the
-  // same scale for all.
-  double squared = stage_opt_->LocalSquaredNorm();
-  auto sum_over = [&](Communicator* g) -> absl::Status {
-    if (g == nullptr || g->size() == 1) return absl::OkStatus();
-    Tensor t = Tensor::Full({1}, float(squared));
-    BRAID_RETURN_IF_ERROR(g->AllReduce(t, ReduceOp::kSum)->Wait());
-    squared = double(t.item());
-    return absl::OkStatus();
-  };
-  if (stage_opt_->sharded()) BRAID_RETURN_IF_ERROR(sum_over(data_));
-  BRAID_RETURN_IF_ERROR(sum_over(pipe_));
-  if (model_parallel_sum_) squared = model_parallel_sum_(squared);
-  stats.grad_norm = float(std::sqrt(squared));
-  if (max_grad_norm_ > 0 && stats.grad_norm > max_grad_norm_) {
-    stage_opt_->ScaleGradients(float(max_grad_norm_ / (double(stats.grad_norm) + 1e-6)));
-  }
-  BRAID_RETURN_IF_ERROR(stage_opt_->Step());
-  stats.comm_bytes = stage_opt_->comm_bytes() - comm_before;
-  stats.comm_what = zero_stage_ >= 1 ? "gradients reduce-scattered over each stage's replicas"
-                                     : "gradients all-reduced over each stage's replicas";
-  stats.optimizer_s = NowS() - opt_start;
+  BRAID_RETURN_IF_ERROR(status_);
+  if (!inner.ok()) return inner.status();
+  BRAID_RETURN_IF_ERROR(rest);
+  RefreshTiesAtNextForward();
+  stats.comm_exposed_s = inner->comm_exposed_s + (NowS() - comm_start);
+  stats.backward_s = inner->backward_s;
+  stats.optimizer_s = inner->optimizer_s;
+  stats.grad_norm = inner->grad_norm;
+  stats.comm_bytes = inner->comm_bytes;
+  stats.comm_bytes_overlapped = inner->comm_bytes_overlapped;
+  stats.comm_what = inner->comm_what.empty() ? "" : absl::StrCat(inner->comm_what, " over each stage's replicas");
+  const double opt_start = NowS() - stats.optimizer_s;
   // One all-reduce over the pipeline carries what one stage alone knows, added to the others'
   // zeros: the loss (only the last stage saw it), every stage's busy time (summed), and each
   // stage's own timings for the span (SpanOfStep). Durations from each rank's own first compute,

@@ -18,6 +18,14 @@ absl::Status Invalid(const std::string& msg) {
 
 }  // namespace
 
+bool IsPipelineOption(const std::string& key) {
+  for (const char* k : {"stages", "schedule", "virtual_stages", "partition", "trace_file",
+                        "split_backward", "receives_ahead"}) {
+    if (key == k) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<Options> ParseOptions(const std::map<std::string, std::string>& options,
                                      int mesh_stages) {
   Options o;

@@ -28,6 +28,10 @@ struct Options {
   bool split_backward = false;
 };
 
+// Whether `key` is one of the pipeline's options (the others of a stack's options belong to the
+// layer it wraps).
+bool IsPipelineOption(const std::string& key);
+
 // The strategy's options (TrainConfig's strategy.options); errors name the option and what to set.
 // `mesh_stages`: the mesh's pipeline size when the run has a mesh (0: none), which the option
 // "stages" may repeat but not contradict.

@@ -65,14 +65,18 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
   if (ctx.comm == nullptr) return Invalid("no communicator in the strategy context");
   if (!make_optimizer) return Invalid("no optimizer factory given");
   if (!ctx.criterion) return Invalid("no criterion in the strategy context: the last stage computes the loss");
-  BRAID_ASSIGN_OR_RETURN(opts_, ParseOptions(ctx.options, ctx.mesh ? ctx.mesh->shape().pipeline : 0));
-  // ZeRO on the data axis (declared as feature zero1): the config's section, when there is one.
-  if (ctx.config != nullptr) zero_stage_ = ctx.config->zero_optimization().stage();
-  if (zero_stage_ > 2) {
-    return Invalid(absl::StrCat("zero_optimization.stage ", zero_stage_,
-                                " is not supported inside a pipeline (each stage holds its layers "
-                                "whole); stages 1 and 2 shard over each stage's data-parallel replicas"));
+  if (inner_ == nullptr) {
+    return Error(absl::StatusCode::kFailedPrecondition,
+                 "serves the pipeline axis over a data-axis strategy (single, ddp, zero, a user's); "
+                 "give it with Wrap before Setup");
   }
+  // The options are the stack's: the pipeline's own keys are read here, the rest belong to the
+  // data-axis layer below (whichever of the two the config named).
+  std::map<std::string, std::string> mine, theirs;
+  for (auto& [k, v] : ctx.options) {
+    (IsPipelineOption(k) ? mine : theirs)[k] = v;
+  }
+  BRAID_ASSIGN_OR_RETURN(opts_, ParseOptions(mine, ctx.mesh ? ctx.mesh->shape().pipeline : 0));
   world_ = ctx.comm;
   device_ = ctx.device;
   criterion_ = ctx.criterion;
@@ -157,17 +161,20 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
     }
   }
   model_ = &model;
+  // This stage's view holds the parameters it owns (a tied one on its first stage only); the
+  // data-axis layer materialises them as it keeps them (ZeRO-3: its shard), unless it wants
+  // them whole from here. Parameters of other stages are never allocated.
+  StrategyContext probe = ctx;
+  probe.options = theirs;
+  const bool inner_defers = inner_->wants_deferred_init(probe);
   for (auto& [n, p] : model.NamedParameters()) {
-    bool mine = used_by[n].count(stage_) > 0;
-    if (mine) {
+    const bool used = used_by[n].count(stage_) > 0;
+    const bool owned = used && owner_[n] == stage_;
+    if (owned && p.requires_grad()) own_.insert(n);
+    if (used && (!owned || !inner_defers || !p.requires_grad())) {
       if (IsDeferred(p)) Materialize(p);
       p.MoveTo(device_);
-      if (p.requires_grad()) {
-        own_.emplace_back(n, p);
-        // A tied parameter counts once in the norm: on the first stage that holds it.
-        if (*used_by[n].begin() == stage_) counted_.insert(n);
-      }
-    } else if (p.has_data()) {
+    } else if (!used && p.has_data()) {
       p.storage()->Release();  // built whole (not deferred): another stage's, never used here
     }
   }
@@ -175,8 +182,8 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
     if (IsDeferred(b)) Materialize(b);
     b.MoveTo(device_);
   }
-  // Groups, created by every rank in the same order: each replica's pipeline, each stage's
-  // replicas, and for every set of stages sharing parameters, one group per replica.
+  // Groups, created by every rank in the same order: each replica's pipeline and each stage's
+  // replicas.
   auto join = [&](const std::vector<int>& ranks, Communicator** slot) -> absl::Status {
     BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> g, world_->NewGroup(ranks));
     if (g) {
@@ -211,34 +218,114 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
       BRAID_RETURN_IF_ERROR(join(ranks, s == stage_ ? &data_ : nullptr));
     }
   }
-  std::map<std::set<int>, std::vector<std::string>> tied;
-  for (auto& [n, p] : model.NamedParameters()) {
-    if (used_by[n].size() > 1 && p.requires_grad()) tied[used_by[n]].push_back(n);
+  view_ = std::make_unique<StageView>(model, own_);
+  BRAID_RETURN_IF_ERROR(SetUpTies(model, used_by));
+  // The data-axis layer trains the view over this stage's replicas. The norm it clips by sums
+  // over the stages too (a tied weight counts once: on its owner), then over what the layer
+  // above adds (tensor parallelism's group).
+  StrategyContext inner_ctx = ctx;
+  inner_ctx.comm = data_;
+  inner_ctx.options = theirs;
+  Communicator* pipe = pipe_;
+  std::function<double(double)> above = ctx.model_parallel_sum;
+  inner_ctx.model_parallel_sum = [pipe, above](double local) {
+    double sum = local;
+    if (pipe->size() > 1) {
+      Tensor t = Tensor::Full({1}, float(local));
+      absl::Status st = pipe->AllReduce(t, ReduceOp::kSum)->Wait();
+      BRAID_CHECK(st.ok()) << "pipeline: all-reducing the gradient norm over the stages: " << st.message();
+      sum = double(t.item());
+    }
+    return above ? above(sum) : sum;
+  };
+  inner_ctx.make_replica = nullptr;  // the stage is not a whole model
+  inner_ctx.sample_batch = nullptr;
+  BRAID_RETURN_IF_ERROR(inner_->Setup(*view_, make_optimizer, inner_ctx));
+  if (inner_->data_parallel_size() != dp_size_ || inner_->data_parallel_rank() != dp_) {
+    return Invalid(absl::StrCat("the data-axis strategy \"", inner_->name(), "\" trains ",
+                                inner_->data_parallel_size(), " replica(s) of each stage, but the layout has ",
+                                dp_size_, "; it must train over the communicator it is given"));
   }
-  for (auto& [set, names] : tied) {
-    for (int d = 0; d < dp_size_; ++d) {
-      std::vector<int> ranks;
-      for (int s : set) ranks.push_back(d * stages_ + s);
-      Communicator* g = nullptr;
-      BRAID_RETURN_IF_ERROR(join(ranks, &g));
-      if (g != nullptr && d == dp_) {
-        std::vector<Tensor> ts;
-        for (const std::string& n : names) ts.push_back(params[n]);
-        ties_.push_back({g, ts});
+  // The owner of a tied weight sends its value, whole, when its first forward of a step has it
+  // (ZeRO-3 gathers it there): after the data-axis layer's own hooks, which run first.
+  view_->AddForwardPreHook([this](Module&) {
+    if (tie_send_) SendTieValues();
+  });
+  act_shape_.assign(size_t(parts), Shape());
+  return absl::OkStatus();
+}
+
+absl::Status PipelineStrategy::SetUpTies(Module& model, const std::map<std::string, std::set<int>>& used_by) {
+  for (auto& [n, p] : model.NamedParameters()) {
+    auto it = used_by.find(n);
+    if (it == used_by.end() || it->second.size() < 2 || !it->second.count(stage_) || !p.requires_grad()) continue;
+    Tie t;
+    t.name = n;
+    t.param = p;
+    t.owner = owner_[n] == stage_;
+    for (int s : it->second) {
+      if (t.owner ? s != stage_ : s == owner_[n]) t.others.push_back(s);
+    }
+    for (const Chunk& c : chunks_) {
+      for (const PipelineLayer& l : c.layers) {
+        if (std::find(l.parameters.begin(), l.parameters.end(), n) != l.parameters.end()) {
+          ++t.per_step;  // per micro-batch, for now: times k_ at each step
+          break;
+        }
       }
     }
+    ties_.push_back(std::move(t));
   }
-  // Every replica of a stage starts from the first replica's values (coalesced: core/broadcast.h).
-  if (dp_size_ > 1) {
-    std::vector<Tensor> own_tensors;
-    for (auto& [n, p] : own_) own_tensors.push_back(p);
-    BRAID_RETURN_IF_ERROR(BroadcastTensors(own_tensors, *data_, 0));
+  for (size_t i = 0; i < ties_.size(); ++i) {
+    Tie& t = ties_[i];
+    if (t.owner) {
+      // The owner's last gradient of the step adds what every copy accumulated: they finished
+      // their backward of that micro-batch before this one could start, and sent it then.
+      t.param.RegisterGradTransform([this, i](const Tensor& g) {
+        Tie& tie = ties_[i];
+        if (++tie.seen < tie.per_step * k_) return g;
+        Tensor sum = g.Detach().Clone();
+        for (int s : tie.others) {
+          Tensor part = Tensor::Empty(sum.shape(), sum.dtype(), sum.device());
+          absl::Status st = pipe_->Recv(part, s, Tag(4, int(i), 0))->Wait();
+          BRAID_CHECK(st.ok()) << "pipeline: receiving the gradient of tied weight '" << tie.name
+                               << "' from stage " << s << ": " << st.message();
+          autograd::AccumulateInto(sum, part);
+        }
+        return sum;
+      });
+    } else {
+      // A copy sends its gradient once the step's last contribution is in: from inside that
+      // backward, so the owner (which waits for it) is never behind a collective of ours.
+      t.param.RegisterPostAccumulateGradHook([this, i](Tensor& p) {
+        Tie& tie = ties_[i];
+        if (++tie.seen < tie.per_step * k_) return;
+        tie.sent = p.grad();
+        sends_.push_back(pipe_->Send(tie.sent, tie.others.front(), Tag(4, int(i), 0)));
+      });
+    }
   }
-  std::set<std::string> tied_names;
-  for (auto& [set, names] : tied) tied_names.insert(names.begin(), names.end());
-  BRAID_ASSIGN_OR_RETURN(stage_opt_, StageOptimizer::Create(own_, counted_, *data_, zero_stage_,
-                                                            make_optimizer, device_, tied_names));
-  act_shape_.assign(size_t(parts), Shape());
+  return absl::OkStatus();
+}
+
+void PipelineStrategy::SendTieValues() {
+  tie_send_ = false;
+  for (size_t i = 0; i < ties_.size(); ++i) {
+    Tie& t = ties_[i];
+    if (!t.owner) continue;
+    t.sent = t.param.Detach().Clone();  // whole now; it may be released after this forward
+    for (int s : t.others) tie_works_.push_back(pipe_->Send(t.sent, s, Tag(3, int(i), 0)));
+  }
+}
+
+absl::Status PipelineStrategy::ReceiveTieValues() {
+  tie_receive_ = false;
+  for (size_t i = 0; i < ties_.size(); ++i) {
+    Tie& t = ties_[i];
+    if (t.owner) continue;
+    Tensor v = t.param.Detach();
+    BRAID_RETURN_IF_ERROR(pipe_->Recv(v, t.others.front(), Tag(3, int(i), 0))->Wait());
+  }
   return absl::OkStatus();
 }
 
@@ -250,14 +337,21 @@ Tensor PipelineStrategy::ForwardChunk(const Chunk& c, const Tensor& x) {
 
 absl::StatusOr<std::map<std::string, Tensor>> PipelineStrategy::FullStateDict() {
   if (model_ == nullptr) return Error(absl::StatusCode::kFailedPrecondition, "FullStateDict before Setup");
-  // Each parameter from the first stage that holds it, to every stage of this replica.
+  // The stage's own parameters whole from the data-axis layer (gathered if it shards them),
+  // then each parameter from the stage that owns it, to every stage of this replica.
+  BRAID_ASSIGN_OR_RETURN(auto mine, inner_->FullStateDict());
   std::map<std::string, Tensor> out;
-  std::map<std::string, bool> mine;
-  for (auto& [n, p] : own_) mine[n] = true;
   for (auto& [n, p] : model_->NamedParameters()) {
     auto it = owner_.find(n);
     const int owner = it == owner_.end() ? -1 : it->second;
-    Tensor t = owner == stage_ ? p.Detach().Clone() : Tensor::Empty(p.shape(), p.dtype(), device_);
+    Tensor t;
+    if (owner == stage_ && mine.count(n)) {
+      t = mine.at(n).Detach().Clone();
+    } else if (owner == stage_ || owner < 0) {
+      t = p.Detach().Clone();  // frozen: held whole by every stage that uses it
+    } else {
+      t = Tensor::Empty(p.shape(), p.dtype(), device_);
+    }
     if (stages_ > 1 && owner >= 0) BRAID_RETURN_IF_ERROR(pipe_->Broadcast(t, owner)->Wait());
     out[n] = t;
   }
@@ -272,10 +366,40 @@ absl::Status PipelineStrategy::LoadFullStateDict(const std::map<std::string, Ten
     if (!state.count(n)) missing.push_back(n);
   }
   if (!missing.empty()) return Invalid(absl::StrCat("cannot load the weights: missing ", absl::StrJoin(missing, ", ")));
-  for (auto& [n, p] : own_) Tensor(p).CopyFrom(state.at(n));
+  std::map<std::string, Tensor> mine;
+  for (const std::string& n : own_) mine[n] = state.at(n);
+  for (auto& [n, b] : view_->NamedBuffers()) {
+    if (state.count(n)) mine[n] = state.at(n);
+  }
+  BRAID_RETURN_IF_ERROR(inner_->LoadFullStateDict(mine));
+  for (Tie& t : ties_) {
+    if (!t.owner) Tensor(t.param).CopyFrom(state.at(t.name));
+  }
   for (auto& [n, b] : model_->NamedBuffers()) {
     if (state.count(n)) Tensor(b).CopyFrom(state.at(n));
   }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineStrategy::Evaluate(const std::function<void(Module&)>& eval) {
+  if (model_ == nullptr) return Error(absl::StatusCode::kFailedPrecondition, "Evaluate before Setup");
+  using State = std::map<std::string, Tensor>;
+  BRAID_ASSIGN_OR_RETURN(State whole, FullStateDict());
+  std::vector<Tensor> borrowed;
+  for (auto& [n, p] : model_->NamedParameters()) {
+    if (!p.has_data()) {
+      p.storage()->Reallocate();
+      borrowed.push_back(p);
+    }
+    Tensor(p).CopyFrom(whole.at(n));
+  }
+  {
+    autograd::NoGradGuard no_grad;
+    eval(*model_);
+  }
+  // Put back what the data-axis layer holds (a sharded view's values were overwritten with
+  // equal ones; a parameter another stage owns is given back).
+  for (Tensor& p : borrowed) p.storage()->Release();
   return absl::OkStatus();
 }
 
@@ -284,8 +408,7 @@ absl::Status PipelineStrategy::LoadFullStateDict(const std::map<std::string, Ten
 BRAID_PLUGIN(registry) {
   absl::Status s = registry->AddStrategy(
       braid::pipeline::kName, [] { return std::make_unique<braid::pipeline::PipelineStrategy>(); },
-      // Serves the pipeline axis and, inside each stage, the data axis (ZeRO-1/2 over a stage's
-      // replicas: stage_optimizer.h); it does not take a data-axis layer of another strategy yet.
-      braid::StrategyTraits{{"zero1", "zero2"}, {braid::kAxisPipeline, braid::kAxisData}});
+      // Serves the pipeline axis; each stage's data axis is the strategy it wraps.
+      braid::StrategyTraits{{}, {braid::kAxisPipeline}});
   return s.ok() ? 0 : 1;
 }

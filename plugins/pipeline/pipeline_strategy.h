@@ -33,7 +33,7 @@
 #include "core/strategy.h"
 #include "plugins/pipeline/partition.h"
 #include "plugins/pipeline/schedule.h"
-#include "plugins/pipeline/stage_optimizer.h"
+#include "plugins/pipeline/stage_view.h"
 #include "core/config/train_config.pb.h"
 
 namespace braid::pipeline {
@@ -48,57 +48,49 @@ inline double NowS() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoc
 
 class PipelineStrategy final : public Strategy {
  public:
-  std::string name() const override { return kName; }
+  std::string name() const override {
+    return inner_ ? absl::StrCat(kName, "(", inner_->name(), ")") : kName;
+  }
+  // The data axis of every stage is the wrapped strategy's (ddp, zero 1-3, single, a user's):
+  // it reduces, shards and steps the stage's parameters, handed to it as a StageView.
+  absl::Status Wrap(std::unique_ptr<Strategy> inner) override {
+    inner_ = std::move(inner);
+    return absl::OkStatus();
+  }
+  // Always: each stage materialises only its own layers (and ZeRO-3 below only its shards).
   bool wants_deferred_init(const StrategyContext&) const override { return true; }
   absl::Status Setup(Module& model, const OptimizerFactory& make_optimizer,
                      const StrategyContext& ctx) override;
   absl::StatusOr<StepStats> TrainStep(const std::vector<Batch>& micro_batches,
                                       const LossFn& loss_fn) override;
-  Optimizer* optimizer() override { return stage_opt_ ? stage_opt_->optimizer() : nullptr; }
+  Optimizer* optimizer() override { return inner_ ? inner_->optimizer() : nullptr; }
   std::vector<std::pair<std::string, int64_t>> ModelStatePeaks() const override {
-    return stage_opt_ ? stage_opt_->Peaks() : std::vector<std::pair<std::string, int64_t>>{};
+    return inner_ ? inner_->ModelStatePeaks() : std::vector<std::pair<std::string, int64_t>>{};
   }
   absl::StatusOr<std::map<std::string, Tensor>> FullStateDict() override;
   absl::Status LoadFullStateDict(const std::map<std::string, Tensor>& state) override;
   int data_parallel_rank() const override { return dp_; }
   int data_parallel_size() const override { return dp_size_; }
-  // Every stage of a replica borrows the whole model for the evaluation (the other stages'
-  // parameters broadcast from the stage that owns each), runs it, then gives back what is not
-  // its own: simple, and the evaluation runs as one process would, at the price of holding the
-  // whole model for its duration.
-  absl::Status Evaluate(const std::function<void(Module&)>& eval) override {
-    if (model_ == nullptr) return Error(absl::StatusCode::kFailedPrecondition, "Evaluate before Setup");
-    std::set<std::string> mine;
-    for (auto& [n, p] : own_) mine.insert(n);
-    std::vector<Tensor> borrowed;
-    for (auto& [n, p] : model_->NamedParameters()) {  // the same order on every stage
-      if (!mine.count(n) && !p.has_data()) {
-        p.storage()->Reallocate();
-        borrowed.push_back(p);
-      }
-      auto it = owner_.find(n);
-      if (stages_ > 1 && it != owner_.end()) {
-        Tensor t = p;
-        BRAID_RETURN_IF_ERROR(pipe_->Broadcast(t, it->second)->Wait());
-      }
-    }
-    {
-      autograd::NoGradGuard no_grad;
-      eval(*model_);
-    }
-    for (Tensor& p : borrowed) p.storage()->Release();
-    return absl::OkStatus();
-  }
+  // Every stage of a replica borrows the whole model for the evaluation (each parameter
+  // broadcast from the stage that owns it, whole: gathered by the data-axis layer first), runs
+  // it, then gives back what is not its own: simple, and the evaluation runs as one process
+  // would, at the price of holding the whole model for its duration.
+  absl::Status Evaluate(const std::function<void(Module&)>& eval) override;
   std::vector<std::string> SummaryLines() const override;
-  // Each stage's own parameters, written by the stage that counts them (a tied weight once) on
-  // replica 0; the optimizer's state likewise (with ZeRO-1, by every replica: its shard).
+  // The data-axis layer's chunks of the stage's parameters and optimizer state (the names are
+  // the model's); the step count is written by stage 0 only, and a tied weight's copy on a
+  // stage that does not own it is not written (it follows the owner).
   absl::StatusOr<std::vector<StateChunk>> StateChunks(bool create) override {
-    if (model_ == nullptr) return Error(absl::StatusCode::kFailedPrecondition, "StateChunks before Setup");
-    auto writes = [this](const std::string& n) { return dp_ == 0 && counted_.count(n) > 0; };
-    return stage_opt_->Chunks(create, writes, world_->rank() == 0);
+    if (view_ == nullptr) return Error(absl::StatusCode::kFailedPrecondition, "StateChunks before Setup");
+    BRAID_ASSIGN_OR_RETURN(std::vector<StateChunk> chunks, inner_->StateChunks(create));
+    for (StateChunk& c : chunks) {
+      if (c.name == "optimizer/step") c.write = c.write && stage_ == 0;
+    }
+    return chunks;
   }
   absl::Status AfterStateLoaded(const std::vector<StateChunk>& chunks) override {
-    RestoreOptimizerStep(*stage_opt_->optimizer(), chunks);
+    BRAID_RETURN_IF_ERROR(inner_->AfterStateLoaded(chunks));
+    RefreshTiesAtNextForward();  // the copies of tied weights follow their owners' loaded values
     return absl::OkStatus();
   }
 
@@ -112,6 +104,21 @@ class PipelineStrategy final : public Strategy {
     Tensor recv_act, recv_grad, input_grad;
     std::shared_ptr<Work> act_work, grad_work;
     std::unique_ptr<autograd::WeightGradQueue> weight_grads;  // put off by a split backward
+    bool grad_sent = false;  // the input's gradient, posted from inside the backward
+    bool backward_recorded = false;  // its trace event, written when the gradient was posted
+  };
+  // A weight two stages use (GPT's wte: the embedding and the head). Only the first stage that
+  // uses it (the owner) holds it in its view, so the data-axis layer reduces, clips and steps
+  // it once; every other stage computes with a copy, sends the owner the gradient it
+  // accumulated over the step, and gets the updated value back at the next step's forward.
+  struct Tie {
+    std::string name;
+    Tensor param;          // this stage's (the owner's: in the view; others': the copy)
+    bool owner = false;
+    std::vector<int> others;  // owner: the stages holding copies; else the owner alone
+    int per_step = 0;      // gradient accumulations expected per step on this stage
+    int seen = 0;
+    Tensor sent;           // a copy's summed gradient, or the owner's value, in flight
   };
   int RankOfVirtualStage(int vs) const { return vs % stages_; }  // in the pipeline group
   int Tag(int kind, int vs, int mb) const { return (kind * stages_ * opts_.chunks + vs) * 100000 + mb; }
@@ -123,6 +130,13 @@ class PipelineStrategy final : public Strategy {
   // A forward, backward or weight-gradient step; `args`, the body of its trace event's "args".
   void Computed(double start_s, double end_s, const std::string& name, std::string args = "");
   Tensor ForwardChunk(const Chunk& c, const Tensor& x);
+  // The data-axis layer's loss function: runs this rank's actions up to its next backward and
+  // returns a scalar whose backward is that backward (scaled so the layer's 1/T gives it).
+  Tensor NextBackward(const std::vector<Batch>& mbs, StepStats* stats);
+  absl::Status RunRest(const std::vector<Batch>& mbs, StepStats* stats);
+  absl::Status SetUpTies(Module& model, const std::map<std::string, std::set<int>>& used_by);
+  void SendTieValues();  // owner, at its first forward of a step (the values whole then)
+  absl::Status ReceiveTieValues();
   absl::StatusOr<std::vector<int64_t>> TimeLayers(Module& model, const std::vector<PipelineLayer>& layers,
                                                   const Batch& sample, const CriterionFn& criterion);
 
@@ -137,12 +151,27 @@ class PipelineStrategy final : public Strategy {
   std::vector<std::unique_ptr<Communicator>> groups_;  // the groups this strategy made
   Communicator* pipe_ = nullptr;   // this replica's stages
   Communicator* data_ = nullptr;   // this stage's replicas
-  std::vector<std::pair<Communicator*, std::vector<Tensor>>> ties_;  // tied params per group
+  std::unique_ptr<Strategy> inner_;   // the data axis
+  std::unique_ptr<StageView> view_;   // what inner_ trains
+  std::vector<Tie> ties_;
+  // At the next forward, owners send their tied weights' values and copies receive them.
+  bool tie_send_ = false, tie_receive_ = false;
+  void RefreshTiesAtNextForward() {
+    for (const Tie& t : ties_) (t.owner ? tie_send_ : tie_receive_) = true;
+  }
+  std::vector<std::shared_ptr<Work>> tie_works_;
   std::vector<Chunk> chunks_;
-  std::vector<std::pair<std::string, Tensor>> own_;   // this rank's parameters, model order
-  std::set<std::string> counted_;  // own parameters counted in the norm (a tied one once)
-  std::unique_ptr<StageOptimizer> stage_opt_;  // the data axis: all-reduce, or ZeRO-1 shards
-  int zero_stage_ = 0;
+  std::set<std::string> own_;  // the parameters in this stage's view
+  // The step being run through the data-axis layer: the schedule, the next action, the
+  // micro-batch whose backward is open, the tokens (one per backward action).
+  Schedule schedule_;
+  size_t next_action_ = 0;
+  int tokens_ = 1;
+  std::unique_ptr<autograd::WeightGradQueue::ActiveScope> put_off_scope_;
+  std::pair<int, int> open_backward_ = {-1, -1};
+  double open_backward_start_ = 0;
+  uint64_t end_of_backward_hook_ = 0;
+  bool hook_installed_ = false;
   std::vector<Shape> act_shape_;  // per virtual stage boundary, agreed in the first step
   std::map<std::pair<int, int>, InFlight> flight_;
   std::vector<std::shared_ptr<Work>> sends_;
@@ -161,6 +190,7 @@ class PipelineStrategy final : public Strategy {
   double step_grad_in_ = 0, step_grad_out_ = 0;
   int measured_steps_ = 0, steps_ = 0;
   int64_t act_base_ = 0, act_peak_ = 0;
+  void CloseBackward();  // the open backward's bookkeeping, once it has run
   struct Event {
     std::string name;
     double start_s, end_s;

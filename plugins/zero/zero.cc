@@ -394,6 +394,18 @@ absl::StatusOr<StepStats> ZeroStrategy::TrainStep(const std::vector<Batch>& micr
   BRAID_RETURN_IF_ERROR(comm_status_);
 
   orders_known_ = opts_.stage == 3;  // the first step has shown the order units are used in
+  // A prefetch still outstanding holds the values from before the step: drop it, so the next
+  // use gathers the updated shards. (A model run in pieces, a pipeline stage's chunks, may end
+  // the step right after a forward that prefetched a unit it did not use.)
+  for (Unit& u : units_) {
+    if (!u.prefetch) continue;
+    (void)Wait(u.prefetch, "all-gathering parameters (prefetched)");
+    u.prefetch.reset();
+    if (u.gathered == 0 && !u.persistent) {
+      u.flat.storage()->Release();
+      params_.Sub(Bytes(u.padded));
+    }
+  }
 
   absl::Time start = absl::Now();
   if (opts_.offload_optimizer) {

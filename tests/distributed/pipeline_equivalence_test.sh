@@ -5,8 +5,10 @@
 # and weight decay (a lost 1/m, an unsummed tied gradient or a lost decay moves weights by
 # ~1e-3; rounding leaves ~1e-8), the sequential loader making replicas' rows the one process's:
 #   2 stages 1F1B and GPipe, 3 stages 1F1B, 2 stages x 2 virtual (interleaved), 2 stages x 2
-#   replicas (4 processes), and the same with ZeRO-1 and ZeRO-2 on the data axis; 2 stages 1F1B
-#   with split backwards (weight gradients after the input's gradient is sent). Tolerance 1e-7 on the weights (measured at most 1.6e-8).
+#   replicas (4 processes) with ddp, and with ZeRO-1, 2 and 3 (the zero plugin) on each stage's
+#   data axis, and with the external example strategy (a user's plugin) there; 2 stages 1F1B
+#   with split backwards (weight gradients after the input's gradient is sent). Tolerance 1e-7
+#   on the weights (measured at most 1.6e-8).
 source "$TEST_SRCDIR/braid/tests/distributed/lib.sh" pipe_eq
 cfg() {  # FILE MICRO ACCUM STRATEGY_SECTION
   cat > "$1" <<CFG
@@ -33,9 +35,15 @@ cfg "$T/p2v2.pbtxt" 4 4 "$(pipe 2 interleaved 2)";       run_ranks p2_interleave
 cfg "$T/p2d2.pbtxt" 2 4 "$(pipe 2 1f1b)";                run_ranks p2_dp2 4 "$T/p2d2.pbtxt"
 cfg "$T/p2d2z1.pbtxt" 2 4 "$(pipe 2 1f1b) zero_optimization { stage: 1 }"; run_ranks p2_dp2_zero1 4 "$T/p2d2z1.pbtxt"
 cfg "$T/p2d2z2.pbtxt" 2 4 "$(pipe 2 1f1b) zero_optimization { stage: 2 }"; run_ranks p2_dp2_zero2 4 "$T/p2d2z2.pbtxt"
+cfg "$T/p2d2z3.pbtxt" 2 4 "parallel { pipeline: 2 data: 2 } zero_optimization { stage: 3 }"; run_ranks p2_dp2_zero3 4 "$T/p2d2z3.pbtxt"
+# A user's data-parallel strategy (tests/external_plugin, written against the documented API
+# only) serves each stage's data axis, unchanged.
+ext="$TEST_SRCDIR/braid/tests/external_plugin/libbraid_external_example.so"
+cfg "$T/p2d2x.pbtxt" 2 4 "parallel { pipeline: 2 data: 2 } strategy { name: \"external_example\" path: \"$ext\" }"
+run_ranks p2_dp2_external 4 "$T/p2d2x.pbtxt"
 cfg "$T/p2s.pbtxt" 4 4 "$(pipe 2 1f1b 1 'options { key: "split_backward" value: "true" }')"
 run_ranks p2_1f1b_split 2 "$T/p2s.pbtxt"
-for n in p2_1f1b p2_gpipe p3_1f1b p2_interleaved p2_dp2 p2_dp2_zero1 p2_dp2_zero2 p2_1f1b_split; do
+for n in p2_1f1b p2_gpipe p3_1f1b p2_interleaved p2_dp2 p2_dp2_zero1 p2_dp2_zero2 p2_dp2_zero3 p2_dp2_external p2_1f1b_split; do
   compare "$n == one process" "$T/$n.safetensors" "$T/single.safetensors" 1e-7
 done
 # The cut and the measured bubble are reported.

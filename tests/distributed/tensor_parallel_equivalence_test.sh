@@ -6,7 +6,7 @@
 # replicated weight twice, or misses another rank's slices, clips differently and moves the
 # weights by ~1e-4), 3 steps, the sequential loader making replicas' rows the one process's:
 #   tensor 2 and 4 (around single), tensor 2 x data 2 (DDP, and ZeRO stages 1, 2 and 3 on the data axis),
-#   tensor 2 x pipeline 2 x data 2 (8 processes, 1F1B; and with ZeRO-1 and 2 on the data axis); the
+#   tensor 2 x pipeline 2 x data 2 (8 processes, 1F1B; and with ZeRO-1, 2 and 3 on the data axis); the
 #   external example strategy (a user's plugin) on data 2 and tensor 2 x data 2; with
 #   sequence parallelism, tensor 2 and
 #   tensor 2 x pipeline 2 x data 2.
@@ -61,7 +61,7 @@ assert n[0] > 8 and n[-1] < 8, n
 print("   one process: gradient norms", n)
 PY
 
-# Shards balanced by their runs' processes (8 + 8 + 2, 8 + 8 + 2, 4 + 4 + 4 + 4 + 4 + 2 + 4).
+# Shards balanced by their runs' processes (8 + 8 + 2, 8 + 8 + 2 + 8, 4 + 4 + 4 + 4 + 4 + 2 + 4).
 if shard 0; then
   tp_case t2 2 'parallel { tensor: 2 } strategy { name: "single" }' 4
   tp_case t2p2d2 8 'parallel { tensor: 2 pipeline: 2 data: 2 } strategy { name: "pipeline" }'
@@ -73,6 +73,10 @@ if shard 0; then
 fi
 if shard 1; then
   tp_case t2p2d2_zero2 8 'parallel { tensor: 2 pipeline: 2 data: 2 } strategy { name: "pipeline" } zero_optimization { stage: 2 }'
+  # The 3-D mesh with ZeRO-3: each stage's tensor-parallel slices sharded over its replicas.
+  tp_case t2p2d2_zero3 8 'parallel { tensor: 2 pipeline: 2 data: 2 } zero_optimization { stage: 3 }'
+  grep -q "tensor_parallel \[tensor\] > pipeline \[pipeline\] > zero \[data\]" "$T/t2p2d2_zero3.out" ||
+    fail "t2p2d2_zero3: the stack is not reported"
   # Sequence parallelism: tensor 2, and tensor 2 x pipeline 2 x data 2.
   tp_case t2_sp 2 'parallel { tensor: 2 sequence_parallel: true } strategy { name: "single" }' 4
   tp_case t2p2d2_sp 8 'parallel { tensor: 2 pipeline: 2 data: 2 sequence_parallel: true } strategy { name: "pipeline" }'

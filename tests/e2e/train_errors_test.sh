@@ -31,10 +31,10 @@ expect batch-mismatch 'train_batch_size \(48\)' -- "$train" --config="$tmp/batch
 expect fp16-needs-a-strategy '^braid train: fp16 needs a strategy that provides "fp16"; strategy "dp" does not; use strategy.name "ddp" \(plugin libbraid_ddp\.so\), "single" \(plugin libbraid_single\.so\) or "zero" \(plugin libbraid_zero\.so\)$' -- "$train" --config="$tmp/fp16.pbtxt" --log_dir="$tmp/l"
 # A feature the named strategy lacks: one line naming the feature and the strategy, and either
 # the strategy (and plugin) that provides it or that none on the plugin search path does.
-# The zero and pipeline plugins ship with the program (both shard over the data axis): the
-# message names them. (A config that names no strategy gets one that provides its sections:
-# zero_optimization alone picks zero, launcher/compose.h.)
-zero_pattern='^braid train: zero_optimization \(stage 2\) needs a strategy that provides "zero2"; strategy "ddp" does not; use strategy.name "pipeline" \(plugin libbraid_pipeline\.so\) or "zero" \(plugin libbraid_zero\.so\)$'
+# The zero plugin ships with the program: the message names it. (A config that names no
+# strategy gets one that provides its sections: zero_optimization alone picks zero,
+# launcher/compose.h.)
+zero_pattern='^braid train: zero_optimization \(stage 2\) needs a strategy that provides "zero2"; strategy "ddp" does not; use strategy.name "zero" \(plugin libbraid_zero\.so\)$'
 expect zero-needs-a-strategy "$zero_pattern" -- "$train" --config="$tmp/zero2.pbtxt" --log_dir="$tmp/l"
 zero_out=$(bounded "$train" --config="$tmp/zero2.pbtxt" --log_dir="$tmp/l" 2>&1)
 if [ "$(printf '%s\n' "$zero_out" | wc -l)" != 1 ]; then
@@ -44,9 +44,9 @@ else
 fi
 # Layouts no stack of layers serves (launcher/compose.h): one line naming both layers, at start,
 # before any process connects (WORLD_SIZE alone; validation needs no store).
-printf 'parallel { pipeline: 2 }\nstrategy { name: "ddp" }\n' > "$tmp/pipe_ddp.pbtxt"
+printf 'parallel { pipeline: 2 }\nstrategy { name: "dp" }\n' > "$tmp/pipe_dp.pbtxt"
 printf 'parallel { tensor: 2 }\nstrategy { name: "dp" }\n' > "$tmp/tp_dp.pbtxt"
-expect pipeline-keeps-its-data-axis '^braid train: layers "pipeline" \(pipeline and data axes\) and "ddp" \(data axis\) do not stack: "pipeline" serves the data axis inside each stage itself' -- env WORLD_SIZE=4 RANK=0 "$train" --config="$tmp/pipe_ddp.pbtxt" --log_dir="$tmp/l"
+expect dp-under-the-pipeline '^braid train: layers "pipeline" \(pipeline axis\) and "dp" \(data axis\) do not stack: "dp" cannot serve under another layer: it keeps whole replicas' -- env WORLD_SIZE=4 RANK=0 "$train" --config="$tmp/pipe_dp.pbtxt" --log_dir="$tmp/l"
 expect dp-under-tensor-parallel '^braid train: layers "tensor_parallel" \(tensor axis\) and "dp" \(data axis\) do not stack: "dp" cannot serve under a layer that splits the model: it keeps whole replicas' -- env WORLD_SIZE=4 RANK=0 "$train" --config="$tmp/tp_dp.pbtxt" --log_dir="$tmp/l"
 expect single-on-two-ranks '^braid train: strategy.name "single" trains 1 data-parallel rank\(s\), but the data-parallel size is 2' -- env WORLD_SIZE=2 RANK=0 "$train" --strategy=single --steps=1 --log_dir="$tmp/l"
 expect missing-config 'no-such.pbtxt' -- "$train" --config="$tmp/no-such.pbtxt" --log_dir="$tmp/l"
