@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The hostfile launcher for real: two network namespaces joined by a veth pair are two hosts,
+# Starting Braid over ssh for real (the first argument picks the cases: "hostfile" or "mpi").
+# Two network namespaces joined by a veth pair are two hosts,
 # 10.123.0.1 (where the launcher is started) and 10.123.0.2, which runs OpenSSH's sshd on port
 # 2222 (free by construction: the namespace is new) with keys made in this test's folder. The
 # launcher reads a hostfile listing both, runs node 0 itself and starts node 1's launcher over
@@ -10,11 +11,15 @@
 #   kill  - node 1's launcher is killed (SIGKILL) while training (collective_timeout_s: 20): the
 #           launcher on the first host names node 1 and stops node 0, and every process of the
 #           job is gone within the collective timeout + 5 s of the kill.
+# With "mpi", the same two hosts run real MPI across them, ssh being each MPI's remote agent:
+#   openmpi, mpich - mpirun.openmpi -np 2 --host A:1,B:1 and mpiexec.mpich -n 2 -hosts A:1,B:1
+#           start one launcher per rank on each host; gpt-mini DDP, every loss as above.
 # sshd runs in a private mount namespace with its own /run, so it changes nothing on the machine.
 #
 # Needs root with network-admin rights and OpenSSH; Bazel runs it only where third_party/host
 # found them (SKIPPED elsewhere), so here a failure to set them up is a failure of the test.
 set -uo pipefail
+cases=${1:?which cases: hostfile or mpi}
 L="$TEST_SRCDIR/braid/launcher/launcher"
 config_src="$(readlink -f "$TEST_SRCDIR/braid/launcher/configs/gpt-mini-ddp.pbtxt")"
 # The checkout's data/ (through a source file of ours): given to every node as BRAID_DATA_DIR.
@@ -104,11 +109,35 @@ printf '# the two namespaces\n%s slots=1\n%s slots=1  # sshd on port 2222\n' "$a
 export BRAID_JOB_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 unset MASTER_ADDR MASTER_PORT RANK WORLD_SIZE
 
-# ---- train ---------------------------------------------------------------------------------
 # The reference: the launcher's own 2 ranks on the first host (port free by construction).
 ip netns exec "$ns0" timeout 120 "$L" --nproc_per_node=2 --master_port=29501 --log_dir="$T/ref" \
   -- --config="$config_src" --steps=3 > "$T/ref.out" 2> "$T/ref.err" ||
   { fail "reference run: exit code $?"; tail -20 "$T/ref.err"; }
+# Every step's loss of both ranks, as the program wrote it (8 decimals): equal as text to the
+# reference's, which must be 3 numbers (a NaN would equal itself as text).
+losses() { sed -n 's/.*"step": \([0-9]*\), "loss": \([^,]*\),.*/\1 \2/p' "$1"; }
+expect_losses() {  # NAME RUN_LOG_DIR
+  local f
+  for f in metrics.jsonl metrics.jsonl.rank1; do
+    losses "$T/ref/$f" > "$T/ref.$f.losses"; losses "$2/$f" > "$2.$f.losses"
+    if [ "$(wc -l < "$T/ref.$f.losses")" != 3 ] || grep -qviE '^[0-9]+ -?[0-9]+\.[0-9]+$' "$T/ref.$f.losses"; then
+      fail "$1: the reference's $f has not 3 finite losses:"; cat "$T/ref.$f.losses"
+    elif cmp -s "$T/ref.$f.losses" "$2.$f.losses"; then
+      ok "$1: $f: the 3 losses equal the launcher's own run exactly: $(cut -d' ' -f2 "$2.$f.losses" | tr '\n' ' ')"
+    else
+      fail "$1: $f: the losses differ (step loss, launcher's own run then this one):"
+      paste "$T/ref.$f.losses" "$2.$f.losses" | sed 's/^/     /'
+    fi
+  done
+}
+only_sshd_left() {
+  left1=""
+  for p in $(ip netns pids "$ns1"); do [ "$p" = "$sshd_pid" ] || left1="$left1 $p($(cat /proc/$p/comm 2>/dev/null))"; done
+  [ -z "$left1" ]
+}
+
+if [ "$cases" = hostfile ]; then
+# ---- train ---------------------------------------------------------------------------------
 ip netns exec "$ns0" timeout 120 "$L" --hostfile="$T/hostfile" --ssh_port=2222 --log_dir="$T/train" \
   -- --config="$config_src" --steps=3 > "$T/train.out" 2> "$T/train.err" &
 driver=$!
@@ -123,27 +152,11 @@ wait $driver; rc=$?
 expect_grep "train: both nodes" "^braid launcher: hostfile job of 2 node\(s\): node 0 on $addr0 \(here\), node 1 on $addr1 \(ssh\)" "$T/train.err"
 expect_grep "train: node 1's launcher, started over ssh, prefixed" "^$addr1: braid launcher: node 1 \([^)]*\) started rank 1 of 2; store $addr0:29500" "$T/train.out"
 expect_grep "train: node 0's rank 0, prefixed" "^$addr0: braid: training gpt-mini .* x 2 data-parallel rank\(s\)" "$T/train.out"
-losses() { sed -n 's/.*"step": \([0-9]*\), "loss": \([^,]*\),.*/\1 \2/p' "$1"; }
-for f in metrics.jsonl metrics.jsonl.rank1; do
-  losses "$T/ref/$f" > "$T/ref.$f.losses"; losses "$T/train/$f" > "$T/train.$f.losses"
-  if [ "$(wc -l < "$T/ref.$f.losses")" != 3 ] || grep -qviE '^[0-9]+ -?[0-9]+\.[0-9]+$' "$T/ref.$f.losses"; then
-    fail "train: the reference's $f has not 3 finite losses:"; cat "$T/ref.$f.losses"
-  elif cmp -s "$T/ref.$f.losses" "$T/train.$f.losses"; then
-    ok "train: $f: the 3 losses equal the launcher's own run exactly: $(cut -d' ' -f2 "$T/train.$f.losses" | tr '\n' ' ')"
-  else
-    fail "train: $f: the losses differ (step loss, launcher's own run then hostfile job):"
-    paste "$T/ref.$f.losses" "$T/train.$f.losses" | sed 's/^/     /'
-  fi
-done
+expect_losses train "$T/train"
 # Nothing of the job is left on either host: here at once (the launcher reaps what it started),
 # on the second host once sshd has closed the session (bounded).
 left0=$(ip netns pids "$ns0" | tr '\n' ' ')
 [ -z "$left0" ] && ok "train: nothing left on $addr0" || fail "train: still running on $addr0: $left0"
-only_sshd_left() {
-  left1=""
-  for p in $(ip netns pids "$ns1"); do [ "$p" = "$sshd_pid" ] || left1="$left1 $p($(cat /proc/$p/comm 2>/dev/null))"; done
-  [ -z "$left1" ]
-}
 wait_until 10 only_sshd_left && ok "train: nothing left on $addr1 but sshd" || fail "train: still running on $addr1:$left1"
 
 # ---- kill node 1's launcher ------------------------------------------------------------------
@@ -178,5 +191,37 @@ left0=$(ip netns pids "$ns0" | tr '\n' ' ')
 wait_until 10 only_sshd_left && ok "kill: nothing left on $addr1 but sshd" || fail "kill: still running on $addr1:$left1"
 echo "     what the launchers said:"
 cat "$T/kill.err" <(grep "braid launcher" "$T/kill.out") | sed 's/^/     | /'
+
+fi
+
+if [ "$cases" = mpi ]; then
+# ---- real MPI across the two hosts -----------------------------------------------------------
+# Each MPI starts its remote daemon (orted, hydra_pmi_proxy) with this ssh.
+printf '#!/bin/sh\nexec ssh -F %s -p 2222 "$@"\n' "$T/ssh_config" > "$T/ssh"
+chmod +x "$T/ssh"
+as_root=(); [ "$(id -u)" = 0 ] && as_root=(--allow-run-as-root)
+for mpi in openmpi mpich; do
+  case $mpi in
+    openmpi) mpirun=(mpirun.openmpi "${as_root[@]}" -np 2 --host $addr0:1,$addr1:1
+                     --mca plm_rsh_agent "$T/ssh" -x BRAID_JOB_TOKEN -x BRAID_DATA_DIR) ;;
+    # Hydra passes the whole environment on by default.
+    mpich) mpirun=(mpiexec.mpich -n 2 -hosts $addr0:1,$addr1:1 -launcher ssh -launcher-exec "$T/ssh") ;;
+  esac
+  sessions=$(grep -c "Accepted publickey" "$T/sshd.log")
+  ip netns exec "$ns0" timeout 120 "${mpirun[@]}" "$L" --master_addr=$addr0 --log_dir="$T/$mpi" \
+    -- --config="$config_src" --steps=3 > "$T/$mpi.out" 2> "$T/$mpi.err"
+  rc=$?
+  [ $rc = 0 ] && ok "$mpi: exit code 0" || { fail "$mpi: exit code $rc"; tail -20 "$T/$mpi.err" "$T/$mpi.out"; }
+  # The MPI went through the second host's sshd (for its daemon there, which started rank 1).
+  [ "$(grep -c "Accepted publickey" "$T/sshd.log")" -gt "$sessions" ] &&
+    ok "$mpi: reached the second host over ssh" || fail "$mpi: no ssh session on the second host"
+  expect_grep "$mpi: rank 1's launcher" "^braid launcher: rank 1's launcher \([^)]*\) started rank 1 of 2; store $addr0:29500" "$T/$mpi.err"
+  expect_grep "$mpi: DDP over both hosts" "^braid: training gpt-mini .* x 2 data-parallel rank\(s\)" "$T/$mpi.out"
+  expect_losses "$mpi" "$T/$mpi"
+  left0=$(ip netns pids "$ns0" | tr '\n' ' ')
+  [ -z "$left0" ] && ok "$mpi: nothing left on $addr0" || fail "$mpi: still running on $addr0: $left0"
+  wait_until 10 only_sshd_left && ok "$mpi: nothing left on $addr1 but sshd" || fail "$mpi: still running on $addr1:$left1"
+done
+fi
 
 [ "$fails" = 0 ] && echo PASS || { echo "$fails failure(s)"; exit 1; }
