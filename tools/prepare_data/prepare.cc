@@ -42,7 +42,9 @@ constexpr char kPartial[] = ".partial";
 // Text per batch of documents handed to the threads: bounds the ids held in memory at once.
 constexpr int64_t kChunkBytes = int64_t{64} << 20;
 
-// An input file, memory-mapped for the run. `name` is the path as the user wrote it (messages).
+// An input file. JSON-lines files are memory-mapped for the run (their lines are listed before
+// any is read); a text file is read whole by the thread that tokenizes it, so that a folder of
+// many files holds neither a mapping nor a descriptor per file.
 class Source {
  public:
   static absl::StatusOr<std::unique_ptr<Source>> Open(const std::string& path,
@@ -54,12 +56,16 @@ class Source {
       ::close(fd);
       return absl::InvalidArgumentError(absl::StrCat(name, ": not a regular file"));
     }
-    auto s = std::unique_ptr<Source>(new Source(name, jsonl));
+    auto s = std::unique_ptr<Source>(new Source(path, name, jsonl));
     s->size_ = size_t(st.st_size);
     if (s->size_ == 0) {
       ::close(fd);
       return absl::InvalidArgumentError(
           absl::StrCat(name, " is empty: give it text, or leave it out of the inputs"));
+    }
+    if (!jsonl) {
+      ::close(fd);
+      return s;
     }
     void* m = ::mmap(nullptr, s->size_, PROT_READ, MAP_PRIVATE, fd, 0);
     const int e = errno;
@@ -73,10 +79,29 @@ class Source {
   }
   const std::string& name() const { return name_; }
   bool jsonl() const { return jsonl_; }
+  size_t size() const { return size_; }
+  // A JSON-lines file's bytes.
   absl::string_view bytes() const { return absl::string_view(bytes_, size_); }
+  // A text file's bytes, read now; the file must still be the size it was when listed.
+  absl::Status Read(std::string* out) const {
+    FILE* f = std::fopen(path_.c_str(), "rb");
+    if (f == nullptr) return absl::NotFoundError(absl::StrCat(name_, ": cannot read it (", std::strerror(errno), ")"));
+    out->resize(size_ + 1);
+    const size_t got = std::fread(&(*out)[0], 1, size_ + 1, f);
+    std::fclose(f);
+    if (got != size_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          name_, " changed while it was being prepared (", size_, " bytes, then ", got,
+          "): run again once it is written"));
+    }
+    out->resize(size_);
+    return absl::OkStatus();
+  }
 
  private:
-  Source(std::string name, bool jsonl) : name_(std::move(name)), jsonl_(jsonl) {}
+  Source(std::string path, std::string name, bool jsonl)
+      : path_(std::move(path)), name_(std::move(name)), jsonl_(jsonl) {}
+  std::string path_;
   std::string name_;
   bool jsonl_;
   const char* bytes_ = nullptr;
@@ -147,11 +172,11 @@ absl::StatusOr<std::vector<std::unique_ptr<Source>>> OpenInputs(const PrepareOpt
 absl::StatusOr<std::vector<Doc>> ListDocuments(const std::vector<std::unique_ptr<Source>>& sources) {
   std::vector<Doc> docs;
   for (uint32_t i = 0; i < sources.size(); ++i) {
-    const absl::string_view b = sources[i]->bytes();
     if (!sources[i]->jsonl()) {
-      docs.push_back(Doc{i, 0, b.size(), 0});
+      docs.push_back(Doc{i, 0, sources[i]->size(), 0});
       continue;
     }
+    const absl::string_view b = sources[i]->bytes();
     const size_t before = docs.size();
     uint64_t line = 0;
     for (size_t pos = 0; pos < b.size();) {
@@ -175,8 +200,11 @@ absl::StatusOr<std::vector<Doc>> ListDocuments(const std::vector<std::unique_ptr
 // The document's text: the whole file, or the line's field.
 absl::StatusOr<absl::string_view> DocumentText(const Source& s, const Doc& d, const std::string& field,
                                                std::string* storage) {
+  if (!s.jsonl()) {
+    BRAID_RETURN_IF_ERROR(s.Read(storage));
+    return absl::string_view(*storage);
+  }
   const absl::string_view bytes = s.bytes().substr(d.begin, d.size);
-  if (!s.jsonl()) return bytes;
   const json v = json::parse(bytes.begin(), bytes.end(), nullptr, /*allow_exceptions=*/false);
   const std::string at = absl::StrCat(s.name(), ":", d.line);
   if (v.is_discarded()) {
