@@ -76,8 +76,10 @@ class Attention : public Module {
     o_proj_ = RegisterModule("o_proj", std::make_unique<nn::Linear>(c.n_embd, c.n_embd, false, c.init_std, rng, d));
   }
   Tensor Forward(const Tensor& x) override {
-    const int64_t b = x.size(0), t = x.size(1);
     Tensor q = (*q_proj_)(x), k = (*k_proj_)(x), v = (*v_proj_)(x);
+    // From q, not x: under sequence parallelism x is this rank's part of the sequence and the
+    // projections gather the whole of it.
+    const int64_t b = q.size(0), t = q.size(1);
     // The heads this module was given: all of them, or a tensor-parallel rank's share.
     BRAID_CHECK(q.size(-1) % head_dim_ == 0 && k.size(-1) % head_dim_ == 0)
         << "attention widths " << q.size(-1) << " (q) and " << k.size(-1)

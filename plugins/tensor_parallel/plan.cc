@@ -89,9 +89,9 @@ absl::StatusOr<Plan> ParsePlan(const std::string& text, const std::string& origi
       continue;
     }
     if (words[0] == "divides") {
-      if (words.size() != 2 || (words[1] != "n_head" && words[1] != "n_embd" && words[1] != "n_layer")) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where(), "'divides' takes one model field: n_head, n_embd or n_layer"));
+      if (words.size() != 2) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            where(), "'divides' takes one model field or option (n_head, n_kv_head, ...)"));
       }
       plan.divides.push_back(words[1]);
       continue;

@@ -17,8 +17,9 @@
 //   vocab_embedding  weight [V, C] split by rows; lookups outside a rank's rows give zero; g.
 //   sequence_slice   (sequence parallelism only) the module's output [T, ...] keeps this rank's
 //                    rows of the sequence: position embeddings added to a split sequence.
-// `divides <model field>` (n_head, n_embd, n_layer) names a model config field the tensor size
-// must divide, checked at start (GPT's attention is split by heads). `output vocab_sharded` says the model's output is split over its last dimension (the tied
+// `divides <model field>` names a model config field (n_head, n_embd, n_layer) or one of the
+// model's options (model.options: n_kv_head) the tensor size must divide, checked at start
+// (attention is split by heads). `output vocab_sharded` says the model's output is split over its last dimension (the tied
 // head's logits): the loss is then the vocabulary-parallel cross-entropy. `sequence_dim 1` says
 // the activations between split layers are [B, T, ...]: sequence parallelism may then split T
 // (with it, f and g become all-gather and reduce-scatter along T, and every replicated
@@ -61,7 +62,9 @@ struct Plan {
 };
 
 absl::StatusOr<Plan> ParsePlan(const std::string& text, const std::string& origin);
-// "gpt" (models/gpt) and "mlp" (models/mlp); NotFound names the built-in plans.
+// "gpt" (models/gpt) and "mlp" (models/mlp); NotFound names the built-in plans. (A model may
+// instead carry its plan in its registration, ModelSpec::tensor_plan, as models/llama does: the
+// strategy prefers it.)
 absl::StatusOr<Plan> BuiltinPlan(const std::string& name);
 // The built-in plan for a model's type_name ("GPT" -> gpt, "MLP" -> mlp), or NotFound.
 absl::StatusOr<Plan> PlanForModel(const Module& model);

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/config/train_config.pb.h"
@@ -28,6 +29,17 @@ constexpr char kName[] = "tensor_parallel";
 
 absl::Status Error(absl::StatusCode code, const std::string& msg) {
   return absl::Status(code, absl::StrCat(kName, ": ", msg));
+}
+
+// The model's own plan (its registration's ModelSpec::tensor_plan) when it has one, else the
+// built-in plan for its type.
+absl::StatusOr<Plan> PlanFor(const Module& model, const StrategyContext& ctx) {
+  if (ctx.config != nullptr) {
+    const std::string& name = ctx.config->model().name();
+    absl::StatusOr<ModelSpec> spec = Registry::Get().GetModel(name);
+    if (spec.ok() && !spec->tensor_plan.empty()) return ParsePlan(spec->tensor_plan, name);
+  }
+  return PlanForModel(model);
 }
 
 class TensorParallelStrategy : public Strategy {
@@ -66,17 +78,29 @@ class TensorParallelStrategy : public Strategy {
       if (!ctx.config->parallel().tensor_plan().empty()) plan_spec_ = ctx.config->parallel().tensor_plan();
       sequence_parallel_ = ctx.config->parallel().sequence_parallel();
     }
-    absl::StatusOr<Plan> plan = plan_spec_.empty() ? PlanForModel(model) : LoadPlan(plan_spec_);
+    absl::StatusOr<Plan> plan = plan_spec_.empty() ? PlanFor(model, ctx) : LoadPlan(plan_spec_);
     if (!plan.ok()) return Error(plan.status().code(), std::string(plan.status().message()));
     plan_ = std::move(*plan);
     group_ = &ctx.mesh->tensor();
     if (ctx.config != nullptr) {
       const auto& m = ctx.config->model();
       for (const std::string& field : plan_.divides) {
-        const int64_t v = field == "n_head" ? m.n_head() : field == "n_embd" ? m.n_embd() : m.n_layer();
+        // A shape field of the config, or one of the model's own options (n_kv_head).
+        int64_t v = 0;
+        std::string what = absl::StrCat("model.", field);
+        if (field == "n_head" || field == "n_embd" || field == "n_layer") {
+          v = field == "n_head" ? m.n_head() : field == "n_embd" ? m.n_embd() : m.n_layer();
+        } else if (auto it = m.options().find(field); it != m.options().end()) {
+          what = absl::StrCat("model.options \"", field, "\"");
+          if (!absl::SimpleAtoi(it->second, &v)) v = 0;
+        } else {
+          return Error(absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("plan ", plan_.name, " splits by '", field, "', which model \"",
+                                    m.name(), "\" has neither as a field nor as an option"));
+        }
         if (v > 0 && v % group_->size() != 0) {
           return Error(absl::StatusCode::kInvalidArgument,
-                       absl::StrCat("model.", field, " (", v, ") is not a multiple of parallel.tensor (",
+                       absl::StrCat(what, " (", v, ") is not a multiple of parallel.tensor (",
                                     group_->size(), "): plan ", plan_.name,
                                     " splits by it; choose a tensor size that divides it"));
         }
