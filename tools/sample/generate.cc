@@ -37,13 +37,21 @@ int64_t PickToken(const std::vector<float>& logits, const SampleOptions& opts, u
   }
   std::vector<int64_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
-  int64_t k = opts.top_k > 0 ? std::min(opts.top_k, n) : n;
-  // Most likely first, ids ascending among equals, so the kept set never depends on the sort.
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int64_t a, int64_t b) {
-    return logits[size_t(a)] != logits[size_t(b)] ? logits[size_t(a)] > logits[size_t(b)] : a < b;
-  });
+  const int64_t k = opts.top_k > 0 ? std::min(opts.top_k, n) : n;
+  if (k < n) {
+    // The k most likely first, ids ascending among equals: a strict order, so the kept set and
+    // its order never depend on the algorithm. Linear selection, then a sort of the k kept.
+    auto before = [&](int64_t a, int64_t b) {
+      return logits[size_t(a)] != logits[size_t(b)] ? logits[size_t(a)] > logits[size_t(b)] : a < b;
+    };
+    std::nth_element(order.begin(), order.begin() + (k - 1), order.end(), before);
+    std::sort(order.begin(), order.begin() + k, before);
+  }
+  // Subtracting the largest logit keeps exp() in range (every token, in id order, when k == n).
+  float most = -INFINITY;
+  for (int64_t i = 0; i < k; ++i) most = std::max(most, logits[size_t(order[size_t(i)])]);
   std::vector<double> p(static_cast<size_t>(k));
-  const double top = double(logits[size_t(order[0])]) / opts.temperature;
+  const double top = double(most) / opts.temperature;
   double sum = 0;
   for (int64_t i = 0; i < k; ++i) {
     sum += (p[size_t(i)] = std::exp(double(logits[size_t(order[size_t(i)])]) / opts.temperature - top));
