@@ -73,19 +73,38 @@ std::unique_ptr<LrSchedule> WarmupCosineLR(const WarmupCosineParams& p) {
   });
 }
 
+namespace {
+
+// OneCycle's position in its triangle at step s < total: 0 at the ends, 1 at the peak.
+double OneCycleScale(const OneCycleParams& p, int64_t s) {
+  const double total = double(p.cycle_first_step_size + p.cycle_second_step_size);
+  const double ratio = double(p.cycle_first_step_size) / total;
+  const double it = double(s) + 1.0;
+  const double cycle = std::floor(1.0 + it / total);
+  const double x = 1.0 + it / total - cycle;
+  return x <= ratio ? x / ratio : (x - 1.0) / (ratio - 1.0);
+}
+
+}  // namespace
+
+double OneCycleMomentum(const OneCycleParams& p, int64_t s) {
+  const int64_t total = p.cycle_first_step_size + p.cycle_second_step_size;
+  if (s < total) {
+    return p.cycle_max_mom - (p.cycle_max_mom - p.cycle_min_mom) * OneCycleScale(p, s);
+  }
+  if (p.decay_step_size == 0) return p.cycle_max_mom;
+  const double interval = (double(s - total) + 1.0) / double(p.decay_step_size);
+  return p.cycle_max_mom * (1.0 + p.decay_mom_rate * interval);
+}
+
 std::unique_ptr<LrSchedule> OneCycle(const OneCycleParams& p) {
   BRAID_CHECK(p.cycle_first_step_size >= 1 && p.cycle_second_step_size >= 1)
       << "OneCycle: step sizes " << p.cycle_first_step_size << ", " << p.cycle_second_step_size;
   const double total = double(p.cycle_first_step_size + p.cycle_second_step_size);
-  const double ratio = double(p.cycle_first_step_size) / total;
   const bool decay = p.decay_step_size != 0 && p.decay_lr_rate != 0.0;
-  return std::make_unique<FunctionSchedule>([p, total, ratio, decay](int64_t s) {
+  return std::make_unique<FunctionSchedule>([p, total, decay](int64_t s) {
     if (double(s) < total) {
-      const double it = double(s) + 1.0;
-      const double cycle = std::floor(1.0 + it / total);
-      const double x = 1.0 + it / total - cycle;
-      const double scale = x <= ratio ? x / ratio : (x - 1.0) / (ratio - 1.0);
-      return p.cycle_min_lr + (p.cycle_max_lr - p.cycle_min_lr) * scale;
+      return p.cycle_min_lr + (p.cycle_max_lr - p.cycle_min_lr) * OneCycleScale(p, s);
     }
     if (!decay) return p.cycle_min_lr;
     const double interval = (double(s) - total + 1.0) / double(p.decay_step_size);

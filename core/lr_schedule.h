@@ -53,11 +53,21 @@ struct OneCycleParams {
   int64_t cycle_second_step_size = 2000;  // DeepSpeed's default: the first
   int64_t decay_step_size = 0;            // 0: no decay after the cycle
   double decay_lr_rate = 0.0;             // 0: no decay after the cycle
+  // The momentum's cycle (OneCycleMomentum), DeepSpeed's defaults.
+  double cycle_min_mom = 0.8, cycle_max_mom = 0.9;
+  double decay_mom_rate = 0.0;
 };
 // One triangle over total = first + second steps, with x = (s + 1) / total (DeepSpeed's phase,
 // one step ahead): up from cycle_min_lr for x <= first / total, back down after; from s = total
 // on, cycle_min_lr / (1 + decay_lr_rate × (s - total + 1) / decay_step_size).
 std::unique_ptr<LrSchedule> OneCycle(const OneCycleParams& p);
+
+// OneCycle's momentum (DeepSpeed's cycle_momentum: Adam's beta1, beta2 held at 0.99): the rate's
+// triangle upside down, cycle_max_mom - (cycle_max_mom - cycle_min_mom) x scale with the rate's
+// scale at step s; from s = total on, cycle_max_mom x (1 + decay_mom_rate x (s - total + 1) /
+// decay_step_size), or cycle_max_mom when decay_step_size is 0.
+double OneCycleMomentum(const OneCycleParams& p, int64_t s);
+inline constexpr double kOneCycleBeta2 = 0.99;  // DeepSpeed's, while the momentum cycles
 
 struct LrRangeTestParams {
   double min_lr = 1e-3;

@@ -81,6 +81,30 @@ TEST(OneCycle, TriangleThenDecay) {
   EXPECT_FLOAT_EQ(OneCycle({1e-4, 1e-3, 10, 30, 10, 0.0})->At(1000), 1e-4f);
 }
 
+TEST(OneCycle, MomentumIsTheTriangleUpsideDownThenDecays) {
+  // The rate's cycle above (first 10, second 30), momentum from 0.9 down to 0.8 at the peak.
+  OneCycleParams p{1e-4, 1e-3, 10, 30, 10, 0.5};
+  p.cycle_min_mom = 0.8;
+  p.cycle_max_mom = 0.9;
+  p.decay_mom_rate = 0.01;
+  EXPECT_DOUBLE_EQ(OneCycleMomentum(p, 0), 0.9 - 0.1 * 0.1);   // scale 0.1
+  EXPECT_DOUBLE_EQ(OneCycleMomentum(p, 4), 0.9 - 0.1 * 0.5);   // scale 0.5
+  EXPECT_DOUBLE_EQ(OneCycleMomentum(p, 9), 0.8);               // the rate's peak
+  EXPECT_DOUBLE_EQ(OneCycleMomentum(p, 24), 0.9 - 0.1 * 0.5);  // (0.625 - 1) / (0.25 - 1)
+  EXPECT_DOUBLE_EQ(OneCycleMomentum(p, 39), 0.9);              // x wraps to 0
+  // Decay: 0.9 x (1 + 0.01 x (s - 40 + 1) / 10).
+  EXPECT_DOUBLE_EQ(OneCycleMomentum(p, 40), 0.9 * (1 + 0.01 * 0.1));
+  EXPECT_DOUBLE_EQ(OneCycleMomentum(p, 59), 0.9 * (1 + 0.01 * 2.0));
+  p.decay_step_size = 0;  // no decay: cycle_max_mom
+  EXPECT_DOUBLE_EQ(OneCycleMomentum(p, 1000), 0.9);
+  // The momentum falls while the rate rises, and the two meet their ends together.
+  auto lr = OneCycle(p);
+  for (int64_t s : {0, 3, 9, 20, 38}) {
+    const double rate_scale = (lr->At(s) - 1e-4) / 9e-4;
+    EXPECT_NEAR(OneCycleMomentum(p, s), 0.9 - 0.1 * rate_scale, 1e-6) << "step " << s;
+  }
+}
+
 TEST(LRRangeTest, ContinuousAndStaircase) {
   auto s = LRRangeTest({1e-3, 10, 0.5, false});
   EXPECT_FLOAT_EQ(s->At(0), float(1e-3 * (1 + 0.5 * 0.1)));

@@ -40,6 +40,8 @@ class MixedPrecisionOptimizer : public Optimizer {
     for (size_t g = 0; g < groups_.size(); ++g) {
       ParamGroup& inner_group = inner_->param_groups()[g];
       inner_group.lr = groups_[g].lr;  // schedules set the rate on this optimizer's groups
+      inner_group.beta1 = groups_[g].beta1;  // and the betas (OneCycle's momentum)
+      inner_group.beta2 = groups_[g].beta2;
       inner_group.weight_decay = groups_[g].weight_decay;
       for (size_t i = 0; i < groups_[g].params.size(); ++i) {
         const Tensor& p = groups_[g].params[i];
@@ -182,6 +184,8 @@ OptimizerFactory MixedPrecisionOptimizerFactory(OptimizerFactory make_inner, Mix
       ParamGroup hg;
       hg.lr = g.lr;
       hg.weight_decay = g.weight_decay;
+      hg.beta1 = g.beta1;
+      hg.beta2 = g.beta2;
       std::vector<Tensor> ms;
       for (const Tensor& m : g.params) {
         auto it = half_of.find(m.impl());

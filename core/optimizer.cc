@@ -34,6 +34,13 @@ void Optimizer::SetLearningRate(float lr) {
   for (ParamGroup& g : groups_) g.lr = lr;
 }
 
+void Optimizer::SetBetas(float beta1, float beta2) {
+  for (ParamGroup& g : groups_) {
+    g.beta1 = beta1;
+    g.beta2 = beta2;
+  }
+}
+
 namespace {
 
 constexpr char kStepKey[] = "step";
@@ -211,9 +218,12 @@ class AdamW final : public SlottedOptimizer {
     for (size_t g = 0; g < groups_.size(); ++g) {
       const ParamGroup& group = groups_[g];
       const bool l2 = !decoupled_ && group.weight_decay != 0.0f;
-      kernels::AdamWParams params{group.lr,  opts_.beta1,
-                                  opts_.beta2, opts_.eps,
-                                  decoupled_ ? group.weight_decay : 0.0f, step_};
+      kernels::AdamWParams params{group.lr,
+                                  group.beta1 >= 0.0f ? group.beta1 : opts_.beta1,
+                                  group.beta2 >= 0.0f ? group.beta2 : opts_.beta2,
+                                  opts_.eps,
+                                  decoupled_ ? group.weight_decay : 0.0f,
+                                  step_};
       for (size_t i = 0; i < group.params.size(); ++i) {
         Tensor p = group.params[i];
         Tensor grad = GradOf(p, name_.c_str());

@@ -20,6 +20,9 @@ struct ParamGroup {
   std::vector<Tensor> params;
   float lr = 1e-3f;
   float weight_decay = 0.0f;
+  // Adam's betas when a schedule sets them (DeepSpeed's OneCycle cycles beta1 with the rate);
+  // < 0: the optimizer's own options. Optimizers without betas ignore them.
+  float beta1 = -1.0f, beta2 = -1.0f;
 };
 
 class Optimizer {
@@ -31,6 +34,8 @@ class Optimizer {
   void ZeroGrad();
   // Sets every group's learning rate (LR schedules call this before Step).
   void SetLearningRate(float lr);
+  // Sets every group's Adam betas (momentum schedules call this before Step).
+  void SetBetas(float beta1, float beta2);
   std::vector<ParamGroup>& param_groups() { return groups_; }
 
   // State keyed "<param name or index>.<slot>" plus "step"; moves between processes with the

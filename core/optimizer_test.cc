@@ -329,6 +329,22 @@ TEST_F(OptimizerTest, DuplicateNamesFallBackToGroupIndexKeys) {
   EXPECT_EQ(state.count("1.0.momentum_buffer"), 1u);
 }
 
+// A schedule's betas (OneCycle's momentum) replace the options' from the step they are set,
+// bias correction included, as PyTorch's Adam reads param_group['betas'] at each step.
+TEST_F(OptimizerTest, SetBetasChangesAdamsBetasStepByStep) {
+  Tensor w = Param({0.5f, -1.0f, 2.0f}, {3});
+  auto opt = MakeAdamW({ParamGroup{{w}, 0.01f, 0.1f}}, AdamWOptions{0.9f, 0.999f, 1e-8f});
+  AdamWRef ref{{0.5, -1.0, 2.0}, {0, 0, 0}, {0, 0, 0}};
+  const float beta1[] = {0.85f, 0.8f, 0.875f};
+  for (int t = 1; t <= 3; ++t) {
+    SetGrad(w, t, 0);
+    opt->SetBetas(beta1[t - 1], 0.99f);
+    opt->Step();
+    ref.Step(Grad(t, 3, 0), 0.01, 0.1, t, beta1[t - 1], 0.99);
+    ExpectNear(w.ToFloatVector(), ref.w, 1e-6, "step " + std::to_string(t));
+  }
+}
+
 TEST_F(OptimizerTest, ZeroGradAndSetLearningRate) {
   Tensor p = Param({1, 2}, {2}), q = Param({3}, {1});
   auto opt = MakeSgd({ParamGroup{{p}, 0.1f}, ParamGroup{{q}, 0.2f}});

@@ -37,6 +37,31 @@ OptimizerFactory MakeOptimizerFactory(const TrainConfig& cfg) {
   };
 }
 
+namespace {
+
+deepspeed_lr::OneCycleParams OneCycleParamsOf(const TrainConfig& cfg) {
+  const auto& s = cfg.scheduler().params();
+  deepspeed_lr::OneCycleParams p{s.cycle_min_lr(),          s.cycle_max_lr(),
+                                 s.cycle_first_step_size(), s.cycle_second_step_size(),
+                                 s.decay_step_size(),       s.decay_lr_rate()};
+  p.cycle_min_mom = s.cycle_min_mom();
+  p.cycle_max_mom = s.cycle_max_mom();
+  p.decay_mom_rate = s.decay_mom_rate();
+  return p;
+}
+
+}  // namespace
+
+BetasSchedule MakeBetasSchedule(const TrainConfig& cfg) {
+  if (cfg.scheduler().type() != "OneCycle" || !cfg.scheduler().params().cycle_momentum()) {
+    return nullptr;
+  }
+  return [p = OneCycleParamsOf(cfg)](int64_t step) {
+    return std::make_pair(float(deepspeed_lr::OneCycleMomentum(p, step)),
+                          float(deepspeed_lr::kOneCycleBeta2));
+  };
+}
+
 std::unique_ptr<LrSchedule> MakeSchedule(const TrainConfig& cfg) {
   namespace ds = deepspeed_lr;
   const std::string& type = cfg.scheduler().type();
@@ -58,10 +83,7 @@ std::unique_ptr<LrSchedule> MakeSchedule(const TrainConfig& cfg) {
                                s.warmup_min_ratio(), s.warmup_num_steps(), s.cos_min_ratio(),
                                warmup_type});
   }
-  if (type == "OneCycle") {
-    return ds::OneCycle({s.cycle_min_lr(), s.cycle_max_lr(), s.cycle_first_step_size(),
-                         s.cycle_second_step_size(), s.decay_step_size(), s.decay_lr_rate()});
-  }
+  if (type == "OneCycle") return ds::OneCycle(OneCycleParamsOf(cfg));
   if (type == "LRRangeTest") {
     return ds::LRRangeTest({s.lr_range_test_min_lr(), s.lr_range_test_step_size(),
                             s.lr_range_test_step_rate(), s.lr_range_test_staircase()});

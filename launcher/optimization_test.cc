@@ -91,6 +91,26 @@ TEST(MakeSchedule, AResumedRunGetsTheUninterruptedRates) {
   }
 }
 
+// OneCycle's momentum reaches the optimizer as DeepSpeed sets it: (beta1 on the cycle, 0.99),
+// for optimizers with betas only; a config that turns it off, or SGD, leaves the betas alone.
+TEST(MakeBetasSchedule, OneCycleMomentumForAdamOnly) {
+  const std::string cycle =
+      "steps: 100 scheduler { type: \"OneCycle\" params { cycle_min_lr: 1e-4 cycle_max_lr: 1e-3 "
+      "cycle_first_step_size: 10 cycle_second_step_size: 30 ";
+  BetasSchedule betas = MakeBetasSchedule(Validated(cycle + "} }"));  // DeepSpeed's defaults
+  ASSERT_TRUE(betas != nullptr);
+  EXPECT_EQ(betas(0), std::make_pair(float(0.9 - 0.1 * 0.1), 0.99f));
+  EXPECT_EQ(betas(9), std::make_pair(0.8f, 0.99f));
+  EXPECT_EQ(betas(60), std::make_pair(0.9f, 0.99f));  // no decay_step_size: cycle_max_mom
+  betas = MakeBetasSchedule(Validated(cycle + "cycle_min_mom: 0.5 cycle_max_mom: 0.7 } }"));
+  EXPECT_EQ(betas(9), std::make_pair(0.5f, 0.99f));
+  EXPECT_EQ(MakeBetasSchedule(Validated(cycle + "cycle_momentum: false } }")), nullptr);
+  EXPECT_EQ(MakeBetasSchedule(Validated(
+                cycle + "} } optimizer { type: \"SGD\" params { lr: 0.1 momentum: 0.9 } }")),
+            nullptr);
+  EXPECT_EQ(MakeBetasSchedule(Validated("steps: 10")), nullptr);
+}
+
 Tensor Param(float v, bool decay) {
   Tensor t = Tensor::FromVector(std::vector<float>{v}, {1});
   t.set_requires_grad(true);

@@ -99,6 +99,7 @@ class Run {
   OptimizerFactory make_optimizer_;
   std::unique_ptr<BatchSource> source_;
   std::unique_ptr<LrSchedule> schedule_;
+  BetasSchedule betas_;
   LossFn loss_fn_;
   int steps_ = 0, accum_ = 1;
   int64_t tokens_per_step_ = 0;
@@ -334,6 +335,7 @@ absl::Status Run::PrepareData() {
   BRAID_ASSIGN_OR_RETURN(source_, BuildData(cfg_, *model_, strategy_->data_parallel_rank(),
                                             strategy_->data_parallel_size(), data_device));
   schedule_ = MakeSchedule(cfg_);
+  betas_ = MakeBetasSchedule(cfg_);  // OneCycle's momentum, or null
   BRAID_ASSIGN_OR_RETURN(eval_, Evaluation::Create(cfg_, device_, mp_ != nullptr ? mp_->dtype : DType::kF32));
   loss_fn_ = [mpp = mp_.get()](Module& m, const Batch& b) {
     Tensor loss = ops::CrossEntropy(m(b.inputs), b.targets);
@@ -462,6 +464,10 @@ absl::Status Run::Loop() {
     batches_drawn_ += accum_;
     float lr = schedule_->At(step);
     strategy_->optimizer()->SetLearningRate(lr);
+    if (betas_) {
+      const auto [beta1, beta2] = betas_(step);
+      strategy_->optimizer()->SetBetas(beta1, beta2);
+    }
     absl::Time t0 = absl::Now();
     BRAID_ASSIGN_OR_RETURN(StepStats st, strategy_->TrainStep(micro, loss_fn_));
     double dt = absl::ToDoubleSeconds(absl::Now() - t0);

@@ -144,8 +144,14 @@ TEST(DeepSpeedScheduler, WrongOrMissingParamsNameTheField) {
        "scheduler.params.cos_min_ratio (2) must be in [0, 1]"},
       {"scheduler { type: \"OneCycle\" params { cycle_max_lr: 1e-3 cycle_momentum: false } }",
        "scheduler.params.cycle_min_lr is required by OneCycle"},
-      {"scheduler { type: \"OneCycle\" params { cycle_min_lr: 1e-4 cycle_max_lr: 1e-3 } }",
-       "scheduler.params.cycle_momentum is unset (DeepSpeed's default: true)"},
+      {"scheduler { type: \"OneCycle\" params { cycle_min_lr: 1e-4 cycle_max_lr: 1e-3 "
+       "cycle_min_mom: 0.9 cycle_max_mom: 0.8 } }",
+       "scheduler.params.cycle_min_mom (0.9) and cycle_max_mom (0.8) must satisfy 0 <= "
+       "cycle_min_mom <= cycle_max_mom < 1"},
+      {"steps: 100 scheduler { type: \"OneCycle\" params { cycle_min_lr: 1e-4 cycle_max_lr: 1e-3 "
+       "cycle_first_step_size: 10 decay_step_size: 10 decay_mom_rate: 0.2 } }",
+       "scheduler.params.decay_mom_rate (0.2) grows beta1 to 2.34 by step 100; Adam needs "
+       "beta1 < 1"},
       {"scheduler { type: \"OneCycle\" params { cycle_min_lr: 1e-4 cycle_max_lr: 1e-3 "
        "cycle_momentum: false cycle_first_step_size: 0 } }",
        "scheduler.params.cycle_first_step_size (0) must be >= 1"},
@@ -175,6 +181,9 @@ TEST(DeepSpeedScheduler, OneCycleAndLRRangeTestDefaults) {
   ASSERT_TRUE(Validate(&cfg).ok());
   const SchedulerParams& p = cfg.scheduler().params();
   EXPECT_EQ(p.cycle_second_step_size(), 50);  // DeepSpeed: the first's
+  EXPECT_FALSE(p.cycle_momentum());            // as the config says
+  EXPECT_DOUBLE_EQ(p.cycle_min_mom(), 0.8);    // DeepSpeed's defaults
+  EXPECT_DOUBLE_EQ(p.cycle_max_mom(), 0.9);
   EXPECT_EQ(p.decay_step_size(), 0);
   EXPECT_DOUBLE_EQ(p.decay_lr_rate(), 0.0);
   cfg = Text("scheduler { type: \"lrrangetest\" }");

@@ -291,6 +291,12 @@ std::string CheckJsonKeys(const std::string& text, const std::string& json,
 
 std::string IgnoredFieldNote(const std::string& entry) {
   if (entry == "steps_per_print") return "steps_per_print: read as log.print_every";
+  if (absl::StartsWith(entry, "scheduler.params.cycle_momentum (")) {
+    const std::string type = entry.substr(33, entry.size() - 34);
+    return absl::StrCat("scheduler.params.cycle_momentum: off, as in DeepSpeed: OneCycle cycles "
+                        "the momentum of optimizers with betas (Adam, AdamW) only, and ",
+                        type, " has none; the learning rate still cycles");
+  }
   if (entry == "wandb (disabled)" || entry == "comet (disabled)") {
     return absl::StrCat(entry.substr(0, entry.find(' ')), ": not enabled, nothing to do");
   }

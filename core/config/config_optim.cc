@@ -145,7 +145,8 @@ void CheckWarmupType(Checker& c, SchedulerParams* p) {
   c.Name(p->mutable_warmup_type(), "scheduler.params.warmup_type", {"log", "linear"}, "log");
 }
 
-void CheckOneCycle(Checker& c, SchedulerParams* p) {
+void CheckOneCycle(Checker& c, TrainConfig* cfg) {
+  SchedulerParams* p = cfg->mutable_scheduler()->mutable_params();
   if (!p->has_cycle_min_lr()) c.Error("scheduler.params.cycle_min_lr is required by OneCycle");
   if (!p->has_cycle_max_lr()) c.Error("scheduler.params.cycle_max_lr is required by OneCycle");
   if (p->has_cycle_min_lr()) c.NonNegativeReal("scheduler.params.cycle_min_lr", p->cycle_min_lr());
@@ -164,13 +165,41 @@ void CheckOneCycle(Checker& c, SchedulerParams* p) {
   c.NonNegative("scheduler.params.decay_step_size", p->decay_step_size());
   if (!p->has_decay_lr_rate()) p->set_decay_lr_rate(0.0);
   c.NonNegativeReal("scheduler.params.decay_lr_rate", p->decay_lr_rate());
-  // DeepSpeed cycles Adam's beta1 inversely to the rate unless told not to; Braid's schedules
-  // set the rate only, and training with other betas than the config's would be another job.
-  if (!p->has_cycle_momentum() || p->cycle_momentum()) {
-    c.Error(absl::StrCat("scheduler.params.cycle_momentum is ",
-                         p->has_cycle_momentum() ? "true" : "unset (DeepSpeed's default: true)",
-                         ": Braid's OneCycle cycles the learning rate only; set cycle_momentum "
-                         "false (the momentum stays optimizer.params.betas[0])"));
+  // DeepSpeed cycles Adam's beta1 inversely to the rate (betas (momentum, 0.99)) unless told
+  // not to, and only for an optimizer with betas: for any other it turns cycling off with a
+  // warning. Braid does the same, with a note (ignored_fields).
+  if (!p->has_cycle_momentum()) p->set_cycle_momentum(true);  // DeepSpeed's default
+  if (!p->has_cycle_min_mom()) p->set_cycle_min_mom(0.8);
+  if (!p->has_cycle_max_mom()) p->set_cycle_max_mom(0.9);
+  if (!p->has_decay_mom_rate()) p->set_decay_mom_rate(0.0);
+  if (!p->cycle_momentum()) return;
+  const std::string& type = cfg->optimizer().type();
+  if (!absl::EqualsIgnoreCase(type, "Adam") && !absl::EqualsIgnoreCase(type, "AdamW") &&
+      !absl::EqualsIgnoreCase(type, "Adam8bit")) {
+    p->set_cycle_momentum(false);
+    cfg->add_ignored_fields(absl::StrCat("scheduler.params.cycle_momentum (", type, ")"));
+    return;
+  }
+  const double lo = p->cycle_min_mom(), hi = p->cycle_max_mom();
+  if (!(lo >= 0 && lo <= hi && hi < 1)) {
+    c.Error(absl::StrCat("scheduler.params.cycle_min_mom (", Num(lo), ") and cycle_max_mom (",
+                         Num(hi), ") must satisfy 0 <= cycle_min_mom <= cycle_max_mom < 1 (they "
+                         "are Adam's beta1)"));
+    return;
+  }
+  c.NonNegativeReal("scheduler.params.decay_mom_rate", p->decay_mom_rate());
+  // After the cycle DeepSpeed grows beta1 as cycle_max_mom x (1 + decay_mom_rate x interval);
+  // Adam's bias correction breaks once it reaches 1, so the run's last step must stay below.
+  const int64_t total = int64_t(p->cycle_first_step_size()) + p->cycle_second_step_size();
+  if (p->decay_step_size() > 0 && p->decay_mom_rate() > 0 && cfg->steps() > total) {
+    const double last = hi * (1 + p->decay_mom_rate() * double(cfg->steps() - total) /
+                                      double(p->decay_step_size()));
+    if (last >= 1) {
+      c.Error(absl::StrCat("scheduler.params.decay_mom_rate (", Num(p->decay_mom_rate()),
+                           ") grows beta1 to ", Num(last), " by step ", cfg->steps(),
+                           "; Adam needs beta1 < 1: lower decay_mom_rate or raise "
+                           "decay_step_size"));
+    }
   }
 }
 
@@ -281,7 +310,7 @@ void CheckScheduler(Checker& c, TrainConfig* cfg) {
       }
     }
   } else if (type == "OneCycle") {
-    CheckOneCycle(c, p);
+    CheckOneCycle(c, cfg);
   } else if (type == "LRRangeTest") {
     if (!p->has_lr_range_test_min_lr()) p->set_lr_range_test_min_lr(1e-3);
     if (!p->has_lr_range_test_step_size()) p->set_lr_range_test_step_size(2000);

@@ -69,8 +69,13 @@ class Adam8bit final : public Optimizer, public Adam8bitInfo {
     ++step_;
     for (size_t g = 0; g < groups_.size(); ++g) {
       const ParamGroup& group = groups_[g];
-      const kernels::AdamWParams params{group.lr,  opts_.beta1,        opts_.beta2,
-                                        opts_.eps, group.weight_decay, step_};
+      // A schedule's betas (OneCycle's momentum) when it set them.
+      const kernels::AdamWParams params{group.lr,
+                                        group.beta1 >= 0.0f ? group.beta1 : opts_.beta1,
+                                        group.beta2 >= 0.0f ? group.beta2 : opts_.beta2,
+                                        opts_.eps,
+                                        group.weight_decay,
+                                        step_};
       for (size_t i = 0; i < group.params.size(); ++i) {
         Tensor p = group.params[i];
         Tensor grad = GradOf(p);
