@@ -504,6 +504,11 @@ absl::Status Run::Loop() {
       BRAID_ASSIGN_OR_RETURN(EvalResult ev, eval_->Run(*strategy_, *model_));
       rep_->Metric(Evaluation::MetricJson(step, ev));
       rep_->Progress(Evaluation::Line(step, steps_, ev), /*keep=*/true);
+      if (monitors_ != nullptr) {  // beside Train/Samples/train_loss, at the same x
+        BRAID_RETURN_IF_ERROR(monitors_->Write(
+            step, {{"Eval/Samples/val_loss", float(ev.loss)}, {"Eval/Samples/val_ppl", float(ev.perplexity)}},
+            absl::Now()));
+      }
     }
     if (checkpointer_ != nullptr) {
       BRAID_RETURN_IF_ERROR(checkpointer_->Poll(*group_[0]));  // commits a finished async save
