@@ -80,6 +80,9 @@ struct DatasetSpec {
   std::string path_needed;
   // The dataset of an empty config (at most one dataset may claim it).
   bool is_default = false;
+  // What throughput counts in the training program's messages: "tok" (tokens), or "samples"
+  // for a dataset of samples that are not sequences.
+  std::string unit = "tok";
 };
 
 // One of a model's own hyper-parameters, set as model.options { key: NAME value: "..." }: the
@@ -112,6 +115,13 @@ struct ModelSpec {
   // state dicts carry under a name of its own ("lm_head.weight"). `model` is validated.
   std::function<void(const config::ModelConfig& model, std::map<std::string, Tensor>* weights)>
       adapt_weights;
+  // Optional: the tokens one sample of its input holds, its context (GPT's and Llama's
+  // block_size), from the validated section: the token loaders cut windows this long. Unset: 1,
+  // a model of samples rather than sequences.
+  std::function<int64_t(const config::ModelConfig& model)> context;
+  // Optional: its training loss, of its output against a batch. Unset: cross-entropy over the
+  // output's last dimension against batch.targets (next-token prediction and classification).
+  CriterionFn loss;
   // The kind of data it trains on: the DatasetSpec::yields of its datasets ("tokens").
   std::string takes;
   // Optional, run after the generic checks passed (accepted fields, all >= 1): fills in the

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "core/autograd.h"
 #include "core/check.h"
+#include "core/registry.h"
 #include "models/data/distributed_sampler.h"
 #include "models/data/find_data.h"
 #include "models/data/mnist.h"
@@ -94,10 +95,10 @@ class MnistBatches : public BatchSource {
   int64_t pos_ = 0, epoch_ = 0;
 };
 
-// A language model's context: validation has filled model.block_size for every model that
-// takes it (GPT, Llama); a model without one reads windows of 1.
+// The model's context, as its registration says (ModelSpec::context); 1 for a model of samples.
 int64_t ContextOf(const config::TrainConfig& cfg, Module&) {
-  return cfg.model().has_block_size() ? cfg.model().block_size() : 1;
+  absl::StatusOr<ModelSpec> spec = Registry::Get().GetModel(cfg.model().name());
+  return spec.ok() && spec->context ? spec->context(cfg.model()) : 1;
 }
 
 }  // namespace

@@ -43,18 +43,19 @@
 #include "core/mesh.h"
 #include "core/strategy.h"
 #include "core/weights_match.h"
-#include "models/data/distributed_sampler.h"
-#include "models/data/find_data.h"
-#include "models/data/mnist.h"
-#include "models/data/token_data.h"
-#include "models/gpt/gpt.h"
-#include "models/mlp/mlp.h"
 
 namespace braid::launcher {
 
 namespace {
 
 using config::TrainConfig;
+
+// The model's training loss: its registration's (ModelSpec::loss), or cross-entropy.
+CriterionFn ModelLoss(const TrainConfig& cfg) {
+  absl::StatusOr<ModelSpec> spec = Registry::Get().GetModel(cfg.model().name());
+  if (spec.ok() && spec->loss) return spec->loss;
+  return [](const Tensor& output, const Batch& b) { return ops::CrossEntropy(output, b.targets); };
+}
 
 // The model's library registered it (models/gpt, models/mlp); validation has checked the model
 // section against it and filled in its defaults.
@@ -103,7 +104,7 @@ class Run {
   LossFn loss_fn_;
   int steps_ = 0, accum_ = 1;
   int64_t tokens_per_step_ = 0;
-  const char* unit_ = "tok";
+  std::string unit_ = "tok";  // the dataset's (DatasetSpec::unit)
   // Sharded checkpoints (plugins/checkpoint), and where a resumed run starts.
   std::unique_ptr<Checkpointer> checkpointer_;
   CheckpointOptions checkpoint_options_;
@@ -220,9 +221,7 @@ absl::Status Run::Compose() {
   for (auto& [k, v] : cfg_.strategy().options()) ctx_.options[k] = v;
   ctx_.max_grad_norm = float(cfg_.gradient_clipping());
   ctx_.config = &cfg_;  // the sections the strategy implements (zero_optimization, ...)
-  ctx_.criterion = [](const Tensor& logits, const Batch& b) {
-    return ops::CrossEntropy(logits, b.targets);
-  };
+  ctx_.criterion = ModelLoss(cfg_);
   // Strategies that keep several copies of the model (dp) build them with the same config.
   ctx_.make_replica = [&cfg = cfg_](Device d) -> std::unique_ptr<Module> {
     auto m = BuildModel(cfg, d);
@@ -285,8 +284,8 @@ absl::Status Run::BuildModelAndPrecision() {
   };
   CastParameters(*model_, mp_->dtype);
   make_optimizer_ = MixedPrecisionOptimizerFactory(std::move(make_optimizer_), mp_.get());
-  ctx_.criterion = [mpp = mp_.get()](const Tensor& logits, const Batch& b) {
-    return ScaledLoss(ops::CrossEntropy(logits, b.targets), *mpp);
+  ctx_.criterion = [mpp = mp_.get(), loss = ModelLoss(cfg_)](const Tensor& logits, const Batch& b) {
+    return ScaledLoss(loss(logits, b), *mpp);
   };
   rep_->Line(absl::StrFormat(
       "braid: mixed precision: %s parameters, activations and gradients, f32 master weights; "
@@ -337,14 +336,16 @@ absl::Status Run::PrepareData() {
   schedule_ = MakeSchedule(cfg_);
   betas_ = MakeBetasSchedule(cfg_);  // OneCycle's momentum, or null
   BRAID_ASSIGN_OR_RETURN(eval_, Evaluation::Create(cfg_, device_, mp_ != nullptr ? mp_->dtype : DType::kF32));
-  loss_fn_ = [mpp = mp_.get()](Module& m, const Batch& b) {
-    Tensor loss = ops::CrossEntropy(m(b.inputs), b.targets);
+  loss_fn_ = [mpp = mp_.get(), criterion = ModelLoss(cfg_)](Module& m, const Batch& b) {
+    Tensor loss = criterion(m(b.inputs), b);
     return mpp != nullptr ? ScaledLoss(loss, *mpp) : loss;
   };
   steps_ = cfg_.steps();
   accum_ = cfg_.gradient_accumulation_steps();
   tokens_per_step_ = source_->TokensPerBatch() * accum_ * strategy_->data_parallel_size();
-  unit_ = cfg_.data().dataset() == "mnist" ? "samples" : "tok";
+  // The dataset's unit (DatasetSpec::unit); validation has checked its name.
+  BRAID_ASSIGN_OR_RETURN(DatasetSpec dataset, Registry::Get().GetDataset(cfg_.data().dataset()));
+  unit_ = dataset.unit;
   rep_->Line(absl::StrFormat(
       "braid: training %s (%d parameters%s) on %s, strategy %s%s, %d step(s) of %d %s "
       "(micro-batch %d x %d accumulation x %d data-parallel rank(s)), %d thread(s)",
@@ -531,7 +532,7 @@ absl::StatusOr<TrainResult> Run::Finish() {
   summary.steps = steps_;
   summary.first_step = first_step_;
   summary.tokens_per_step = tokens_per_step_;
-  summary.unit = unit_;
+  summary.unit = unit_.c_str();  // lives as long as this run
   summary.device = device_;
   summary.start = start_;
   summary.strategy = strategy_.get();

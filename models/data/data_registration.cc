@@ -20,6 +20,7 @@ const bool kRegistered = [] {
 
   DatasetSpec mnist;  // 28x28 grey digits with their labels (mnist.h)
   mnist.yields = "labelled 28x28 images";
+  mnist.unit = "samples";
   BRAID_CHECK_OK(r.AddDataset("mnist", mnist, "models/data"));
 
   // A prepared data set, its folder or manifest.json (token_manifest.h: its ids and width are

@@ -124,6 +124,7 @@ const bool kRegistered = [] {
       if (c.ok()) DropTiedCopies(*c, w);
     };
     spec.takes = "tokens";
+    spec.context = [](const config::ModelConfig& m) { return int64_t(m.block_size()); };
     spec.validate = ValidateLlama;
     BRAID_CHECK_OK(Registry::Get().AddModel(name, std::move(spec), "models/llama"));
   }
