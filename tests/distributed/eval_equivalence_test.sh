@@ -6,7 +6,8 @@
 # (init_from) and takes one SGD step of lr 1e-30, which leaves every weight as it was (the update
 # is ~30 orders of magnitude below a weight's rounding), then evaluates 4 fixed batches:
 #   single (the reference), DDP 2, ZeRO 1, 2 and 3 on 2, pipeline 2 (1F1B), tensor 2 (the
-#   vocabulary-split loss, which refused evaluation before), tensor 2 x pipeline 2 x data 2.
+#   vocabulary-split loss, which refused evaluation before), tensor 2 with sequence parallelism,
+#   tensor 2 x pipeline 2 x data 2.
 # Tolerance: relative 1e-5 on the loss. Runs whose model is whole on each rank compute what one
 # process does; tensor parallelism adds its split products in another order (measured ~3e-8).
 source "$TEST_SRCDIR/braid/tests/distributed/lib.sh" eval_eq
@@ -87,5 +88,6 @@ case_ zero2 2 'strategy { name: "zero" } zero_optimization { stage: 2 }'
 case_ zero3 2 'strategy { name: "zero" } zero_optimization { stage: 3 }'
 case_ pipe2 2 'strategy { name: "pipeline" } parallel { pipeline: 2 }'
 case_ tp2 2 'parallel { tensor: 2 } strategy { name: "single" }'
+case_ tp2_sp 2 'parallel { tensor: 2 sequence_parallel: true } strategy { name: "single" }'
 case_ t2p2d2 8 'parallel { tensor: 2 pipeline: 2 data: 2 } strategy { name: "pipeline" }'
 finish
