@@ -24,6 +24,7 @@
 #include "launcher/programs.h"
 #include "launcher/run_folder.h"
 #include "launcher/trainer.h"
+#include "models/data/token_manifest.h"
 #include "tools/cpp/runfiles/runfiles.h"
 
 ABSL_FLAG(std::string, config, "",
@@ -152,6 +153,13 @@ absl::Status Run(const char* argv0) {
     }
   }
   BRAID_RETURN_IF_ERROR(braid::config::ValidateConfigWith(&cfg, env.world_size, catalog));
+  // A prepared data set's ids against the model's vocabulary, from its manifest, before the model
+  // is built (the shards' checksums are checked when the data is opened).
+  if (cfg.data().dataset() == "tokens" && cfg.model().vocab_size() > 0 &&
+      braid::data::IsTokenDatasetPath(cfg.data().path())) {
+    BRAID_RETURN_IF_ERROR(
+        braid::data::CheckTokenDatasetVocab(cfg.data().path(), cfg.model().vocab_size()));
+  }
   // What validation resolved or accepted without effect ("auto" values, DeepSpeed's own tuning
   // keys), once per job.
   if (env.rank == 0) {

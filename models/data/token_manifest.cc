@@ -307,24 +307,44 @@ bool IsTokenDatasetPath(const std::string& path) {
   return IsDirectory(path) || absl::EndsWith(path, ".json");
 }
 
-absl::StatusOr<TokenDataset> TokenDataset::Open(const std::string& path) {
-  TokenDataset d;
+namespace {
+
+// The manifest of the data set at `path` (its folder or the manifest itself), and that folder.
+absl::StatusOr<TokenManifest> ReadManifest(const std::string& path, std::string* manifest_path,
+                                           std::string* dir) {
   if (IsDirectory(path)) {
-    d.dir_ = path;
-    d.manifest_path_ = absl::StrCat(path, "/", kTokenManifestName);
+    *dir = path;
+    *manifest_path = absl::StrCat(path, "/", kTokenManifestName);
   } else {
-    d.manifest_path_ = path;
+    *manifest_path = path;
     const size_t slash = path.rfind('/');
-    d.dir_ = slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
+    *dir = slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
   }
-  absl::StatusOr<std::string> text = ReadWhole(d.manifest_path_);
+  absl::StatusOr<std::string> text = ReadWhole(*manifest_path);
   if (!text.ok()) {
     return absl::NotFoundError(absl::StrCat(
-        "cannot read the token manifest '", d.manifest_path_, "' (", text.status().message(),
+        "cannot read the token manifest '", *manifest_path, "' (", text.status().message(),
         "): prepare the data first (bazel run //tools:prepare_data, docs/DATA.md), or give "
         "data.path its folder"));
   }
-  BRAID_ASSIGN_OR_RETURN(d.manifest_, ParseTokenManifest(*text, d.manifest_path_));
+  return ParseTokenManifest(*text, *manifest_path);
+}
+
+}  // namespace
+
+absl::Status CheckTokenDatasetVocab(const std::string& path, int64_t vocab_size) {
+  std::string manifest_path, dir;
+  BRAID_ASSIGN_OR_RETURN(TokenManifest m, ReadManifest(path, &manifest_path, &dir));
+  bool fits = int64_t(m.vocab_size) <= vocab_size;
+  for (const TokenShard& s : m.shards) fits = fits && int64_t(s.max_token_id) < vocab_size;
+  if (fits) return absl::OkStatus();
+  BRAID_ASSIGN_OR_RETURN(TokenDataset d, TokenDataset::Open(path));
+  return d.CheckVocab(vocab_size);
+}
+
+absl::StatusOr<TokenDataset> TokenDataset::Open(const std::string& path) {
+  TokenDataset d;
+  BRAID_ASSIGN_OR_RETURN(d.manifest_, ReadManifest(path, &d.manifest_path_, &d.dir_));
   const int64_t width = TokenWidth(d.manifest_.dtype);
   for (const TokenShard& s : d.manifest_.shards) {
     const std::string p = d.ShardPath(s);

@@ -67,6 +67,12 @@ absl::StatusOr<TokenManifest> ParseTokenManifest(const std::string& text, const 
 // same manifest always gives the same bytes.
 std::string TokenManifestToJson(const TokenManifest& m);
 
+// Checks a prepared data set's ids against a model's vocabulary from its manifest alone, for
+// the start of a run (before the model is built): OK when every shard's max_token_id and the
+// tokenizer's vocabulary fit; otherwise the data set is opened to name the shard and offset
+// (TokenDataset::CheckVocab). A manifest that does not read is its error.
+absl::Status CheckTokenDatasetVocab(const std::string& path, int64_t vocab_size);
+
 // True when a data.path means a prepared data set (a folder, or a file ending in .json) rather
 // than a flat token file.
 bool IsTokenDatasetPath(const std::string& path);

@@ -176,6 +176,11 @@ TEST(TokenDataset, VocabularyCheckNamesShardAndOffset) {
   EXPECT_THAT(std::string(s.message()),
               AllOf(HasSubstr("train-00000.bin' holds token id 9 at offset 3"),
                     HasSubstr("vocabulary of 8"), HasSubstr("model.vocab_size to at least 10")));
+  // The same from the manifest alone, as a run's start does it.
+  EXPECT_EQ(CheckTokenDatasetVocab(f.dir, 8), s);
+  EXPECT_TRUE(CheckTokenDatasetVocab(f.dir, 10).ok());
+  EXPECT_THAT(std::string(CheckTokenDatasetVocab(f.dir + "/nothing", 10).message()),
+              HasSubstr("cannot read the token manifest"));
   // Every id fits 9.. but the tokenizer's vocabulary of 10 does not.
   TokenManifest m = f.m;
   m.shards.pop_back();
