@@ -31,7 +31,9 @@ pkgs=(bazel-bootstrap g++ libgloo-dev libabsl-dev libprotobuf-dev protobuf-compi
       # names (mpirun.openmpi, mpiexec.mpich) whichever one the mpirun alternative points at.
       openmpi-bin mpich
       # The hostfile launcher starts the other nodes over OpenSSH; its test runs sshd.
-      openssh-client openssh-server)
+      openssh-client openssh-server
+      # //tests/twonode:slurm_test runs a two-node Slurm cluster (and munge) in namespaces.
+      slurm-wlm munge)
 # Node's npm fetches the data sets; a machine with nodejs from elsewhere already has it.
 command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 [ "$want_torch" = 1 ] && pkgs+=(python3-torch python3-numpy)
@@ -84,9 +86,11 @@ have_mpi=0
 command -v mpirun.openmpi >/dev/null && command -v mpiexec.mpich >/dev/null && have_mpi=1
 have_sshd=0
 [ -x /usr/sbin/sshd ] && have_sshd=1
+have_slurm=0
+[ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ] && have_slurm=1
 rc="# Written by tools/setup.sh for $(id -un); git ignores this file.
 build --disk_cache=$cache
-build --repo_env=BRAID_HOST_STAMP=data$have_data-tok$have_tok-torch$have_torch-mpl$have_mpl-mpi$have_mpi-sshd$have_sshd"
+build --repo_env=BRAID_HOST_STAMP=data$have_data-tok$have_tok-torch$have_torch-mpl$have_mpl-mpi$have_mpi-sshd$have_sshd-slurm$have_slurm"
 if [ ! -f "$here/user.bazelrc" ] || [ "$(cat "$here/user.bazelrc")" != "$rc" ]; then
   mkdir -p "$cache"
   printf '%s\n' "$rc" > "$here/user.bazelrc"

@@ -9,7 +9,8 @@ Features (found by host_configure.bzl): "data" (tools/setup.sh's data sets), "to
 more), "no_gpu" (none: for the cases that check what a program without one is told),
 "dev_full" (/dev/full), "shm_limit" (a size-limited /dev/shm), "mount_tmpfs" (a tmpfs mounted
 in a private mount namespace), "x86_64", "avx2" (AVX2, FMA and F16C), "openmpi"
-(mpirun.openmpi), "mpich" (mpiexec.mpich), "sshd" (OpenSSH's server and client).
+(mpirun.openmpi), "mpich" (mpiexec.mpich), "sshd" (OpenSSH's server and client), "slurm"
+(Debian's slurmctld, slurmd, sbatch and munged).
 
 A test that needs one of these must not exit 0 (or GTEST_SKIP) without it, which Bazel 4.2
 would show as PASSED: it lives in a target that requires it, and inside that target a missing

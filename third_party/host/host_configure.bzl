@@ -76,6 +76,9 @@ def _host_configure_impl(ctx):
         # OpenSSH's server and client, for the hostfile launcher's test (sshd needs its full path).
         "sshd": _sh(ctx, "[ -x /usr/sbin/sshd ] && command -v ssh >/dev/null && " +
                         "command -v ssh-keygen >/dev/null"),
+        # Debian's Slurm (slurmctld, slurmd, the clients) and munge, for a cluster in namespaces.
+        "slurm": _sh(ctx, "[ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && " +
+                          "[ -x /usr/sbin/munged ] && command -v sbatch >/dev/null"),
         # The CPU: x86-64 (MXCSR), and the vector instructions backends/cpu uses
         # (CpuHasAvx2 in cpu_backend.cc: AVX2, FMA and F16C).
         "x86_64": _sh(ctx, "[ \"$(uname -m)\" = x86_64 ]"),

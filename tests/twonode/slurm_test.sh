@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# A real Slurm cluster of two nodes on one machine: network namespaces joined by a veth pair,
+# each with its own host name (UTS namespace) n0 = 10.126.0.1 and n1 = 10.126.0.2, its own /etc/hosts
+# naming both and its own /run (private mount namespaces: nothing on the machine changes).
+# Debian's munged (a key made here), slurmctld on n0 and one slurmd on each node; then
+#   sbatch --wait launcher/examples/slurm/train.sbatch --steps=3
+# trains gpt-mini with DDP, one launcher per node (srun --ntasks-per-node=1), node 0's address
+# taken from SLURM_JOB_NODELIST: every loss of both ranks exactly as the launcher's own
+# --nproc_per_node=2 run. Ports 6817/6818/29500 are free by construction (new namespaces).
+#
+# Needs root with network-admin rights, Slurm and munge; Bazel runs it only where
+# third_party/host found them (SKIPPED elsewhere), so here a failed setup is a failure.
+set -uo pipefail
+L="$(readlink -f "$TEST_SRCDIR/braid/launcher/launcher")"
+SBATCH_SCRIPT="$TEST_SRCDIR/braid/launcher/examples/slurm/train.sbatch"
+config_src="$(readlink -f "$TEST_SRCDIR/braid/launcher/configs/gpt-mini-ddp.pbtxt")"
+export BRAID_DATA_DIR="$(dirname "$(dirname "$(dirname "$(readlink -f "$TEST_SRCDIR/braid/tests/twonode/BUILD")")")")/data"
+T="${TEST_TMPDIR:-$(mktemp -d)}/slurm"
+rm -rf "$T" && mkdir -p "$T" && chmod 755 "$T"
+fails=0
+ok() { echo "ok   $1"; }
+fail() { echo "FAIL $1"; fails=$((fails + 1)); }
+expect_grep() {  # NAME PATTERN FILE
+  if grep -qE -- "$2" "$3"; then ok "$1: /$2/"; else fail "$1: /$2/ not in $3:"; sed 's/^/     /' "$3" | tail -20; fi
+}
+wait_until() {  # SECONDS COMMAND...: bounded wait for a readiness signal
+  local end=$(( $(date +%s) + $1 )); shift
+  until "$@"; do
+    [ "$(date +%s)" -lt "$end" ] || return 1
+    sleep 0.1
+  done
+}
+
+id="$(( $$ % 100000 ))$(printf '%04x' $((RANDOM % 65536)))"
+ns0="braid_s0_$id"; ns1="braid_s1_$id"
+addr0=10.126.0.1; addr1=10.126.0.2
+# munged's socket and slurmd's step sockets (in its spool folder) must have paths of at most
+# 108 bytes: a short folder of their own, not the test's.
+M=$(mktemp -d /tmp/braid-slurm.XXXXXX) && chmod 755 "$M" && mkdir -p "$M/ctld" "$M/spool/n0" "$M/spool/n1"
+cleanup() {
+  for ns in "$ns0" "$ns1"; do
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+    ip netns del "$ns" 2>/dev/null
+  done
+  rm -rf "$M"
+}
+trap cleanup EXIT
+setup() {
+  ip netns add "$ns0" && ip netns add "$ns1" &&
+    ip -n "$ns0" link add "bs0_$id" type veth peer name "bs1_$id" netns "$ns1" &&
+    ip -n "$ns0" addr add "$addr0/24" dev "bs0_$id" && ip -n "$ns1" addr add "$addr1/24" dev "bs1_$id" &&
+    ip -n "$ns0" link set lo up && ip -n "$ns1" link set lo up &&
+    ip -n "$ns0" link set "bs0_$id" up && ip -n "$ns1" link set "bs1_$id" up
+}
+if ! err=$(setup 2>&1); then
+  echo "FAIL: running as root but cannot create the namespaces and veth pair: $err"
+  exit 1
+fi
+printf '127.0.0.1 localhost\n%s n0\n%s n1\n' "$addr0" "$addr1" > "$T/hosts"
+
+# Runs COMMAND as on node NAME (n0 in ns0, n1 in ns1): its host name, /etc/hosts, an empty /run,
+# and the cgroup v1 hierarchies slurmd insists on finding (ip netns exec mounts a fresh /sys).
+on() {  # NAME COMMAND...
+  local name=$1 ns; shift
+  [ "$name" = n0 ] && ns=$ns0 || ns=$ns1
+  ip netns exec "$ns" unshare --mount --uts sh -c '
+    hostname "$1" && mount --bind "$2" /etc/hosts && mount -t tmpfs tmpfs /run &&
+    mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup || exit 1
+    for c in cpu cpuacct cpuset memory devices freezer pids; do
+      mkdir -p /sys/fs/cgroup/$c && mount -t cgroup -o $c cgroup /sys/fs/cgroup/$c 2>/dev/null
+    done
+    mkdir -p /sys/fs/cgroup/systemd && mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd
+    shift 2; exec "$@"' sh "$name" "$T/hosts" "$@"
+}
+
+# ---- the cluster ------------------------------------------------------------------------------
+head -c 1024 /dev/urandom > "$T/munge.key" && chmod 400 "$T/munge.key"
+# munged's socket is a file: every node's daemons and jobs reach it whatever their namespace.
+ip netns exec "$ns0" /usr/sbin/munged --force --key-file="$T/munge.key" --socket="$M/socket" \
+  --pid-file="$T/munged.pid" --log-file="$T/munged.log" --seed-file="$T/munged.seed" ||
+  { echo "FAIL: munged did not start:"; cat "$T/munged.log"; exit 1; }
+cat > "$T/slurm.conf" <<EOF
+ClusterName=braidtest
+SlurmctldHost=n0($addr0)
+SlurmctldPort=6817
+SlurmdPort=6818
+AuthType=auth/munge
+AuthInfo=socket=$M/socket
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation=$M/ctld
+SlurmdSpoolDir=$M/spool/%n
+SlurmctldPidFile=$T/slurmctld.pid
+SlurmdPidFile=$T/slurmd.%n.pid
+SlurmctldLogFile=$T/slurmctld.log
+SlurmdLogFile=$T/slurmd.%n.log
+# No cgroups of our own: processes are tracked by parentage, nothing is confined.
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+# Two "nodes" share this machine's CPUs: take the configured counts.
+SlurmdParameters=config_overrides
+ReturnToService=2
+NodeName=n0 NodeAddr=$addr0 CPUs=2 State=UNKNOWN
+NodeName=n1 NodeAddr=$addr1 CPUs=2 State=UNKNOWN
+PartitionName=debug Nodes=n0,n1 Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+EOF
+export SLURM_CONF="$T/slurm.conf"
+on n0 /usr/sbin/slurmctld -D -f "$T/slurm.conf" > "$T/slurmctld.out" 2>&1 &
+on n0 /usr/sbin/slurmd -D -f "$T/slurm.conf" -N n0 > "$T/slurmd.n0.out" 2>&1 &
+on n1 /usr/sbin/slurmd -D -f "$T/slurm.conf" -N n1 > "$T/slurmd.n1.out" 2>&1 &
+disown -a  # killed by cleanup: no "Killed" lines from the shell
+both_idle() {
+  on n0 sinfo -h -o "%n %T" > "$T/sinfo" 2>&1 && grep -q "^n0 idle" "$T/sinfo" && grep -q "^n1 idle" "$T/sinfo"
+}
+if wait_until 60 both_idle; then
+  ok "cluster: n0 and n1 idle"
+else
+  echo "FAIL: the cluster did not come up: $(cat "$T/sinfo")"
+  tail -5 "$T"/slurmctld.out "$T"/slurmd.n*.out "$T"/slurmd.n*.log
+  exit 1
+fi
+
+# ---- the reference: the launcher's own 2 ranks on n0 ---------------------------------------
+export BRAID_JOB_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+unset MASTER_ADDR MASTER_PORT RANK WORLD_SIZE
+ip netns exec "$ns0" timeout 120 "$L" --nproc_per_node=2 --master_port=29501 --log_dir="$T/ref" \
+  -- --config="$config_src" --steps=3 > "$T/ref.out" 2> "$T/ref.err" ||
+  { fail "reference run: exit code $?"; tail -20 "$T/ref.err"; }
+unset BRAID_JOB_TOKEN  # the batch script makes the job's own
+
+# ---- sbatch the shipped example --------------------------------------------------------------
+mkdir -p "$T/submit"
+t0=$(date +%s%N)
+( cd "$T/submit" && export BRAID_LAUNCHER="$L" BRAID_CONFIG="$config_src" &&
+    on n0 timeout 240 sbatch --wait -o "$T/job.out" "$SBATCH_SCRIPT" --steps=3 --log_dir="$T/job" \
+    > "$T/sbatch.out" 2>&1 )
+rc=$?
+t1=$(date +%s%N)
+[ $rc = 0 ] && ok "sbatch --wait: exit code 0" || { fail "sbatch: exit code $rc"; cat "$T/sbatch.out"; tail -30 "$T/job.out"; }
+expect_grep "one launcher per node, node 1 on n1" "^braid launcher: node 1 \(n1\) started rank 1 of 2; store n0:29500" "$T/job.out"
+expect_grep "one launcher per node, node 0 on n0" "^braid launcher: node 0 \(n0\) started rank 0 of 2; store n0:29500" "$T/job.out"
+expect_grep "DDP over both nodes" "^braid: training gpt-mini .* x 2 data-parallel rank\(s\)" "$T/job.out"
+losses() { sed -n 's/.*"step": \([0-9]*\), "loss": \([^,]*\),.*/\1 \2/p' "$1"; }
+for f in metrics.jsonl metrics.jsonl.rank1; do
+  losses "$T/ref/$f" > "$T/ref.$f.losses"; losses "$T/job/$f" > "$T/job.$f.losses"
+  if [ "$(wc -l < "$T/ref.$f.losses")" != 3 ] || grep -qviE '^[0-9]+ -?[0-9]+\.[0-9]+$' "$T/ref.$f.losses"; then
+    fail "the reference's $f has not 3 finite losses:"; cat "$T/ref.$f.losses"
+  elif cmp -s "$T/ref.$f.losses" "$T/job.$f.losses"; then
+    ok "$f: the 3 losses equal the launcher's own run exactly: $(cut -d' ' -f2 "$T/job.$f.losses" | tr '\n' ' ')"
+  else
+    fail "$f: the losses differ (step loss, launcher's own run then the Slurm job):"
+    paste "$T/ref.$f.losses" "$T/job.$f.losses" | sed 's/^/     /'
+  fi
+done
+# For the notes (never judged): from sbatch to the first step's start, and the whole job.
+first=$(head -1 "$T/job/metrics.jsonl" 2>/dev/null)
+python3 -c 'import json,sys; m=json.loads(sys.argv[1]); t0=int(sys.argv[2])/1e9; t1=int(sys.argv[3])/1e9
+print("     sbatch to the first step: %.2f s; sbatch --wait in all: %.2f s" % (m["time"]-m["step_s"]-t0, t1-t0))' \
+  "$first" "$t0" "$t1" 2>/dev/null
+[ "$fails" = 0 ] && echo PASS || { echo "$fails failure(s)"; exit 1; }
