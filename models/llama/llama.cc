@@ -208,6 +208,15 @@ Tensor Llama::Forward(const Tensor& ids) {
   return x;
 }
 
+double TrainFlopsPerToken(const LlamaConfig& c) {
+  const double d = double(c.n_embd), l = double(c.n_layer), t = double(c.block_size);
+  const double kv = double(c.n_kv_head * c.head_dim()), i = double(c.intermediate_size);
+  // Per layer: q and o (d² each), k and v (d·kv each), gate, up and down (d·i each), two norms.
+  const double per_layer = 2 * d * d + 2 * d * kv + 3 * d * i + 2 * d;
+  const double n = l * per_layer + double(c.vocab_size) * d /* the head */ + d /* model.norm */;
+  return 6 * n + 12 * l * d * t;
+}
+
 double Llama::FlopsPerToken() const {
   const double c = double(cfg_.n_embd), l = double(cfg_.n_layer), t = double(cfg_.block_size);
   const double kv = double(cfg_.n_kv_head * cfg_.head_dim()), i = double(cfg_.intermediate_size);

@@ -55,6 +55,11 @@ struct LlamaConfig {
 // vocabulary. Norms stay replicated.
 extern const char kLlamaTensorPlan[];
 
+// The FLOPs of one training step per token, as GPT's (models/gpt): 6 per weight that multiplies
+// (every matrix and norm, the head counted once whether tied or not; the embedding lookup is
+// none) plus attention's 12 · n_layer · n_embd · block_size. For the MFU.
+double TrainFlopsPerToken(const LlamaConfig& c);
+
 class Llama : public Module {
  public:
   Llama(const LlamaConfig& cfg, Device device = Device::CPU());

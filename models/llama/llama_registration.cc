@@ -125,6 +125,11 @@ const bool kRegistered = [] {
     };
     spec.takes = "tokens";
     spec.context = [](const config::ModelConfig& m) { return int64_t(m.block_size()); };
+    spec.train_flops_per_token = [](const config::ModelConfig& m) {
+      absl::StatusOr<LlamaConfig> c = LlamaFromModelConfig(m);
+      BRAID_CHECK(c.ok()) << c.status().ToString();  // validated: it read before
+      return TrainFlopsPerToken(*c);
+    };
     spec.validate = ValidateLlama;
     BRAID_CHECK_OK(Registry::Get().AddModel(name, std::move(spec), "models/llama"));
   }

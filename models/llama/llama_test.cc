@@ -145,6 +145,16 @@ TEST(Llama, GroupedKvEqualsRepeatedKv) {
   EXPECT_LE(testing::MaxAbsDiff(lg, lf), 1e-6);
 }
 
+// 6 per multiplying weight: every parameter but the embedding table when untied (llama-mini:
+// 3,279,104 - 65,536), plus attention's 12 L d T.
+TEST(Llama, TrainFlopsPerTokenCountsEveryMultiplyingWeight) {
+  const LlamaConfig c = LlamaConfig::Mini();
+  EXPECT_DOUBLE_EQ(TrainFlopsPerToken(c), 6.0 * (3279104 - 256 * 256) + 12.0 * 4 * 256 * 128);
+  LlamaConfig tied = c;
+  tied.tie_embeddings = true;  // the head still multiplies
+  EXPECT_DOUBLE_EQ(TrainFlopsPerToken(tied), TrainFlopsPerToken(c));
+}
+
 TEST(Llama, ShapeProblemsNameTheFields) {
   LlamaConfig c = Small(false);
   c.n_kv_head = 3;
