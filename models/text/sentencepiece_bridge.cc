@@ -45,6 +45,10 @@ __attribute__((visibility("default"))) int braid_spm_vocab_size(const void* mode
   return P(model).GetPieceSize();
 }
 
+__attribute__((visibility("default"))) int braid_spm_eos_id(const void* model) {
+  return P(model).eos_id();
+}
+
 __attribute__((visibility("default"))) int braid_spm_encode(const void* model, const char* text,
                                                             size_t size, int** ids,
                                                             size_t* n_ids, char** error) {

@@ -19,6 +19,8 @@ extern "C" {
 typedef void* (*braid_spm_load_fn)(const char* data, size_t size, char** error);
 typedef void (*braid_spm_free_fn)(void* model);
 typedef int (*braid_spm_vocab_size_fn)(const void* model);
+// The model's end-of-sentence id (</s>), or -1 when it has none.
+typedef int (*braid_spm_eos_id_fn)(const void* model);
 // *ids (n_ids ints) or *error, either freed with braid_spm_free_buffer; 0 on success.
 typedef int (*braid_spm_encode_fn)(const void* model, const char* text, size_t size, int** ids,
                                    size_t* n_ids, char** error);

@@ -22,6 +22,7 @@ struct SentencePieceTokenizer::Library {
   braid_spm_load_fn load;
   braid_spm_free_fn free;
   braid_spm_vocab_size_fn vocab_size;
+  braid_spm_eos_id_fn eos_id;
   braid_spm_encode_fn encode;
   braid_spm_decode_fn decode;
   braid_spm_free_buffer_fn free_buffer;
@@ -65,10 +66,11 @@ absl::StatusOr<const SentencePieceTokenizer::Library*> LoadLibrary() {
           reinterpret_cast<braid_spm_load_fn>(::dlsym(h, "braid_spm_load")),
           reinterpret_cast<braid_spm_free_fn>(::dlsym(h, "braid_spm_free")),
           reinterpret_cast<braid_spm_vocab_size_fn>(::dlsym(h, "braid_spm_vocab_size")),
+          reinterpret_cast<braid_spm_eos_id_fn>(::dlsym(h, "braid_spm_eos_id")),
           reinterpret_cast<braid_spm_encode_fn>(::dlsym(h, "braid_spm_encode")),
           reinterpret_cast<braid_spm_decode_fn>(::dlsym(h, "braid_spm_decode")),
           reinterpret_cast<braid_spm_free_buffer_fn>(::dlsym(h, "braid_spm_free_buffer"))};
-      if (!lib->load || !lib->free || !lib->vocab_size || !lib->encode || !lib->decode ||
+      if (!lib->load || !lib->free || !lib->vocab_size || !lib->eos_id || !lib->encode || !lib->decode ||
           !lib->free_buffer) {
         return new absl::StatusOr<const SentencePieceTokenizer::Library*>(
             absl::FailedPreconditionError(absl::StrCat(path, " lacks braid_spm_* functions")));
@@ -90,7 +92,10 @@ SentencePieceTokenizer::SentencePieceTokenizer(const Library* lib, void* model, 
     : lib_(lib),
       model_(model),
       name_(std::move(name)),
-      vocab_size_(static_cast<uint32_t>(lib->vocab_size(model))) {}
+      vocab_size_(static_cast<uint32_t>(lib->vocab_size(model))) {
+  const int eos = lib->eos_id(model);
+  if (eos >= 0 && uint32_t(eos) < vocab_size_) eos_id_ = uint32_t(eos);
+}
 
 SentencePieceTokenizer::~SentencePieceTokenizer() { lib_->free(model_); }
 

@@ -9,6 +9,7 @@
 #define BRAID_MODELS_TEXT_SENTENCEPIECE_TOKENIZER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "models/text/tokenizer.h"
@@ -29,6 +30,9 @@ class SentencePieceTokenizer : public Tokenizer {
 
   std::string name() const override { return name_; }
   uint32_t vocab_size() const override { return vocab_size_; }
+  // The model's </s> (Llama's is 2), written after each document by data preparation; none when
+  // the model was trained without one.
+  std::optional<uint32_t> eos_id() const { return eos_id_; }
   using Tokenizer::Encode;
   void Encode(absl::string_view text, std::vector<uint32_t>* ids) const override;
   absl::StatusOr<std::string> Decode(absl::Span<const uint32_t> ids) const override;
@@ -41,6 +45,7 @@ class SentencePieceTokenizer : public Tokenizer {
   void* model_;
   std::string name_;
   uint32_t vocab_size_;
+  std::optional<uint32_t> eos_id_;
 };
 
 }  // namespace braid::text

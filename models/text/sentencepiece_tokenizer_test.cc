@@ -71,6 +71,7 @@ TEST_F(SentencePieceTest, IdsEqualSpmEncode) {
   for (std::string line; std::getline(vocab, line);) ++pieces;
   EXPECT_GT(pieces, 259u);  // 256 byte pieces, <unk>, <s>, </s>, and merges
   EXPECT_EQ((*t)->vocab_size(), pieces);
+  EXPECT_EQ((*t)->eos_id(), std::optional<uint32_t>(2));  // spm_train's default </s>
   std::ofstream(Tmp() + "/lines.txt") << absl::StrJoin(kLines, "\n") << "\n";
   std::string ref = Shell(absl::StrCat("spm_encode --model=", ModelPath(),
                                      " --output_format=id < ", Tmp(), "/lines.txt"));

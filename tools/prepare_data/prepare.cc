@@ -26,6 +26,7 @@
 #include "models/data/random.h"
 #include "models/data/sha256.h"
 #include "models/text/gpt2_tokenizer.h"
+#include "models/text/sentencepiece_tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace braid::tools {
@@ -394,6 +395,9 @@ std::optional<uint32_t> DefaultEndOfText(const text::Tokenizer& tokenizer) {
     for (uint32_t id = g->vocab_size(); id-- > 0;) {  // GPT-2's is the last id
       if (g->model().token(id) == "<|endoftext|>") return id;
     }
+  }
+  if (const auto* s = dynamic_cast<const text::SentencePieceTokenizer*>(&tokenizer)) {
+    return s->eos_id();
   }
   return std::nullopt;
 }

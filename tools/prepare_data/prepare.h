@@ -50,8 +50,8 @@ struct PrepareProgress {
 bool IsTextFileName(const std::string& name);
 bool IsJsonLinesFileName(const std::string& name);
 
-// The end-of-text id a tokenizer defines: GPT-2's <|endoftext|>; none for the byte tokenizer
-// (all 256 ids are bytes) and SentencePiece models (pass it explicitly).
+// The end-of-text id a tokenizer defines: GPT-2's <|endoftext|>, a SentencePiece model's </s>;
+// none for the byte tokenizer (all 256 ids are bytes).
 std::optional<uint32_t> DefaultEndOfText(const text::Tokenizer& tokenizer);
 
 // Every error is one line naming the input file (and line) or the output folder and what to do.

@@ -37,8 +37,8 @@ ABSL_FLAG(std::string, jsonl_field, "text", "the field holding the text in JSON-
 ABSL_FLAG(int, threads, 0, "tokenizing threads (0: one per core)");
 ABSL_FLAG(int64_t, shard_tokens, 100'000'000, "most tokens in one shard file");
 ABSL_FLAG(std::string, eot, "auto",
-          "id written after each document: auto (the tokenizer's <|endoftext|>; none for byte "
-          "and sentencepiece), none, or a number (e.g. a SentencePiece model's </s> id)");
+          "id written after each document: auto (GPT-2's <|endoftext|>, a SentencePiece model's "
+          "</s>; none for byte), none, or a number");
 ABSL_FLAG(int, crash_after_shards, -1,
           "for tests: stop as if killed once this many shards are written");
 ABSL_FLAG(bool, quiet, false, "print only errors");

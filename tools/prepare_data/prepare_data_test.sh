@@ -36,6 +36,15 @@ diff -r "$tmp/a" "$tmp/b" >/dev/null || fail "re-run differs: $(diff -r "$tmp/a"
 "$bin" --tokenizer=byte --out="$tmp/a" --quiet "$tmp/in" || fail "run over the first"
 diff -r "$tmp/a" "$tmp/b" >/dev/null || fail "a run over an old one differs"
 
+# A SentencePiece model (trained here with spm_train, which tools/setup.sh installs): its name,
+# vocabulary and </s> (2) after each document, without --eot.
+for r in $(seq 1 30); do cat "$tmp"/in/sub/*.txt; done >"$tmp/spm.txt"
+spm_train --input="$tmp/spm.txt" --model_prefix="$tmp/toy" --vocab_size=60 --hard_vocab_limit=false \
+  --model_type=bpe --minloglevel=2 >/dev/null 2>&1 || fail "spm_train"
+"$bin" --tokenizer=sentencepiece:"$tmp/toy.model" --out="$tmp/spm" --quiet "$tmp/in" || fail "sentencepiece run"
+grep -q '"tokenizer": "sentencepiece:toy.model"' "$tmp/spm/manifest.json" &&
+  grep -q '"eot_id": 2,' "$tmp/spm/manifest.json" || fail "sentencepiece manifest: $(cat "$tmp/spm/manifest.json")"
+
 # Bad input: one line naming the file, and the data set already in the folder untouched.
 : >"$tmp/empty.txt"
 expect_error 1 "$tmp/empty.txt is empty" "" --tokenizer=byte --out="$tmp/a" "$tmp/in" "$tmp/empty.txt"
