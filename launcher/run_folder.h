@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 
 namespace braid::launcher {
@@ -21,6 +22,14 @@ inline constexpr char kRunDirEnv[] = "BRAID_RUN_DIR";
 // path is empty; then "-YYYYmmdd-HHMMSS" of `start` in the local time zone.
 std::string RunFolderName(const std::string& config_path, const std::string& fallback,
                           absl::Time start);
+
+// A checkpoint folder names the run folder of the run that saved into it (a file "run_folder"
+// beside the step_<N> folders), so that a new command resumed from it continues that run's
+// metrics instead of starting a new folder. The run folder named there, when the checkpoint
+// folder also holds a saved step; "" otherwise.
+std::string RunFolderOfCheckpoint(const std::string& checkpoint_dir);
+// Names `run_folder` (made absolute) in `checkpoint_dir`, replacing the file atomically.
+absl::Status RecordRunFolder(const std::string& checkpoint_dir, const std::string& run_folder);
 
 }  // namespace braid::launcher
 

@@ -1,5 +1,8 @@
 #include "launcher/run_folder.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "absl/time/civil_time.h"
 #include "gtest/gtest.h"
 
@@ -14,6 +17,19 @@ TEST(RunFolderName, TheConfigsStemAndTheLocalTime) {
   EXPECT_EQ(RunFolderName("noext", "x", t), "noext-20260127-101500");
   EXPECT_EQ(RunFolderName(".hidden", "x", t), ".hidden-20260127-101500");
   EXPECT_EQ(RunFolderName("", "gpt-mini", t), "gpt-mini-20260127-101500");
+}
+
+TEST(RunFolderOfCheckpoint, NamedOnceAStepIsSaved) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/ckpt";
+  ASSERT_EQ(std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "/step_2.tmp'").c_str()), 0);
+  ASSERT_TRUE(RecordRunFolder(dir, "/runs/a-1").ok());
+  EXPECT_EQ(RunFolderOfCheckpoint(dir), "");  // no complete step: nothing to continue
+  ASSERT_EQ(std::system(("mkdir -p '" + dir + "/step_2'").c_str()), 0);
+  EXPECT_EQ(RunFolderOfCheckpoint(dir), "/runs/a-1");
+  ASSERT_TRUE(RecordRunFolder(dir, "/runs/b-2").ok());  // replaced
+  EXPECT_EQ(RunFolderOfCheckpoint(dir), "/runs/b-2");
+  EXPECT_EQ(RunFolderOfCheckpoint(""), "");
 }
 
 }  // namespace

@@ -173,10 +173,19 @@ absl::Status Run(const char* argv0) {
   }
   braid::cpu::SetNumThreads(cfg.threads());
 
-  // The run folder: --log_dir, else the config's log.dir, else the one the launcher chose for
-  // every process of the job (restarts included), else runs/<config>-<time> of our own.
+  // The run folder: --log_dir, else the config's log.dir, else the folder of the run whose
+  // checkpoint this run resumes from (a new command continues its metrics), else the one the
+  // launcher chose for every process of the job (restarts included), else runs/<config>-<time>
+  // of our own.
   std::string log_dir = absl::GetFlag(FLAGS_log_dir);
   if (log_dir.empty()) log_dir = cfg.log().dir();
+  if (log_dir.empty() && cfg.has_checkpoint() &&
+      (!cfg.checkpoint().has_resume() || cfg.checkpoint().resume())) {
+    std::string dir = cfg.checkpoint().dir();
+    const char* ws = std::getenv("BUILD_WORKSPACE_DIRECTORY");  // as the trainer resolves it
+    if (!dir.empty() && dir[0] != '/' && ws != nullptr && *ws) dir = absl::StrCat(ws, "/", dir);
+    log_dir = braid::launcher::RunFolderOfCheckpoint(dir);
+  }
   if (const char* chosen = std::getenv(braid::launcher::kRunDirEnv); log_dir.empty() && chosen) {
     log_dir = chosen;
   }

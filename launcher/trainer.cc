@@ -36,6 +36,7 @@
 #include "launcher/optimization.h"
 #include "launcher/peak_flops.h"
 #include "launcher/net.h"
+#include "launcher/run_folder.h"
 #include "launcher/run_report.h"
 #include "core/checkpointer.h"
 #include "core/config/config.h"
@@ -516,6 +517,14 @@ absl::Status Run::Loop() {
       const int every = cfg_.checkpoint().every_steps();
       if ((every > 0 && (step + 1) % every == 0) || step == steps_ - 1) {
         BRAID_RETURN_IF_ERROR(SaveCheckpoint(step + 1));
+        // The checkpoint names this run's folder, so that a new command resumed from it
+        // continues these metrics (launcher/run_folder.h). Best effort: the save itself stands.
+        if (env_.rank == 0 && !env_.log_dir.empty()) {
+          if (absl::Status st = RecordRunFolder(checkpoint_options_.dir, env_.log_dir); !st.ok()) {
+            rep_->Note(absl::StrCat("braid: could not name the run folder in the checkpoint: ",
+                                    st.message()));
+          }
+        }
         ++checkpoints_saved_;
         checkpoint_blocked_s_ += checkpointer_->last_save().blocked_s;
       }

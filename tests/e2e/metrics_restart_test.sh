@@ -5,9 +5,10 @@
 #      one folder, runs/<config name>-<time> (the launcher's choice, no --log_dir anywhere); the
 #      metrics hold steps 0-5 exactly once, in order, each with a wall-clock "time";
 #   2. the same command again resumes at its last step: it says there is nothing to train (not
-#      "loss 0.0000 -> 0.0000") and leaves the metrics as they were;
-#   3. --steps=8 into the same folder resumes at step 6 and appends steps 6-7: 0-7 once, and the
-#      two runs' summaries.
+#      "loss 0.0000 -> 0.0000") and leaves the metrics as they were; it writes them in the first
+#      run's folder, which the checkpoint names (no --log_dir given);
+#   3. the same command with --steps=8 resumes at step 6 and appends steps 6-7 to that folder's
+#      metrics: 0-7 once, and the two runs' summaries.
 source "$TEST_SRCDIR/braid/tests/distributed/lib.sh" metrics_restart
 cd "$T"
 cat > "$T/restart-ddp.pbtxt" <<CFG
@@ -61,7 +62,9 @@ grep -q "dropped .* line(s) of an earlier attempt, for steps from 2 on" "$R/trai
 
 # ---- 2. resumed at its last step ---------------------------------------------------------------
 cp "$R/metrics.jsonl" "$T/before.jsonl"
-bounded "$L" --nproc_per_node=2 -- --config="$T/restart-ddp.pbtxt" --log_dir="$R" > "$T/again.out" 2>&1 ||
+[ "$(cat "$T/ckpt/run_folder" 2>/dev/null)" = "$R" ] && echo "ok   the checkpoint names the run folder" ||
+  fail "ckpt/run_folder holds '$(cat "$T/ckpt/run_folder" 2>/dev/null)', want $R"
+bounded "$L" --nproc_per_node=2 -- --config="$T/restart-ddp.pbtxt" > "$T/again.out" 2>&1 ||
   fail "the run resumed at its end: $(ended $?)"
 if grep -q "^braid: nothing to train: the checkpoint is at step 6 and the run has 6 step(s)" "$T/again.out" &&
    ! grep -q "^braid: done:" "$T/again.out"; then
@@ -73,7 +76,7 @@ cmp -s "$T/before.jsonl" "$R/metrics.jsonl" && echo "ok   its metrics are unchan
   fail "a run with nothing to train changed the metrics"
 
 # ---- 3. extended: appends ---------------------------------------------------------------------
-bounded "$L" --nproc_per_node=2 -- --config="$T/restart-ddp.pbtxt" --log_dir="$R" --steps=8 \
+bounded "$L" --nproc_per_node=2 -- --config="$T/restart-ddp.pbtxt" --steps=8 \
   > "$T/more.out" 2>&1 || fail "the extended run: $(ended $?)"
 grep -q "^braid: done: 8 steps (7-8 in this run, resumed at step 6)" "$T/more.out" &&
   echo "ok   $(grep '^braid: done:' "$T/more.out" | cut -c1-80)..." || fail "no done line of the extended run"
