@@ -6,7 +6,10 @@
 #   sbatch --wait launcher/examples/slurm/train.sbatch --steps=3
 # trains gpt-mini with DDP, one launcher per node (srun --ntasks-per-node=1), node 0's address
 # taken from SLURM_JOB_NODELIST: every loss of both ranks exactly as the launcher's own
-# --nproc_per_node=2 run. Ports 6817/6818/29500 are free by construction (new namespaces).
+# --nproc_per_node=2 run. Then one Slurm task per rank (sbatch --ntasks-per-node=2, each
+# task's launcher runs one worker): every loss of the 4 ranks as the launcher's own 4-rank run.
+# Then a long job is scancel'ed: every launcher and worker is gone within Slurm's grace
+# (KillWait=5) + 5 s. Ports 6817/6818/29500 are free by construction (new namespaces).
 #
 # Needs root with network-admin rights, Slurm and munge; Bazel runs it only where
 # third_party/host found them (SKIPPED elsewhere), so here a failed setup is a failure.
@@ -107,6 +110,8 @@ SelectTypeParameters=CR_Core
 # Two "nodes" share this machine's CPUs: take the configured counts.
 SlurmdParameters=config_overrides
 ReturnToService=2
+# scancel: SIGTERM to every step's processes, SIGKILL 5 s later.
+KillWait=5
 NodeName=n0 NodeAddr=$addr0 CPUs=2 State=UNKNOWN
 NodeName=n1 NodeAddr=$addr1 CPUs=2 State=UNKNOWN
 PartitionName=debug Nodes=n0,n1 Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
@@ -164,4 +169,57 @@ first=$(head -1 "$T/job/metrics.jsonl" 2>/dev/null)
 python3 -c 'import json,sys; m=json.loads(sys.argv[1]); t0=int(sys.argv[2])/1e9; t1=int(sys.argv[3])/1e9
 print("     sbatch to the first step: %.2f s; sbatch --wait in all: %.2f s" % (m["time"]-m["step_s"]-t0, t1-t0))' \
   "$first" "$t0" "$t1" 2>/dev/null
+
+# ---- one task per rank: sbatch --ntasks-per-node=2, no launcher fan-out ----------------------
+export BRAID_JOB_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+ip netns exec "$ns0" timeout 180 "$L" --nproc_per_node=4 --master_port=29501 --log_dir="$T/ref4" \
+  -- --config="$config_src" --steps=3 > "$T/ref4.out" 2> "$T/ref4.err" ||
+  { fail "reference run of 4: exit code $?"; tail -20 "$T/ref4.err"; }
+unset BRAID_JOB_TOKEN
+( cd "$T/submit" && export BRAID_LAUNCHER="$L" BRAID_CONFIG="$config_src" BRAID_TASK_PER_RANK=1 &&
+    on n0 timeout 240 sbatch --wait --ntasks-per-node=2 -o "$T/job4.out" "$SBATCH_SCRIPT" \
+      --steps=3 --log_dir="$T/job4" > "$T/sbatch4.out" 2>&1 )
+rc=$?
+[ $rc = 0 ] && ok "per rank: sbatch --wait: exit code 0" || { fail "per rank: sbatch: exit code $rc"; cat "$T/sbatch4.out"; tail -30 "$T/job4.out"; }
+for r in 2 3; do
+  expect_grep "per rank: rank $r's own launcher on n1" "^braid launcher: rank $r's launcher \(n1\) started rank $r of 4; store n0:29500" "$T/job4.out"
+done
+for r in 0 1 2 3; do
+  f=metrics.jsonl; [ $r = 0 ] || f=metrics.jsonl.rank$r
+  losses "$T/ref4/$f" > "$T/ref4.$r.losses"; losses "$T/job4/$f" > "$T/job4.$r.losses"
+  if [ "$(wc -l < "$T/ref4.$r.losses")" != 3 ] || grep -qviE '^[0-9]+ -?[0-9]+\.[0-9]+$' "$T/ref4.$r.losses"; then
+    fail "per rank: the reference's rank $r has not 3 finite losses"
+  elif cmp -s "$T/ref4.$r.losses" "$T/job4.$r.losses"; then
+    ok "per rank: rank $r's 3 losses equal the launcher's own 4-rank run exactly"
+  else
+    fail "per rank: rank $r's losses differ:"; paste "$T/ref4.$r.losses" "$T/job4.$r.losses" | sed 's/^/     /'
+  fi
+done
+
+# ---- scancel stops every rank within the grace period ----------------------------------------
+job_processes() {  # the job's launchers and workers on either node
+  local p
+  for ns in "$ns0" "$ns1"; do
+    for p in $(ip netns pids "$ns"); do
+      case "$(cat /proc/$p/comm 2>/dev/null)" in launcher|train) echo "$p";; esac
+    done
+  done
+}
+( cd "$T/submit" && export BRAID_LAUNCHER="$L" BRAID_CONFIG="$config_src" &&
+    on n0 sbatch --parsable -o "$T/cancel.out" "$SBATCH_SCRIPT" --steps=100000 \
+      --log_dir="$T/cancel" > "$T/cancel.jobid" 2>&1 )
+jobid=$(cat "$T/cancel.jobid")
+# (The program's own --log_dir: rank 1's first step is in its metrics once done.)
+wait_until 120 test -s "$T/cancel/metrics.jsonl.rank1" || fail "scancel: rank 1 never trained"
+[ -n "$(job_processes)" ] && ok "scancel: job $jobid trains on both nodes" || fail "scancel: no process of job $jobid"
+on n0 scancel "$jobid"
+cancelled_at=$(date +%s%N)
+# Slurm's grace (KillWait=5) + 5 s.
+if wait_until 10 test -z "$(job_processes)"; then
+  ok "scancel: every launcher and worker gone $(( ($(date +%s%N) - cancelled_at) / 1000000 )) ms after scancel (bound: KillWait 5 s + 5 s)"
+else
+  fail "scancel: still running 10 s after scancel: $(job_processes | tr '\n' ' ')"
+fi
+expect_grep "scancel: the launchers say why" "^braid launcher: node [01]'s launcher received SIGTERM; stopping the job" "$T/cancel.out"
+
 [ "$fails" = 0 ] && echo PASS || { echo "$fails failure(s)"; exit 1; }
