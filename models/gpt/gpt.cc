@@ -225,4 +225,17 @@ double Gpt::FlopsPerToken() const {
   return 2.0 * weights + attn;
 }
 
+const char kGptTensorPlan[] = R"(# GPT (models/gpt), Megatron-style
+wte              vocab_embedding
+h.*.attn.c_attn  colwise chunks=3
+h.*.attn.c_proj  rowwise
+h.*.mlp.c_fc     colwise
+h.*.mlp.c_proj   rowwise
+lm_head          colwise
+wpe              sequence_slice
+output           vocab_sharded
+sequence_dim     1
+divides          n_head
+)";
+
 }  // namespace braid::models

@@ -75,6 +75,13 @@ class Gpt : public Module {
   std::vector<PipelineLayer> layers_;
 };
 
+// The tensor-parallel plan (plugins/tensor_parallel/plan.h), registered with the model
+// (ModelSpec::tensor_plan): Megatron-LM's split of GPT-2 (Shoeybi et al. 2019): attention by
+// heads (c_attn's q|k|v columns in three chunks, c_proj by rows), the MLP column then row, the
+// token embedding and the tied head over the vocabulary. LayerNorms stay replicated; under
+// sequence parallelism the position embedding is sliced along the sequence.
+extern const char kGptTensorPlan[];
+
 }  // namespace braid::models
 
 #endif  // BRAID_MODELS_GPT_GPT_H_

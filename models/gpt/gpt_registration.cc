@@ -65,6 +65,7 @@ const bool kRegistered = [] {
     spec.build = BuildGpt;
     spec.fields = {"n_layer", "n_head", "n_embd", "block_size", "vocab_size", "stable_embedding"};
     spec.takes = "tokens";
+    spec.tensor_plan = kGptTensorPlan;
     spec.context = [](const config::ModelConfig& m) { return int64_t(m.block_size()); };
     // PyTorch's nanoGPT state dict also carries the tied head under its own name.
     spec.adapt_weights = [](const config::ModelConfig&, std::map<std::string, Tensor>* w) {

@@ -18,4 +18,9 @@ Mlp::Mlp(const MlpConfig& cfg, Device device) : Module("MLP") {
 
 Tensor Mlp::Forward(const Tensor& x) { return (*fc2_)(ops::Relu((*fc1_)(x))); }
 
+const char kMlpTensorPlan[] = R"(# MLP (models/mlp)
+fc1  colwise
+fc2  rowwise
+)";
+
 }  // namespace braid::models

@@ -25,6 +25,10 @@ class Mlp : public Module {
   nn::Linear *fc1_, *fc2_;
 };
 
+// The tensor-parallel plan (plugins/tensor_parallel/plan.h), registered with the model: the
+// hidden layer split, one all-reduce before the logits.
+extern const char kMlpTensorPlan[];
+
 }  // namespace braid::models
 
 #endif  // BRAID_MODELS_MLP_MLP_H_

@@ -34,6 +34,7 @@ const bool kRegistered = [] {
   };
   spec.fields = {"n_layer", "n_embd"};
   spec.takes = "labelled 28x28 images";
+  spec.tensor_plan = kMlpTensorPlan;
   spec.validate = ValidateMlp;
   // Per sample: 6 FLOPs per parameter (2 forward, 4 backward), every one in a matrix product.
   spec.train_flops_per_token = [](const config::ModelConfig& m) {

@@ -12,31 +12,10 @@
 #include "core/check.h"
 #include "core/deferred_init.h"
 #include "core/ops.h"
+#include "core/registry.h"
 
 namespace braid::tensor_parallel {
 namespace {
-
-// Megatron-LM's split of GPT-2 (Shoeybi et al. 2019): attention by heads (c_attn's q|k|v
-// columns in three chunks, c_proj by rows), the MLP column then row, the token embedding and the
-// tied head over the vocabulary. LayerNorms and the position embedding stay replicated.
-constexpr char kGptPlan[] = R"(# GPT (models/gpt), Megatron-style
-wte              vocab_embedding
-h.*.attn.c_attn  colwise chunks=3
-h.*.attn.c_proj  rowwise
-h.*.mlp.c_fc     colwise
-h.*.mlp.c_proj   rowwise
-lm_head          colwise
-wpe              sequence_slice
-output           vocab_sharded
-sequence_dim     1
-divides          n_head
-)";
-
-// The MNIST MLP (models/mlp): the hidden layer split, one all-reduce before the logits.
-constexpr char kMlpPlan[] = R"(# MLP (models/mlp)
-fc1  colwise
-fc2  rowwise
-)";
 
 const char* StyleName(Style s) {
   switch (s) {
@@ -142,26 +121,24 @@ absl::StatusOr<Plan> ParsePlan(const std::string& text, const std::string& origi
   return plan;
 }
 
-absl::StatusOr<Plan> BuiltinPlan(const std::string& name) {
-  if (name == "gpt") return ParsePlan(kGptPlan, "gpt");
-  if (name == "mlp") return ParsePlan(kMlpPlan, "mlp");
-  return absl::NotFoundError(absl::StrCat(
-      "no built-in tensor-parallel plan '", name,
-      "' (built in: gpt, mlp); give parallel.tensor_plan a plan file's path instead"));
-}
-
-absl::StatusOr<Plan> PlanForModel(const Module& model) {
-  if (model.type_name() == "GPT") return BuiltinPlan("gpt");
-  if (model.type_name() == "MLP") return BuiltinPlan("mlp");
-  return absl::NotFoundError(absl::StrCat(
-      "no built-in tensor-parallel plan for a model of type '", model.type_name(),
-      "'; write one (docs/WRITING_A_STRATEGY.md, \"Writing a plan\") and name its file in "
-      "parallel.tensor_plan"));
+absl::StatusOr<Plan> RegisteredPlan(const std::string& model) {
+  absl::StatusOr<ModelSpec> spec = Registry::Get().GetModel(model);
+  if (!spec.ok()) {
+    return absl::NotFoundError(absl::StrCat("no model '", model, "' is registered to take its tensor-parallel plan "
+                                            "from; name a registered model or a plan file"));
+  }
+  if (spec->tensor_plan.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "model '", model, "' registers no tensor-parallel plan; write one (docs/WRITING_A_STRATEGY.md, "
+        "\"Writing a plan\") and name its file in parallel.tensor_plan, or give it in the model's "
+        "registration (ModelSpec::tensor_plan)"));
+  }
+  return ParsePlan(spec->tensor_plan, model);
 }
 
 absl::StatusOr<Plan> LoadPlan(const std::string& spec) {
   if (spec.find('/') == std::string::npos && spec.find('.') == std::string::npos) {
-    return BuiltinPlan(spec);
+    return RegisteredPlan(spec);
   }
   std::ifstream in(spec);
   if (!in) {

@@ -62,13 +62,10 @@ struct Plan {
 };
 
 absl::StatusOr<Plan> ParsePlan(const std::string& text, const std::string& origin);
-// "gpt" (models/gpt) and "mlp" (models/mlp); NotFound names the built-in plans. (A model may
-// instead carry its plan in its registration, ModelSpec::tensor_plan, as models/llama does: the
-// strategy prefers it.)
-absl::StatusOr<Plan> BuiltinPlan(const std::string& name);
-// The built-in plan for a model's type_name ("GPT" -> gpt, "MLP" -> mlp), or NotFound.
-absl::StatusOr<Plan> PlanForModel(const Module& model);
-// `spec` is a built-in plan's name or a plan file's path.
+// The plan a registered model carries (ModelSpec::tensor_plan: the plan lives with the model,
+// this plugin only applies it); NotFound when the model is unknown or registers none.
+absl::StatusOr<Plan> RegisteredPlan(const std::string& model);
+// `spec` is a registered model's name ("gpt-mini": its plan) or a plan file's path.
 absl::StatusOr<Plan> LoadPlan(const std::string& spec);
 
 // How one parameter is split: along `dim` (0 or 1) into `chunks` equal chunks, each split

@@ -31,15 +31,15 @@ absl::Status Error(absl::StatusCode code, const std::string& msg) {
   return absl::Status(code, absl::StrCat(kName, ": ", msg));
 }
 
-// The model's own plan (its registration's ModelSpec::tensor_plan) when it has one, else the
-// built-in plan for its type.
-absl::StatusOr<Plan> PlanFor(const Module& model, const StrategyContext& ctx) {
-  if (ctx.config != nullptr) {
-    const std::string& name = ctx.config->model().name();
-    absl::StatusOr<ModelSpec> spec = Registry::Get().GetModel(name);
-    if (spec.ok() && !spec->tensor_plan.empty()) return ParsePlan(spec->tensor_plan, name);
+// The model's own plan: its registration's ModelSpec::tensor_plan (this plugin has none of its
+// own; parallel.tensor_plan may name another model's or a file instead).
+absl::StatusOr<Plan> PlanFor(const StrategyContext& ctx) {
+  if (ctx.config == nullptr || ctx.config->model().name().empty()) {
+    return absl::InvalidArgumentError(
+        "no model name to take the tensor-parallel plan from; give parallel.tensor_plan (a "
+        "registered model's name or a plan file)");
   }
-  return PlanForModel(model);
+  return RegisteredPlan(ctx.config->model().name());
 }
 
 class TensorParallelStrategy : public Strategy {
@@ -55,7 +55,11 @@ class TensorParallelStrategy : public Strategy {
   // As the layer below wants it (ZeRO-3: no parameter memory until it materialises its shards):
   // the plan materialises each parameter it splits one at a time, just before slicing it.
   bool wants_deferred_init(const StrategyContext& ctx) const override {
-    return inner_ != nullptr && inner_->wants_deferred_init(ctx);
+    if (inner_ == nullptr) return false;
+    StrategyContext inner_ctx = ctx;  // asked with the options Setup will hand it: not ours
+    inner_ctx.options.erase("plan");
+    inner_ctx.options.erase("sequence_parallel");
+    return inner_->wants_deferred_init(inner_ctx);
   }
 
   absl::Status Setup(Module& model, const OptimizerFactory& make_optimizer,
@@ -78,7 +82,7 @@ class TensorParallelStrategy : public Strategy {
       if (!ctx.config->parallel().tensor_plan().empty()) plan_spec_ = ctx.config->parallel().tensor_plan();
       sequence_parallel_ = ctx.config->parallel().sequence_parallel();
     }
-    absl::StatusOr<Plan> plan = plan_spec_.empty() ? PlanFor(model, ctx) : LoadPlan(plan_spec_);
+    absl::StatusOr<Plan> plan = plan_spec_.empty() ? PlanFor(ctx) : LoadPlan(plan_spec_);
     if (!plan.ok()) return Error(plan.status().code(), std::string(plan.status().message()));
     plan_ = std::move(*plan);
     group_ = &ctx.mesh->tensor();

@@ -213,7 +213,7 @@ TEST_P(GptPlanTest, LogitsAndGradientsEqualOneProcess) {
   ops::CrossEntropy(want_logits, b.targets).Backward();
   StateDict want_grads;
   for (auto& [n, p] : ref.NamedParameters()) want_grads[n] = p.grad();
-  auto plan = BuiltinPlan("gpt");
+  auto plan = RegisteredPlan("gpt-mini");
   ASSERT_TRUE(plan.ok()) << plan.status();
   testing::RunRanks(t, [&](int rank, Communicator* comm) {
     models::Gpt model(SmallGpt());
@@ -285,7 +285,7 @@ TEST(PlanTest, BadPlansAndLayoutsAreRefusedNamingTheRule) {
   auto option = ParsePlan("fc1 rowwise chunks=3\n", "p");
   ASSERT_FALSE(option.ok());
   EXPECT_THAT(std::string(option.status().message()), HasSubstr("not an option of rowwise"));
-  EXPECT_FALSE(BuiltinPlan("bert").ok());
+  EXPECT_FALSE(RegisteredPlan("bert").ok());
 
   auto typo = ParsePlan("h.*.mlp.c_fx colwise\n", "typo.plan");
   ASSERT_TRUE(typo.ok());
@@ -297,7 +297,7 @@ TEST(PlanTest, BadPlansAndLayoutsAreRefusedNamingTheRule) {
                 AllOf(HasSubstr("typo.plan line 1"), HasSubstr("matches no module")));
   });
   // 3 ranks do not divide the 64-row vocabulary: refused before anything changed.
-  auto gpt = BuiltinPlan("gpt");
+  auto gpt = RegisteredPlan("gpt-mini");
   testing::RunRanks(3, [&](int rank, Communicator* comm) {
     models::Gpt model(SmallGpt());
     const int64_t before = model.NumParameters();
@@ -409,6 +409,7 @@ double TrainAndCompare(const TpRun& run, const std::string& inner) {
     ctx.mesh = mesh->get();
     ctx.max_grad_norm = run.max_grad_norm;
     if (run.sequence_parallel) ctx.options["sequence_parallel"] = "true";
+    ctx.options["plan"] = "gpt-mini";  // the registered GPT's plan (no config names the model here)
     for (const auto& [k, v] : run.inner_options) ctx.options[k] = v;
     ctx.criterion = [](const Tensor& out, const Batch& b) { return ops::CrossEntropy(out, b.targets); };
     // Built as the training program builds it: without parameter memory when the stack asks
@@ -521,6 +522,7 @@ TEST_F(StrategyTest, LoadingFullWeightsKeepsEachRanksSliceAndFullStateDictGather
     StrategyContext ctx;
     ctx.comm = comm;
     ctx.mesh = mesh->get();
+    ctx.options["plan"] = "gpt-mini";
     models::Gpt model(SmallGpt());
     ASSERT_TRUE((*tp)->Setup(model, testing::GroupedByWeightDecay(false, 0.1f, 0), ctx).ok());
     ASSERT_TRUE((*tp)->LoadFullStateDict(weights).ok());
@@ -538,6 +540,7 @@ TEST_F(StrategyTest, LoadingFullWeightsKeepsEachRanksSliceAndFullStateDictGather
 // A head count the tensor size does not divide is refused at Setup, before any step, naming it.
 TEST_F(StrategyTest, HeadsTheTensorSizeDoesNotDivideAreRefusedAtStart) {
   config::TrainConfig cfg;
+  cfg.mutable_model()->set_name("gpt-mini");  // whose registration carries the plan
   cfg.mutable_model()->set_n_head(3);
   testing::RunRanks(2, [&](int rank, Communicator* comm) {
     auto mesh = DeviceMesh::Create(*comm, {2, 1, 1});

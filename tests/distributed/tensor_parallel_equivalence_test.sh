@@ -68,7 +68,7 @@ if shard 0; then
   tp_case t2p2d2_zero1 8 'parallel { tensor: 2 pipeline: 2 data: 2 } strategy { name: "pipeline" } zero_optimization { stage: 1 }'
   # The layout and the split are reported.
   grep -q "layout tensor 2 x pipeline 2 x data 2" "$T/t2p2d2.out" &&
-    grep -q "^braid: tensor parallel: 2 ranks, plan gpt: 1648640 of 3257856 parameters" "$T/t2.out" ||
+    grep -q "^braid: tensor parallel: 2 ranks, plan gpt-mini: 1648640 of 3257856 parameters" "$T/t2.out" ||
     fail "no layout or split in the output"
 fi
 if shard 1; then
