@@ -171,7 +171,8 @@ TEST(ConfigValidate, ParallelLayout) {
   ASSERT_TRUE(Validate(&cfg, 8, {}).ok());
   EXPECT_EQ(cfg.parallel().data(), 2);
   EXPECT_EQ(cfg.train_batch_size(), 4 * 2 * 2);  // data-parallel size 2, not 8 processes
-  EXPECT_EQ(cfg.strategy().name(), "pipeline");
+  // The data-axis layer under the pipeline: the default for 2 data-parallel ranks.
+  EXPECT_EQ(cfg.strategy().name(), "ddp");
   // The strategy's options pass on as written: the stage count is the mesh's, not an option.
   EXPECT_TRUE(cfg.strategy().options().empty());
 

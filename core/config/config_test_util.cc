@@ -88,8 +88,8 @@ TrainConfig Text(const std::string& text) {
 }
 
 std::string ComposeDouble(int tensor, int pipeline, int data, const std::string& named) {
-  if (!named.empty()) return named;
-  return pipeline > 1 ? "pipeline" : data > 1 ? "ddp" : "single";
+  if (!named.empty() && named != "pipeline") return named;
+  return data > 1 ? "ddp" : "single";
 }
 
 absl::Status Validate(TrainConfig* cfg, int dp, const std::vector<std::string>& features) {

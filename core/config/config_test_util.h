@@ -17,9 +17,10 @@ namespace braid::config::test_util {
 // `text` parsed as a text-format config; on failure the test fails and the config is empty.
 TrainConfig Text(const std::string& text);
 
-// A double of the training program's composer (launcher/compose.h, tested there): the named
-// strategy, or for a config that names none the pipeline on a pipeline layout, else "ddp" for
-// several data-parallel ranks and "single" for one.
+// A double of the training program's composer (launcher/compose.h, tested there): the layer that
+// holds the training state, i.e. the named strategy, or for a config that names none (or names
+// the pipeline, which serves only its own axis) "ddp" for several data-parallel ranks and
+// "single" for one.
 std::string ComposeDouble(int tensor, int pipeline, int data, const std::string& named);
 
 // ValidateConfigWith the composer double: `features` are the chosen strategy's; the strategies
