@@ -318,6 +318,32 @@ absl::Status EnsureCommunicator(const std::string& name,
       [&] { return r.CommunicatorNames(); });
 }
 
+absl::Status EnsureModel(const std::string& name, const std::vector<std::string>& search_path) {
+  Registry& r = Registry::Get();
+  auto unknown = [&](const std::string& why) {
+    const std::vector<std::string> known = r.ModelNames();
+    return absl::StrCat("unknown model '", name, "'; known: ",
+                        known.empty() ? "(none registered)" : absl::StrJoin(known, ", "),
+                        ". A model is linked into the program (models/) or registered by a plugin: "
+                        "give its .so as model.path, or put libbraid_<name>.so on the plugin "
+                        "search path",
+                        why);
+  };
+  absl::Status s = EnsureRegistered(
+      "model", name, search_path,
+      [&](const std::string& n) { return r.GetModel(n).ok(); },
+      [&] {
+        return absl::InvalidArgumentError(
+            unknown(" (this name cannot be a plugin's: letters, digits, '_' and '-' only)"));
+      },
+      [&] { return r.ModelNames(); });
+  // Not found on the search path: the unknown-name error, saying where the plugin was looked for.
+  if (absl::IsNotFound(s) && !r.GetModel(name).ok()) {
+    return absl::NotFoundError(unknown(absl::StrCat("; ", s.message())));
+  }
+  return s;
+}
+
 absl::Status EnsureOptimizer(const std::string& name, const std::vector<std::string>& search_path) {
   Registry& r = Registry::Get();
   // Config names are case-insensitive (validation stores the registered spelling) and plugin

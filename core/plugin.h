@@ -44,6 +44,11 @@ absl::Status EnsureStrategy(const std::string& name, const std::vector<std::stri
 absl::Status EnsureCommunicator(const std::string& name,
                                 const std::vector<std::string>& search_path);
 
+// The same for models (model.name): one that no linked library registers is loaded from plugin
+// `name` on the search path (a user's model built with the braid_plugin macro). An unknown name
+// is an error listing the registered models and every file looked for.
+absl::Status EnsureModel(const std::string& name, const std::vector<std::string>& search_path);
+
 // The same for optimizers (optimizer.type): one a plugin registers is loaded from plugin
 // `<name, lowercased>` ("Adam8bit" loads libbraid_adam8bit.so). Names match case-insensitively,
 // as config validation matches optimizer.type, so "adamw" finds core's "AdamW" and loads nothing.

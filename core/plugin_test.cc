@@ -189,6 +189,33 @@ TEST(PluginTest, EnsureStrategyLoadsThePluginOfThatName) {
   EXPECT_THAT(Message(absent), HasSubstr("libbraid_test_absent.so"));
 }
 
+TEST(PluginTest, UnknownModelListsTheKnownOnesAndTheSearchPath) {
+  ModelSpec spec;
+  spec.build = [](const config::ModelConfig&, uint64_t,
+                  Device) -> absl::StatusOr<std::unique_ptr<Module>> {
+    return absl::UnimplementedError("never built");
+  };
+  ASSERT_TRUE(Registry::Get().AddModel("plugin_test_model", spec, "plugin_test").ok());
+  absl::Status known = EnsureModel("plugin_test_model", {});
+  EXPECT_TRUE(known.ok()) << known;
+
+  absl::Status s = EnsureModel("no_such_model", {PluginDir()});
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Message(s), AllOf(HasSubstr("unknown model 'no_such_model'"),
+                                HasSubstr("plugin_test_model"), HasSubstr("model.path"),
+                                HasSubstr(PluginDir() + "/libbraid_no_such_model.so"),
+                                HasSubstr("BRAID_PLUGIN_PATH")));
+  // A plugin of that name that registers no such model says so.
+  absl::Status misnamed = EnsureModel("test_misnamed", {PluginDir()});
+  EXPECT_EQ(misnamed.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Message(misnamed), AllOf(HasSubstr("libbraid_test_misnamed.so"),
+                                       HasSubstr("no model 'test_misnamed'")));
+  // A name no plugin can have still lists the known models.
+  absl::Status odd = EnsureModel("no such model", {PluginDir()});
+  EXPECT_EQ(odd.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(odd), AllOf(HasSubstr("'no such model'"), HasSubstr("plugin_test_model")));
+}
+
 TEST(PluginTest, LoadAllPluginsLoadsEveryFileAndReportsTheBrokenOnes) {
   // Two folders: the first holds plugins flat and in a plugin folder, a broken file, a file
   // that is not a plugin and one that is not a Braid plugin; the second a second copy of a
