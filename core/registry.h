@@ -4,8 +4,8 @@
 // program links once and exports to plugins (-rdynamic); a plugin that linked its own copy of
 // core would register into an invisible second registry.
 //
-// Core knows no model, dataset or optimizer by name: config validation (core/config) and the
-// training program look every name up here.
+// Core knows no model, dataset or optimizer by name: the training program (its config validation
+// included) looks every name up here.
 #ifndef BRAID_CORE_REGISTRY_H_
 #define BRAID_CORE_REGISTRY_H_
 
@@ -42,7 +42,7 @@ inline constexpr char kAxisData[] = "data";
 // What a strategy implements beyond plain training, declared when it registers; the training
 // program composes its stack of layers from these, never from names.
 struct StrategyTraits {
-  // The features (config sections) it provides, by the names of core/config/config.h ("fp16",
+  // The features (config sections) it provides, by their section names ("fp16",
   // "bf16", "zero1".."zero3", "communication_data_type"). Validation rejects a section the
   // chosen strategy does not declare.
   std::vector<std::string> features;

@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/config/config.h"
-#include "core/config/config_test_util.h"
+#include "launcher/config/config.h"
+#include "launcher/config/config_test_util.h"
 #include "core/testing/reference_kernels.h"
 #include "gtest/gtest.h"
 

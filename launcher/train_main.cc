@@ -17,7 +17,7 @@
 #include "absl/time/time.h"
 #include "backends/cpu/cpu_backend.h"
 #include "core/check.h"
-#include "core/config/config.h"
+#include "launcher/config/config.h"
 #include "launcher/compose.h"
 #include "core/plugin.h"
 #include "core/registry.h"

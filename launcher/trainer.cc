@@ -39,7 +39,7 @@
 #include "launcher/run_folder.h"
 #include "launcher/run_report.h"
 #include "core/checkpointer.h"
-#include "core/config/config.h"
+#include "launcher/config/config.h"
 #include "core/deferred_init.h"
 #include "core/mesh.h"
 #include "core/strategy.h"

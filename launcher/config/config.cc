@@ -16,8 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/activation_checkpointing.h"
-#include "core/config/config.h"
-#include "core/config/config_internal.h"
+#include "launcher/config/config.h"
+#include "launcher/config/config_internal.h"
 #include "core/registry.h"
 #include "google/protobuf/descriptor.h"
 

@@ -13,8 +13,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/config/config.h"
-#include "core/config/config_internal.h"
+#include "launcher/config/config.h"
+#include "launcher/config/config_internal.h"
 
 namespace braid::config {
 namespace internal {

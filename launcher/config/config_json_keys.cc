@@ -13,7 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/config/config_internal.h"
+#include "launcher/config/config_internal.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"

@@ -1,14 +1,14 @@
-// Reading a training configuration (core/config/config.h): text format and DeepSpeed-style JSON,
+// Reading a training configuration (launcher/config/config.h): text format and DeepSpeed-style JSON,
 // round trips through both, parse errors that name the file, position and field, and loading by
 // file extension. Validation is tested in config_validate_test.cc; both link the model and
 // dataset doubles of config_test_util.h.
-#include "core/config/config.h"
+#include "launcher/config/config.h"
 
 #include <cstdlib>
 #include <fstream>
 #include <string>
 
-#include "core/config/config_test_util.h"
+#include "launcher/config/config_test_util.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"

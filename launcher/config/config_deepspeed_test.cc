@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "core/config/config.h"
-#include "core/config/config_test_util.h"
+#include "launcher/config/config.h"
+#include "launcher/config/config_test_util.h"
 #include "core/registry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "core/config/config.h"
+#include "launcher/config/config.h"
 #include "google/protobuf/util/field_comparator.h"
 #include "google/protobuf/util/message_differencer.h"
 

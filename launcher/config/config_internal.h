@@ -2,8 +2,8 @@
 // the Checker that collects validation problems with the helpers that word them, and the
 // strategy-side checks (config_strategy.cc) that ValidateConfigWith (config.cc) runs. A header
 // of its own so that callers of config.h see none of it.
-#ifndef BRAID_CORE_CONFIG_CONFIG_INTERNAL_H_
-#define BRAID_CORE_CONFIG_CONFIG_INTERNAL_H_
+#ifndef BRAID_LAUNCHER_CONFIG_CONFIG_INTERNAL_H_
+#define BRAID_LAUNCHER_CONFIG_CONFIG_INTERNAL_H_
 
 #include <algorithm>
 #include <cmath>
@@ -17,7 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/config/config.h"
+#include "launcher/config/config.h"
 #include "core/config/train_config.pb.h"
 
 namespace braid::config::internal {
@@ -144,4 +144,4 @@ std::string KeyPosition(const std::string& text, const std::string& key);
 
 }  // namespace braid::config::internal
 
-#endif  // BRAID_CORE_CONFIG_CONFIG_INTERNAL_H_
+#endif  // BRAID_LAUNCHER_CONFIG_CONFIG_INTERNAL_H_

@@ -1,15 +1,15 @@
-// Validating a training configuration (core/config/config.h): defaults and derived batch sizes,
+// Validating a training configuration (launcher/config/config.h): defaults and derived batch sizes,
 // names checked against their registrations (the model and dataset doubles of config_test_util.h),
 // feature sections against the strategies that provide them, and every problem reported at once.
 // Parsing is tested in config_test.cc.
-#include "core/config/config.h"
+#include "launcher/config/config.h"
 
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/config/config_test_util.h"
+#include "launcher/config/config_test_util.h"
 #include "core/registry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -1,12 +1,12 @@
 // The registrations and helper of config_test_util.h.
-#include "core/config/config_test_util.h"
+#include "launcher/config/config_test_util.h"
 
 #include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "core/check.h"
-#include "core/config/config.h"
+#include "launcher/config/config.h"
 #include "core/registry.h"
 #include "gtest/gtest.h"
 

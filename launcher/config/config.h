@@ -11,8 +11,8 @@
 // process's registry (core/registry.h), where their libraries registered them (models/,
 // core/optimizer.cc), and runs their validation hooks. Feature sections (fp16, zero_optimization,
 // ...) are checked against what the chosen strategy declares (StrategyTraits).
-#ifndef BRAID_CORE_CONFIG_CONFIG_H_
-#define BRAID_CORE_CONFIG_CONFIG_H_
+#ifndef BRAID_LAUNCHER_CONFIG_CONFIG_H_
+#define BRAID_LAUNCHER_CONFIG_CONFIG_H_
 
 #include <functional>
 #include <string>
@@ -111,4 +111,4 @@ absl::Status ValidateConfig(TrainConfig* cfg, int data_parallel_size,
 
 }  // namespace braid::config
 
-#endif  // BRAID_CORE_CONFIG_CONFIG_H_
+#endif  // BRAID_LAUNCHER_CONFIG_CONFIG_H_

@@ -2,14 +2,14 @@
 // strategies that provide them, the parallel layout against the processes, the composer's answer
 // (a double of launcher/compose.h here) as a problem of the config. The rest of validation is in
 // config_validate_test.cc, parsing in config_test.cc.
-#include "core/config/config.h"
+#include "launcher/config/config.h"
 
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/config/config_test_util.h"
+#include "launcher/config/config_test_util.h"
 #include "core/registry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -10,7 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/config/config_internal.h"
+#include "launcher/config/config_internal.h"
 #include "core/registry.h"
 #include "google/protobuf/descriptor.h"
 

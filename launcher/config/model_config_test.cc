@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "core/config/config.h"
+#include "launcher/config/config.h"
 #include "core/registry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

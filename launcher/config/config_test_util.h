@@ -2,8 +2,8 @@
 // validation): the model and dataset doubles validation runs against, registered by linking this
 // testonly library (a static initializer, hence alwayslink), and Text, a config parsed or the
 // test failed.
-#ifndef BRAID_CORE_CONFIG_CONFIG_TEST_UTIL_H_
-#define BRAID_CORE_CONFIG_CONFIG_TEST_UTIL_H_
+#ifndef BRAID_LAUNCHER_CONFIG_CONFIG_TEST_UTIL_H_
+#define BRAID_LAUNCHER_CONFIG_CONFIG_TEST_UTIL_H_
 
 #include <string>
 #include <vector>
@@ -33,4 +33,4 @@ std::string ValidationError(const std::string& text, int dp = 1,
 
 }  // namespace braid::config::test_util
 
-#endif  // BRAID_CORE_CONFIG_CONFIG_TEST_UTIL_H_
+#endif  // BRAID_LAUNCHER_CONFIG_CONFIG_TEST_UTIL_H_
