@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/pinned_host.h"
 
 namespace braid {
 
@@ -90,6 +91,7 @@ struct Registry {
   std::mutex mu;
   std::map<std::pair<int, int>, std::unique_ptr<Allocator>> allocators;
   AllocatorFactory factories[kNumDeviceTypes];
+  PinnedHostAllocatorFactory pinned_factories[kNumDeviceTypes];
 };
 
 Registry& GetRegistry() {
@@ -111,6 +113,9 @@ Allocator* GetAllocator(Device device) {
   auto key = std::make_pair(int(device.type), device.index);
   auto it = r.allocators.find(key);
   if (it != r.allocators.end()) return it->second.get();
+  // Made only by OffloadHost, which knows the training device whose runtime pins it.
+  BRAID_CHECK(device != PinnedHost()) << "no pinned host memory in this process: choose the "
+                                         "host device with OffloadHost(device, pin)";
   std::unique_ptr<Allocator> a;
   if (device.type == DeviceType::kCPU) {
     a = std::make_unique<CpuAllocator>(device);
@@ -122,6 +127,31 @@ Allocator* GetAllocator(Device device) {
   Allocator* raw = a.get();
   r.allocators[key] = std::move(a);
   return raw;
+}
+
+void RegisterPinnedHostAllocator(DeviceType compute_type, PinnedHostAllocatorFactory factory) {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.pinned_factories[int(compute_type)] = std::move(factory);
+}
+
+bool HasPinnedHostAllocator(DeviceType compute_type) {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return bool(r.pinned_factories[int(compute_type)]);
+}
+
+Device OffloadHost(Device compute, bool pin) {
+  Registry& r = GetRegistry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (!pin || !r.pinned_factories[int(compute.type)]) return Device::Host();
+  auto key = std::make_pair(int(PinnedHost().type), PinnedHost().index);
+  if (!r.allocators.count(key)) {
+    std::unique_ptr<Allocator> a = r.pinned_factories[int(compute.type)](compute);
+    BRAID_CHECK(a != nullptr) << "the pinned host allocator factory for " << compute << " returned null";
+    r.allocators[key] = std::move(a);
+  }
+  return PinnedHost();
 }
 
 std::vector<std::pair<Device, MemoryStats>> AllMemoryStats() {

@@ -26,6 +26,7 @@ absl::StatusOr<Device> Device::Parse(const std::string& s) {
 
 std::string Device::ToString() const {
   if (*this == Host()) return "host";
+  if (type == DeviceType::kCPU && index == -2) return "host (pinned)";  // core/pinned_host.h
   return absl::StrCat(type == DeviceType::kCPU ? "cpu" : "cuda", ":", index);
 }
 

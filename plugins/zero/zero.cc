@@ -13,6 +13,7 @@
 #include "core/deferred_init.h"
 #include "core/kernels.h"
 #include "core/micro_batches.h"
+#include "core/pinned_host.h"
 #include "core/plugin_api.h"
 #include "core/registry.h"
 #include "plugins/zero/zero_strategy.h"
@@ -74,15 +75,22 @@ absl::Status ZeroStrategy::Materialize(Unit& u) {
     }
     return absl::OkStatus();
   }
-  // Stage 3: only this rank's shard is ever materialised.
-  u.param_shard = Tensor::Zeros({u.shard}, dtype_, dev);
-  params_.Add(Bytes(u.shard));
+  // Stage 3: only this rank's shard is ever materialised (with offload_param, in host memory;
+  // its device-side copy exists only while the unit is gathered).
+  if (opts_.offload_param) {
+    u.host_shard = Tensor::Zeros({u.shard}, dtype_, host_device_);
+    host_params_.Add(Bytes(u.shard));
+    u.param_shard = Tensor::Unallocated({u.shard}, dtype_, dev);
+  } else {
+    u.param_shard = Tensor::Zeros({u.shard}, dtype_, dev);
+    params_.Add(Bytes(u.shard));
+  }
   auto [own_b, own_e] = OwnRange(u);
   std::vector<float> buf;
   for (Slot& s : u.slots) {
     int64_t b = std::max(own_b, s.offset), e = std::min(own_e, s.offset + s.param.numel());
     if (b >= e) continue;
-    Tensor dst = u.param_shard.FlatRange(b - own_b, e - b);
+    Tensor dst = ShardHome(u).FlatRange(b - own_b, e - b);
     if (IsDeferred(s.param)) {
       buf.resize(size_t(e - b));
       InitialValues(s.param, b - s.offset, e - s.offset, buf.data());
@@ -110,6 +118,9 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
   if (ctx.comm == nullptr) return Invalid("no communicator in the strategy context");
   if (!make_optimizer) return Invalid("no optimizer factory given");
   BRAID_ASSIGN_OR_RETURN(opts_, ParseOptions(ctx));
+  // Offloaded state in page-locked memory where the device's backend has it (CUDA), else in
+  // pageable host memory (a CPU run copies nothing across a bus: pinning means nothing there).
+  if (host_step()) host_device_ = OffloadHost(ctx.device, opts_.pin_memory);
   comm_ = ctx.comm;
   rank_ = comm_->rank();
   world_ = comm_->size();
@@ -155,6 +166,7 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
   // The optimizer's parameters: for each parameter, the piece of it this rank owns, as a view
   // of the shard, with the parameter's name and weight-decay attribute.
   std::vector<std::pair<std::string, Tensor>> named;
+  std::vector<Tensor> homes;  // offload_param: each piece's view of its host shard
   for (Unit& u : units_) {
     auto [own_b, own_e] = OwnRange(u);
     if (opts_.stage == 1) {
@@ -176,6 +188,7 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
       piece.set_grad_norm_share(s.param.grad_norm_share());  // 1/t when tensor parallelism replicates it
       piece.set_grad(u.grad_shard.FlatRange(b - own_b, e - b));
       named.emplace_back(s.name, piece);
+      homes.push_back(opts_.offload_param ? u.host_shard.FlatRange(b - own_b, e - b) : Tensor());
     }
   }
   // In the model's parameter order, so the norm sums in the order one process's does.
@@ -186,23 +199,28 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
   std::stable_sort(idx.begin(), idx.end(),
                    [&](size_t a, size_t b) { return order[named[a].first] < order[named[b].first]; });
   std::vector<std::pair<std::string, Tensor>> sorted;
+  std::vector<Tensor> sorted_homes;
   pieces_.clear();
   for (size_t i : idx) {
     sorted.push_back(named[i]);
+    sorted_homes.push_back(homes[i]);
     pieces_.push_back(named[i].second);
   }
   named = std::move(sorted);
-  if (opts_.offload_optimizer) {
+  if (host_step()) {
     // ZeRO-Offload: the optimizer steps host copies; only gradients go to the host and
     // updated parameters come back, each step. The copies keep the pieces' dtype: under
     // fp16/bf16 the optimizer the factory builds (core/mixed_precision.h) then keeps its f32
-    // masters and its state on the host too, as ZeRO-Offload does.
-    for (auto& [n, piece] : named) {
-      Tensor h = piece.Detach().To(Device::Host());
+    // masters and its state on the host too, as ZeRO-Offload does. With offload_param the
+    // shards already live on the host: the optimizer steps them in place (its state is then on
+    // the host whether or not offload_optimizer says so), and only gradients are copied.
+    for (size_t i = 0; i < named.size(); ++i) {
+      Tensor& piece = named[i].second;
+      Tensor h = opts_.offload_param ? sorted_homes[i] : piece.Detach().To(host_device_);
       h.set_name(piece.name()).set_weight_decay(piece.weight_decay());
       h.set_grad_norm_share(piece.grad_norm_share());
-      h.set_grad(Tensor::Zeros(piece.shape(), piece.dtype(), Device::Host()));
-      host_.Add(2 * int64_t(piece.nbytes()));
+      h.set_grad(Tensor::Zeros(piece.shape(), piece.dtype(), host_device_));
+      host_.Add((opts_.offload_param ? 1 : 2) * int64_t(piece.nbytes()));
       host_pieces_.push_back(h);
       piece = h;
     }
@@ -242,17 +260,49 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
   return absl::OkStatus();
 }
 
+// offload_param: the unit's shard copied from host memory to the device (on CUDA a
+// host-to-device copy, from page-locked memory with pin_memory), for its all-gather.
+void ZeroStrategy::StageIn(Unit& u) {
+  if (!opts_.offload_param || u.param_shard.has_data()) return;
+  u.param_shard.storage()->Reallocate();
+  params_.Add(Bytes(u.shard));
+  u.param_shard.CopyFrom(u.host_shard);
+}
+
+// offload_param: the device-side copy given back once its all-gather is done. Nothing is copied
+// out: the optimizer steps the host shard itself.
+void ZeroStrategy::StageOut(Unit& u) {
+  if (!opts_.offload_param || !u.param_shard.has_data()) return;
+  u.param_shard.storage()->Release();
+  params_.Sub(Bytes(u.shard));
+}
+
+// Gives the unit's full buffer memory and launches the all-gather of the shards into it.
+std::shared_ptr<Work> ZeroStrategy::StartGather(Unit& u) {
+  u.flat.storage()->Reallocate();
+  params_.Add(Bytes(u.padded));
+  StageIn(u);
+  return comm_->AllGather(u.param_shard, u.flat);
+}
+
+// A unit that stays gathered (persistent), all-gathered again from the shards as they are now.
+void ZeroStrategy::Regather(Unit& u, const char* what) {
+  StageIn(u);
+  (void)Wait(comm_->AllGather(u.param_shard, u.flat), what);
+  StageOut(u);
+}
+
 void ZeroStrategy::Gather(Unit& u) {
   if (u.gathered++ > 0) return;
   if (u.prefetch) {  // launched ahead of use: wait for it
     (void)Wait(u.prefetch, "all-gathering parameters (prefetched)");
     u.prefetch.reset();
+    StageOut(u);
     return;
   }
   if (u.flat.has_data()) return;  // persistent
-  u.flat.storage()->Reallocate();
-  params_.Add(Bytes(u.padded));
-  (void)Wait(comm_->AllGather(u.param_shard, u.flat), "all-gathering parameters");
+  (void)Wait(StartGather(u), "all-gathering parameters");
+  StageOut(u);
 }
 
 void ZeroStrategy::ReleaseIfDone(Unit& u) {
@@ -265,9 +315,7 @@ void ZeroStrategy::ReleaseIfDone(Unit& u) {
 // the unit before it computes.
 void ZeroStrategy::Prefetch(Unit& u) {
   if (u.gathered > 0 || u.prefetch || u.flat.has_data()) return;
-  u.flat.storage()->Reallocate();
-  params_.Add(Bytes(u.padded));
-  u.prefetch = comm_->AllGather(u.param_shard, u.flat);
+  u.prefetch = StartGather(u);
 }
 
 // Prefetches the units that follow `unit` in `order`, up to the element budget (-1: one unit).
@@ -401,6 +449,7 @@ absl::StatusOr<StepStats> ZeroStrategy::TrainStep(const std::vector<Batch>& micr
     if (!u.prefetch) continue;
     (void)Wait(u.prefetch, "all-gathering parameters (prefetched)");
     u.prefetch.reset();
+    StageOut(u);
     if (u.gathered == 0 && !u.persistent) {
       u.flat.storage()->Release();
       params_.Sub(Bytes(u.padded));
@@ -408,11 +457,11 @@ absl::StatusOr<StepStats> ZeroStrategy::TrainStep(const std::vector<Batch>& micr
   }
 
   absl::Time start = absl::Now();
-  if (opts_.offload_optimizer) {
+  if (host_step()) {
     for (size_t i = 0; i < pieces_.size(); ++i) host_pieces_[i].grad().CopyFrom(pieces_[i].grad());
   }
   // The global norm over every rank's shard; every rank scales by the same factor.
-  const std::vector<Tensor>& stepped = opts_.offload_optimizer ? host_pieces_ : pieces_;
+  const std::vector<Tensor>& stepped = host_step() ? host_pieces_ : pieces_;
   stats.grad_norm = ClipGradNormSharded(*optimizer_, stepped, max_grad_norm_, [this](double local) {
     double sum = local;  // exactly what one process computes, on one rank
     if (world_ > 1) {
@@ -423,7 +472,7 @@ absl::StatusOr<StepStats> ZeroStrategy::TrainStep(const std::vector<Batch>& micr
     return model_parallel_sum_ ? model_parallel_sum_(sum) : sum;
   });
   optimizer_->Step();
-  if (opts_.offload_optimizer) {
+  if (opts_.offload_optimizer && !opts_.offload_param) {
     for (size_t i = 0; i < pieces_.size(); ++i) Tensor(pieces_[i]).CopyFrom(host_pieces_[i]);
   }
   if (optim_.peak == 0) {  // the optimizer makes its state at its first step
@@ -433,14 +482,17 @@ absl::StatusOr<StepStats> ZeroStrategy::TrainStep(const std::vector<Batch>& micr
   }
   stats.optimizer_s = Seconds(start);
 
-  // Stage 1/2: every rank gets everyone's updated shard (stage 3 gathers on use).
+  // Stage 1/2: every rank gets everyone's updated shard (stage 3 gathers on use, except the
+  // units that stay gathered, which must see the step too).
   start = absl::Now();
-  if (opts_.stage < 3) {
-    for (Unit& u : units_) {
+  for (Unit& u : units_) {
+    if (opts_.stage < 3) {
       Tensor own = u.flat.FlatRange(int64_t(rank_) * u.shard, u.shard).Clone();
       transient_.Add(Bytes(u.shard));
       (void)Wait(comm_->AllGather(own, u.flat), "all-gathering parameters");
       transient_.Sub(Bytes(u.shard));
+    } else if (u.persistent) {
+      Regather(u, "all-gathering persistent parameters");
     }
   }
   stats.comm_exposed_s += Seconds(start);

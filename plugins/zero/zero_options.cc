@@ -40,9 +40,9 @@ absl::StatusOr<Options> ParseOptions(const StrategyContext& ctx) {
       o.persistence_threshold = z.stage3_param_persistence_threshold();
     }
     o.offload_optimizer = z.offload_optimizer().device() == "cpu";
-    if (z.offload_param().device() == "cpu") {
-      unsupported.push_back("offload_param (device \"cpu\")");
-    }
+    o.offload_param = z.offload_param().device() == "cpu";
+    o.pin_memory = (o.offload_optimizer && z.offload_optimizer().pin_memory()) ||
+                   (o.offload_param && z.offload_param().pin_memory());
     if (!unsupported.empty()) {
       return Invalid(absl::StrCat(
           "zero_optimization: ", absl::StrJoin(unsupported, ", "),
@@ -64,6 +64,16 @@ absl::StatusOr<Options> ParseOptions(const StrategyContext& ctx) {
         return Invalid(absl::StrCat("option offload_optimizer='", v, "' is not cpu or none"));
       }
       o.offload_optimizer = v == "cpu";
+    } else if (k == "offload_param") {
+      if (v != "cpu" && v != "none") {
+        return Invalid(absl::StrCat("option offload_param='", v, "' is not cpu or none"));
+      }
+      o.offload_param = v == "cpu";
+    } else if (k == "pin_memory") {
+      if (v != "true" && v != "false") {
+        return Invalid(absl::StrCat("option pin_memory='", v, "' is not true or false"));
+      }
+      o.pin_memory = v == "true";
     } else if (k == "prefetch_elements") {
       if (!absl::SimpleAtoi(v, &o.prefetch_elements) || o.prefetch_elements < -1) {
         return Invalid(absl::StrCat("option prefetch_elements='", v,
@@ -76,14 +86,19 @@ absl::StatusOr<Options> ParseOptions(const StrategyContext& ctx) {
       }
     } else {
       return Invalid(absl::StrCat("unknown option '", k,
-                                  "' (known: stage, overlap_comm, offload_optimizer, prefetch_elements, "
-                                  "param_persistence_threshold)"));
+                                  "' (known: stage, overlap_comm, offload_optimizer, offload_param, "
+                                  "pin_memory, prefetch_elements, param_persistence_threshold)"));
     }
   }
   if (o.stage < 1 || o.stage > 3) {
     return Invalid(absl::StrCat("ZeRO stage ", o.stage,
                                 " is not 1, 2 or 3; set zero_optimization.stage (stage 0 is plain "
                                 "data parallelism: use strategy ddp)"));
+  }
+  if (o.offload_param && o.stage != 3) {
+    return Invalid(absl::StrCat("offload_param needs stage 3 (stage ", o.stage,
+                                " keeps full parameters on every rank); set zero_optimization.stage "
+                                "3, or offload only the optimizer (offload_optimizer)"));
   }
   return o;
 }

@@ -27,10 +27,17 @@ struct Options {
   // Stage 3: parameter elements all-gathered ahead of use; -1 = the next unit whatever its size.
   int64_t prefetch_elements = -1;
   bool offload_optimizer = false;  // the optimizer's states and step in host memory
+  // Stage 3 (ZeRO-Infinity): the parameter shards live in host memory between uses, brought to
+  // the device per unit for its all-gather; the optimizer steps them there (so its state is on
+  // the host too, as with offload_optimizer).
+  bool offload_param = false;
+  // Offloaded state in page-locked host memory where the training device's backend has it
+  // (core/pinned_host.h): either section's pin_memory.
+  bool pin_memory = false;
 };
 
 // From ctx.config's zero_optimization (when given), then ctx.options (stage, overlap_comm,
-// offload_optimizer, prefetch_elements, param_persistence_threshold).
+// offload_optimizer, offload_param, pin_memory, prefetch_elements, param_persistence_threshold).
 absl::StatusOr<Options> ParseOptions(const StrategyContext& ctx);
 
 }  // namespace braid::zero

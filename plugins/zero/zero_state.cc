@@ -30,6 +30,7 @@ absl::Status ZeroStrategy::LoadFullStateDict(const std::map<std::string, Tensor>
   if (model_ == nullptr) return Error(absl::StatusCode::kFailedPrecondition, "LoadFullStateDict before Setup");
   // The optimizer's host copies follow whatever was loaded.
   auto refresh_host = [this] {
+    if (opts_.offload_param) return;  // the optimizer steps the host shards themselves
     for (size_t i = 0; i < host_pieces_.size(); ++i) host_pieces_[i].CopyFrom(pieces_[i]);
   };
   if (opts_.stage < 3) {
@@ -59,7 +60,7 @@ absl::Status ZeroStrategy::LoadFullStateDict(const std::map<std::string, Tensor>
       int64_t b = std::max(own_b, s.offset), e = std::min(own_e, s.offset + s.param.numel());
       if (b >= e) continue;
       Tensor src = it->second.Detach().Reshape({-1}).FlatRange(b - s.offset, e - b);
-      u.param_shard.FlatRange(b - own_b, e - b).CopyFrom(src);
+      ShardHome(u).FlatRange(b - own_b, e - b).CopyFrom(src);
     }
   }
   for (auto& [n, p] : model_->NamedParameters()) {
@@ -82,9 +83,7 @@ absl::Status ZeroStrategy::LoadFullStateDict(const std::map<std::string, Tensor>
   if (!problems.empty()) return Invalid(absl::StrCat("cannot load the weights: ", absl::StrJoin(problems, "; ")));
   // Persistent units hold gathered copies: refresh them.
   for (Unit& u : units_) {
-    if (u.persistent) {
-      (void)Wait(comm_->AllGather(u.param_shard, u.flat), "all-gathering parameters");
-    }
+    if (u.persistent) Regather(u, "all-gathering parameters");
   }
   refresh_host();
   return comm_status_;
@@ -109,7 +108,7 @@ absl::StatusOr<std::vector<StateChunk>> ZeroStrategy::StateChunks(bool create) {
       c.name = s.name;
       c.global_shape = s.param.shape();
       c.runs = {{b - s.offset, e - s.offset}};
-      c.local = opts_.stage < 3 ? u.flat.FlatRange(b, e - b) : u.param_shard.FlatRange(b - own_b, e - b);
+      c.local = opts_.stage < 3 ? u.flat.FlatRange(b, e - b) : ShardHome(u).FlatRange(b - own_b, e - b);
       by_piece[absl::StrCat(s.name, "[", b - s.offset, ":", e - s.offset, "]")] = out.size();
       out.push_back(std::move(c));
     }
@@ -138,11 +137,14 @@ absl::Status ZeroStrategy::AfterStateLoaded(const std::vector<StateChunk>& chunk
       Tensor own = u.flat.FlatRange(int64_t(rank_) * u.shard, u.shard).Clone();
       (void)Wait(comm_->AllGather(own, u.flat), "all-gathering loaded parameters");
     } else if (u.persistent) {
-      (void)Wait(comm_->AllGather(u.param_shard, u.flat), "all-gathering loaded parameters");
+      Regather(u, "all-gathering loaded parameters");
     }
   }
-  // The optimizer's host copies follow what was loaded into the pieces.
-  for (size_t i = 0; i < host_pieces_.size(); ++i) host_pieces_[i].CopyFrom(pieces_[i]);
+  // The optimizer's host copies follow what was loaded into the pieces (offload_param: they are
+  // the loaded shards).
+  if (!opts_.offload_param) {
+    for (size_t i = 0; i < host_pieces_.size(); ++i) host_pieces_[i].CopyFrom(pieces_[i]);
+  }
   return comm_status_;
 }
 

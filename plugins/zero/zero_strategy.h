@@ -11,6 +11,10 @@
 //            produced them (overlapping the rest of backward), and only the gradient shard stays.
 //   stage 3: as 2, and the parameters too are kept as shards: a unit's are all-gathered just
 //            before its forward and again before its backward, and released right after.
+//            With offload_param (ZeRO-Infinity), the shards live in host memory: a unit's shard
+//            is copied to the device for its all-gather (with the prefetch, when there is one)
+//            and the copy given back once the gather is done; the optimizer steps the host
+//            shards in place.
 // The optimizer steps views of the shard, one per parameter piece, so each piece keeps its
 // parameter's weight-decay attribute. The step equals one step of one process on the global batch.
 #ifndef BRAID_PLUGINS_ZERO_ZERO_STRATEGY_H_
@@ -62,7 +66,10 @@ struct Unit {
   Tensor flat;         // [padded]: the full parameters (released between uses at stage 3)
   Tensor flat_grad;    // [padded]: full gradients while backward produces them
   Tensor grad_shard;   // [shard]: this rank's averaged gradient (stage 2/3)
-  Tensor param_shard;  // [shard]: this rank's parameters at stage 3 (the optimizer's)
+  // [shard]: this rank's parameters at stage 3 (the optimizer's); with offload_param the
+  // device-side copy of host_shard, which has memory only while the unit is being gathered.
+  Tensor param_shard;
+  Tensor host_shard;  // [shard], offload_param: where this rank's parameters live (host memory)
   bool persistent = false;  // stage 3: never released (small units)
   int gathered = 0;         // stage 3: nesting depth of uses (forward/backward)
   std::shared_ptr<Work> prefetch;  // stage 3: an all-gather launched ahead of use
@@ -103,14 +110,23 @@ class ZeroStrategy final : public Strategy {
   std::vector<std::pair<std::string, int64_t>> ModelStatePeaks() const override {
     std::vector<std::pair<std::string, int64_t>> out = {
         {"parameters", params_.peak}, {"gradients", grads_.peak},
-        {opts_.offload_optimizer ? "optimizer state (host)" : "optimizer state", optim_.peak},
+        {host_step() ? "optimizer state (host)" : "optimizer state", optim_.peak},
         {"transient", transient_.peak}};
-    if (opts_.offload_optimizer) out.emplace_back("host copies of shards", host_.peak);
+    if (opts_.offload_param) {
+      out.emplace_back("parameter shards (host)", host_params_.peak);
+      out.emplace_back("gradient copies (host)", host_.peak);
+    } else if (opts_.offload_optimizer) {
+      out.emplace_back("host copies of shards", host_.peak);
+    }
     return out;
   }
 
  private:
   int64_t Bytes(int64_t numel) const { return numel * int64_t(SizeOf(dtype_)); }
+  // The optimizer steps host tensors: offload_optimizer's copies, or offload_param's shards.
+  bool host_step() const { return opts_.offload_optimizer || opts_.offload_param; }
+  // Where this rank's shard of a stage-3 unit is kept between uses.
+  Tensor& ShardHome(Unit& u) { return opts_.offload_param ? u.host_shard : u.param_shard; }
   DType dtype_ = DType::kF32;  // of every flat buffer (the parameters')
   // This rank's range [begin, end) of a unit's real elements.
   std::pair<int64_t, int64_t> OwnRange(const Unit& u) const {
@@ -129,6 +145,10 @@ class ZeroStrategy final : public Strategy {
   absl::Status Materialize(Unit& u);
   void InstallStage3Hooks();
   void Gather(Unit& u);
+  void StageIn(Unit& u);
+  void StageOut(Unit& u);
+  std::shared_ptr<Work> StartGather(Unit& u);
+  void Regather(Unit& u, const char* what);
   void ReleaseIfDone(Unit& u);
   void Prefetch(Unit& u);
   void PrefetchAfter(int unit, const std::vector<int>& order);
@@ -148,8 +168,10 @@ class ZeroStrategy final : public Strategy {
   std::vector<Tensor> pieces_;  // views of this rank's shards, one per parameter piece
   // With offload_optimizer: host copies of the pieces (and of their gradients), which the
   // optimizer steps; the device pieces get the result copied back.
+  // With offload_param they are views of the units' host shards instead (nothing to copy back).
   std::vector<Tensor> host_pieces_;
-  Account host_;
+  Device host_device_ = Device::Host();  // pinned where asked and the backend has it
+  Account host_, host_params_;
   // Stage 3: the order units are used in, recorded in the first step, for prefetching.
   std::vector<int> forward_order_, backward_order_;
   bool orders_known_ = false;

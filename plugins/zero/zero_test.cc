@@ -20,6 +20,7 @@
 #include "core/micro_batches.h"
 #include "core/ops.h"
 #include "core/optimizer.h"
+#include "core/pinned_host.h"
 #include "core/plugin.h"
 #include "core/registry.h"
 #include "core/strategy.h"
@@ -399,6 +400,142 @@ TEST_F(ZeroTest, OffloadedOptimizerGivesTheSameTraining) {
   EXPECT_EQ(MaxRelDiff(r.state[0], r.reference, &worst), 0.0) << worst;
 }
 
+// ZeRO-Infinity's parameter offload: the shards live in host memory and are copied to the
+// device per unit for its all-gather; the optimizer steps them there. The same computation, so
+// the same bounds as the optimizer offload: 1e-7 with SGD, 2e-5 with AdamW (above), with and
+// without offload_optimizer and the prefetch.
+TEST_F(ZeroTest, OffloadedParametersGiveTheSameTraining) {
+  for (bool adamw : {false, true}) {
+    for (const char* optimizer_offload : {"none", "cpu"}) {
+      for (const char* prefetch : {"0", "-1"}) {
+        SCOPED_TRACE(absl::StrCat(adamw ? "AdamW" : "SGD", ", offload_optimizer ", optimizer_offload,
+                                  ", prefetch_elements ", prefetch));
+        Spec spec;
+        spec.gpt = true;
+        spec.adamw = adamw;
+        spec.stage = 3;
+        spec.ranks = 3;
+        spec.accumulation = 2;
+        spec.max_grad_norm = 0.05f;
+        spec.deferred = true;
+        spec.options["offload_param"] = "cpu";
+        spec.options["offload_optimizer"] = optimizer_offload;
+        spec.options["prefetch_elements"] = prefetch;
+        Result r = Run(spec);
+        ExpectMatches(spec, r, adamw ? 2e-5 : 1e-7);
+        EXPECT_GT(Peak(r.peaks[0], "optimizer state (host)"), 0);
+      }
+    }
+  }
+  // One rank: bit for bit what one process computes.
+  Spec one;
+  one.gpt = true;
+  one.adamw = true;
+  one.stage = 3;
+  one.ranks = 1;
+  one.max_grad_norm = 0.05f;
+  one.deferred = true;
+  one.options["offload_param"] = "cpu";
+  Result r = Run(one);
+  std::string worst;
+  EXPECT_EQ(MaxRelDiff(r.state[0], r.reference, &worst), 0.0) << worst;
+}
+
+// What a rank holds with offload_param, against the formula: on the device, no shard between
+// uses: the units in use (the parameters outside the blocks and one block, plus the next block
+// when prefetching) and the device-side copy of the shard being gathered; on the host, this
+// rank's shards (1/N of the padded model) and a copy of their gradients for the optimizer.
+TEST_F(ZeroTest, OffloadedParametersLeaveTheDeviceOnlyTheUnitsInUse) {
+  std::unique_ptr<Module> m = MakeGpt(7);
+  int64_t outside = 0, block = 0;
+  for (auto& [n, p] : m->NamedParameters()) {
+    if (n.rfind("h.", 0) != 0) outside += p.numel();
+    if (n.rfind("h.0.", 0) == 0) block += p.numel();
+  }
+  auto padded = [](int64_t n) { return (n + 2) / 3 * 3; };
+  const int64_t shards = (2 * padded(block) + padded(outside)) / 3 * 4;  // bytes per rank
+  Spec spec;
+  spec.gpt = true;
+  spec.stage = 3;
+  spec.ranks = 3;
+  spec.steps = 2;
+  spec.deferred = true;
+  spec.options["offload_param"] = "cpu";
+  for (const char* prefetch : {"0", "-1"}) {
+    SCOPED_TRACE(absl::StrCat("prefetch_elements ", prefetch));
+    spec.options["prefetch_elements"] = prefetch;
+    Result r = Run(spec);
+    const int64_t blocks_in_use = std::string(prefetch) == "0" ? 1 : 2;
+    const int64_t device = (padded(outside) + blocks_in_use * padded(block) + padded(block) / 3) * 4;
+    for (int rank = 0; rank < 3; ++rank) {
+      EXPECT_EQ(Peak(r.peaks[size_t(rank)], "parameters"), device) << "rank " << rank;
+      EXPECT_EQ(Peak(r.peaks[size_t(rank)], "parameter shards (host)"), shards) << "rank " << rank;
+      const int64_t grads = Peak(r.peaks[size_t(rank)], "gradient copies (host)");
+      EXPECT_GT(grads, 0);
+      EXPECT_LE(grads, shards) << "the real elements of this rank's shards, no padding";
+    }
+  }
+}
+
+// pin_memory is honoured: where the training device's backend offers page-locked memory (a
+// fake one for the CPU here; CUDA's cudaHostAlloc in a GPU build), the host shards and the
+// optimizer's host tensors are allocated from it; without pin_memory they are not.
+TEST_F(ZeroTest, PinMemoryPutsTheOffloadedStateInPinnedMemory) {
+  class CountingPinned final : public Allocator {
+   public:
+    void* Allocate(size_t bytes) override {
+      RecordAlloc(bytes);
+      return std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+    }
+    void Deallocate(void* p, size_t bytes) override {
+      RecordFree(bytes);
+      std::free(p);
+    }
+  };
+  RegisterPinnedHostAllocator(DeviceType::kCPU, [](Device) { return std::make_unique<CountingPinned>(); });
+  Spec spec;
+  spec.gpt = true;
+  spec.adamw = true;
+  spec.stage = 3;
+  spec.ranks = 2;
+  spec.steps = 2;
+  spec.deferred = true;
+  spec.options["offload_param"] = "cpu";
+  spec.options["pin_memory"] = "false";
+  Run(spec);
+  EXPECT_NE(OffloadHost(Device::CPU(), true), Device::Host());
+  const int64_t before = GetMemoryStats(PinnedHost()).num_allocs;
+  EXPECT_EQ(before, 0) << "nothing pinned without pin_memory";
+  spec.options["pin_memory"] = "true";
+  Result r = Run(spec);
+  ExpectMatches(spec, r, 2e-5);
+  EXPECT_GT(GetMemoryStats(PinnedHost()).num_allocs, 0);
+  // Both ranks' shards and gradient copies are pinned (the ranks are threads of one process).
+  int64_t offloaded = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    offloaded += Peak(r.peaks[size_t(rank)], "parameter shards (host)") +
+                 Peak(r.peaks[size_t(rank)], "gradient copies (host)");
+  }
+  EXPECT_GE(GetMemoryStats(PinnedHost()).peak_bytes, offloaded);
+  RegisterPinnedHostAllocator(DeviceType::kCPU, nullptr);  // the other tests run pageable
+}
+
+// Units small enough to stay gathered (stage3_param_persistence_threshold) are gathered again
+// after each step, so they train like the others (with the shards on the host too).
+TEST_F(ZeroTest, PersistentUnitsSeeEveryStep) {
+  for (const char* offload : {"none", "cpu"}) {
+    SCOPED_TRACE(absl::StrCat("offload_param ", offload));
+    Spec spec;
+    spec.gpt = true;
+    spec.stage = 3;
+    spec.ranks = 2;
+    spec.deferred = true;
+    spec.options["param_persistence_threshold"] = "1000";  // the parameters outside the blocks
+    spec.options["offload_param"] = offload;
+    ExpectMatches(spec, Run(spec), 1e-7);
+  }
+}
+
 // Stage 3 prefetching (from the second step on, once the order units are used in is known)
 // changes when parameters arrive, never their values; and it holds one more unit at a time.
 TEST_F(ZeroTest, PrefetchChangesTimingNotResults) {
@@ -468,12 +605,15 @@ TEST_F(ZeroTest, BadOptionsAreRefusedNamingThem) {
        {std::tuple<std::string, std::string, std::string>{"stage", "4", "ZeRO stage 4 is not 1, 2 or 3"},
         {"stage", "x", "option stage='x'"},
         {"bucket", "1", "unknown option 'bucket'"},
-        {"offload_optimizer", "nvme", "option offload_optimizer='nvme' is not cpu or none"}}) {
+        {"offload_optimizer", "nvme", "option offload_optimizer='nvme' is not cpu or none"},
+        {"offload_param", "cpu", "offload_param needs stage 3 (stage 1 keeps full parameters"},
+        {"pin_memory", "yes", "option pin_memory='yes' is not true or false"}}) {
     auto zero = Registry::Get().MakeStrategy("zero");
     ASSERT_TRUE(zero.ok());
     StrategyContext ctx;
     ctx.comm = group[0].get();
     ctx.options[key] = value;
+    if (key != "stage") ctx.options["stage"] = "1";
     std::unique_ptr<Module> model = MakeMlp(1);
     absl::Status st = (*zero)->Setup(*model, Optim(false), ctx);
     EXPECT_THAT(std::string(st.message()), HasSubstr(want));
