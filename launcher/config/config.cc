@@ -218,7 +218,7 @@ void CheckModelAndData(Checker& c, TrainConfig* cfg) {
 
   // Shape fields: counts (>= 1), and only those the model takes.
   bool fields_ok = true;
-  for (const pb::FieldDescriptor* f : SetFields(*m, {"name", "options"})) {
+  for (const pb::FieldDescriptor* f : SetFields(*m, {"name", "options", "path"})) {
     const pb::Reflection* r = m->GetReflection();
     if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_INT32) {
       fields_ok &= c.Positive(absl::StrCat("model.", f->name()), r->GetInt32(*m, f));
