@@ -92,7 +92,11 @@ absl::Status LauncherRendezvous::Disagree(int attempt, const LauncherInfo& o) {
 }
 
 absl::Status LauncherRendezvous::CheckIn(int attempt, absl::Duration timeout,
-                                         const std::function<bool()>& cancelled) {
+                                         const std::function<bool()>& cancelled,
+                                         absl::Duration silence) {
+  // The previous attempt's peers: on a restart, those that do not come are watched through
+  // their last heartbeats (SilentLaunchers keeps when each last moved).
+  const std::map<int, LauncherInfo> previous = peers_;
   peers_.clear();
   absl::Time deadline = absl::Now() + timeout;
   BRAID_ASSIGN_OR_RETURN(int64_t claims, store_->Add(Key(attempt, absl::StrCat("claim/", self_.id)), 1));
@@ -136,6 +140,15 @@ absl::Status LauncherRendezvous::CheckIn(int attempt, absl::Duration timeout,
     }
     if (missing.empty()) return absl::OkStatus();
     if (cancelled && cancelled()) return absl::CancelledError("interrupted while waiting for the other nodes");
+    if (attempt > 0 && silence != absl::InfiniteDuration()) {
+      BRAID_ASSIGN_OR_RETURN(std::optional<LauncherInfo> gone, GoneBeforeCheckIn(attempt, previous, missing, silence));
+      if (gone) {
+        return absl::UnavailableError(absl::StrCat(
+            gone->label, "'s launcher (host ", gone->host, ") stopped responding: no heartbeat for ",
+            absl::FormatDuration(silence), " and it never checked in for restart ", attempt,
+            "; stopping the job"));
+      }
+    }
     if (absl::Now() >= deadline) {
       std::vector<std::string> names;
       for (int id : missing) {
@@ -154,6 +167,23 @@ absl::Status LauncherRendezvous::CheckIn(int attempt, absl::Duration timeout,
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
+}
+
+absl::StatusOr<std::optional<LauncherInfo>> LauncherRendezvous::GoneBeforeCheckIn(
+    int attempt, const std::map<int, LauncherInfo>& previous, const std::vector<int>& missing,
+    absl::Duration silence) {
+  // SilentLaunchers looks at peers_: here the previous attempt's, narrowed to the missing ones.
+  std::map<int, LauncherInfo> arrived = std::move(peers_);
+  peers_.clear();
+  for (int id : missing) {
+    auto it = previous.find(id);
+    if (it != previous.end()) peers_[id] = it->second;
+  }
+  absl::StatusOr<std::vector<LauncherInfo>> silent = SilentLaunchers(attempt - 1, silence);
+  peers_ = std::move(arrived);
+  if (!silent.ok()) return silent.status();
+  if (silent->empty()) return std::optional<LauncherInfo>();
+  return std::optional<LauncherInfo>(silent->front());
 }
 
 // Stored as "R:" (restartable) or "F:" (final), then the message.

@@ -49,7 +49,13 @@ class LauncherRendezvous {
   // a matching view of the job. Fails at once (every launcher then fails too) on a disagreement
   // or a second launcher with the same id; after `timeout` naming the launchers that never came;
   // with Cancelled when `cancelled()` turns true.
-  absl::Status CheckIn(int attempt, absl::Duration timeout, const std::function<bool()>& cancelled);
+  // For a restart (attempt > 0), a launcher that has not checked in yet and whose heartbeat of
+  // the previous attempt has not moved for `silence` is gone (SIGKILLed, its machine lost): the
+  // check-in fails with Unavailable naming it, rather than wait `timeout` for it. `silence` must
+  // cover what a living launcher spends between its last beat and its check-in (stopping its
+  // workers: --stop_grace_s, then up to 5 s after SIGKILL).
+  absl::Status CheckIn(int attempt, absl::Duration timeout, const std::function<bool()>& cancelled,
+                       absl::Duration silence = absl::InfiniteDuration());
 
   struct Failure {
     std::string message;
@@ -85,6 +91,11 @@ class LauncherRendezvous {
   std::string Key(int attempt, const std::string& name) const;
   absl::StatusOr<std::optional<std::string>> TryGet(const std::string& key);
   absl::Status Disagree(int attempt, const LauncherInfo& other);
+  // Of `missing`, a launcher of `previous` whose heartbeat of attempt - 1 stood still for `silence`.
+  absl::StatusOr<std::optional<LauncherInfo>> GoneBeforeCheckIn(int attempt,
+                                                                const std::map<int, LauncherInfo>& previous,
+                                                                const std::vector<int>& missing,
+                                                                absl::Duration silence);
 
   Store* store_;
   LauncherInfo self_;

@@ -265,6 +265,67 @@ TEST(LauncherRendezvous, SilentLauncherIsNoticed) {
   EXPECT_GE(absl::Now() - t0, absl::Milliseconds(500));
 }
 
+// A restart whose check-in waits for a launcher that was SIGKILLed mid-run (found by
+// tools/chaos): its workers died with it, the others' failed, and node 0 restarted the group and
+// then waited --rdzv_timeout_s (5 minutes) for it. Its heartbeat of the run it left stands still,
+// so the check-in ends naming it once `silence` has passed.
+TEST(LauncherRendezvous, RestartCheckInNamesALauncherThatVanished) {
+  InMemoryStore store;
+  LauncherRendezvous zero(&store, Node(0, 2, 1, 1)), one(&store, Node(1, 2, 1, 1));
+  for (const auto& s : CheckInAll({&zero, &one}, kSafetyNet)) ASSERT_TRUE(s.ok()) << s;
+  ASSERT_TRUE(one.Heartbeat(0).ok());  // then it is killed: no more beats, no check-in
+  absl::Status s = zero.CheckIn(1, kSafetyNet, nullptr, absl::Milliseconds(300));
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("node 1's launcher (host host1) stopped responding: no heartbeat for 300ms"),
+                    HasSubstr("it never checked in for restart 1")));
+}
+
+// A store on which node 1 is alive and slow to come back: its heartbeat of attempt 0 moves at
+// every look node 0 takes at it, and after `checkin_after` looks it checks in for attempt 1.
+class SlowRestartStore final : public Store {
+ public:
+  explicit SlowRestartStore(int checkin_after) : checkin_after_(checkin_after) {}
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    if (key == "braid.launcher/0/beat/1" && !checked_in_) {
+      BRAID_RETURN_IF_ERROR(base_.Set(key, absl::StrCat(++looks_)));
+      if (looks_ == checkin_after_) {
+        checked_in_ = true;
+        BRAID_RETURN_IF_ERROR(base_.Set("braid.launcher/1/info/1", Node(1, 2, 1, 1).Serialize()));
+      }
+    }
+    return base_.Get(key, timeout);
+  }
+  absl::Status Set(const std::string& key, const std::string& value) override { return base_.Set(key, value); }
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
+    return base_.Wait(keys, timeout);
+  }
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override { return base_.Add(key, delta); }
+  absl::StatusOr<std::string> CompareSet(const std::string& key, const std::string& expected,
+                                         const std::string& desired) override {
+    return base_.CompareSet(key, expected, desired);
+  }
+  absl::Status Delete(const std::string& key) override { return base_.Delete(key); }
+  int looks() const { return looks_; }
+
+ private:
+  const int checkin_after_;
+  int looks_ = 0;
+  bool checked_in_ = false;
+  InMemoryStore base_;
+};
+
+// ...while one that still beats (stopping its workers takes a while) is waited for: node 1's beat
+// moves between every two looks, so however long those 20 looks take, it is never silent.
+TEST(LauncherRendezvous, RestartCheckInWaitsForALauncherThatStillBeats) {
+  SlowRestartStore store(20);
+  LauncherRendezvous zero(&store, Node(0, 2, 1, 1)), one(&store, Node(1, 2, 1, 1));
+  for (const auto& s : CheckInAll({&zero, &one}, kSafetyNet)) ASSERT_TRUE(s.ok()) << s;
+  absl::Status s = zero.CheckIn(1, kSafetyNet, nullptr, absl::Milliseconds(1));
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(store.looks(), 20);
+}
+
 TEST(LauncherRendezvous, DoneAndExitCounts) {
   InMemoryStore store;
   LauncherRendezvous a(&store, Node(0, 2, 1)), b(&store, Node(1, 2, 1));
