@@ -3,8 +3,12 @@
 same names and shapes, every value finite, and every value within TOL (absolute). Prints the
 worst difference and the tensor it is in.
 
-Usage: compare_weights.py A B TOL   (exit 1 when they differ by more, or on a NaN or inf in either,
-naming the tensors)
+Usage: compare_weights.py A B TOL [ULPS]   (exit 1 when they differ by more, or on a NaN or inf in
+either, naming the tensors)
+
+With ULPS, a value also passes when it is within ULPS units in the last place of the larger of
+the two, in A's dtype: the bound for half-precision weights, each the rounding of an f32 master
+that may sit next to a rounding boundary (one ulp of bf16 is 2^-7 at 1.0, 2^-9 at 0.25).
 """
 import json
 import struct
@@ -14,6 +18,24 @@ import torch
 
 
 DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+
+
+# Mantissa bits and the smallest normal exponent of each dtype, for ULPS.
+FORMATS = {"F32": (23, -126), "BF16": (7, -126), "F16": (10, -14)}
+
+
+def dtype_of(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    return next(v["dtype"] for k, v in header.items() if k != "__metadata__")
+
+
+def ulp(x, dtype):
+    """One unit in the last place of |x| in `dtype` (subnormals have the smallest normal's)."""
+    bits, emin = FORMATS[dtype]
+    _, e = torch.frexp(x.abs())  # x = m * 2^e, m in [0.5, 1): the leading bit is 2^(e-1)
+    return torch.pow(2.0, (e - 1).clamp(min=emin).float() - bits)
 
 
 def load(path):
@@ -43,5 +65,14 @@ bad = [f"{k} in {side} ({path})" for side, path, t in (("A", sys.argv[1], a), ("
 if bad:
     sys.exit(f"NaN or inf values: {', '.join(bad)}")
 worst = max(((a[k] - b[k]).abs().max().item(), k) for k in a)
+if len(sys.argv) > 4:
+    ulps, dtype = float(sys.argv[4]), dtype_of(sys.argv[1])
+    # The difference in ulps of the larger value, where it exceeds TOL.
+    over = max((((a[k] - b[k]).abs() / ulp(torch.maximum(a[k].abs(), b[k].abs()), dtype))
+                .masked_fill((a[k] - b[k]).abs() <= tol, 0).max().item(), k) for k in a)
+    beyond = f"at most {over[0]:g} ulp of {dtype} ({over[1]})" if over[0] > 0 else "none"
+    print(f"   max |difference| {worst[0]:.2e} ({worst[1]}); beyond tolerance {tol:g}: {beyond}, "
+          f"allowed {ulps:g} ulp")
+    sys.exit(0 if over[0] <= ulps else 1)
 print(f"   max |difference| {worst[0]:.2e} ({worst[1]}), tolerance {tol:g}")
 sys.exit(0 if worst[0] <= tol else 1)
