@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""llama-mini beside gpt-mini (about the same parameter count): training throughput, one process.
+"""llama-mini beside gpt-mini (about the same parameter count) and beside its PyTorch twin:
+training throughput, one process.
 
-The two are run alternately (gpt-mini, llama-mini, gpt-mini, ...) through the training program
-with their shipped configs (launcher/configs/gpt-mini.pbtxt, llama-mini.pbtxt: micro-batch 16 x
-context 128, AdamW), so that machine noise hits both alike; the figure quoted is the median over
-rounds of each run's steady-state median tokens/s, and the ratio of those medians.
+The three are run alternately (gpt-mini, llama-mini, the twin, gpt-mini, ...): Braid's two through
+the training program with their shipped configs (launcher/configs/gpt-mini.pbtxt,
+llama-mini.pbtxt: micro-batch 16 x context 128, AdamW), the twin as tools/bench/llama_mini_torch.py
+(the same shape, data stream and optimizer), so that machine noise hits all alike; the figure
+quoted is the median over rounds of each run's steady-state median tokens/s, the ratios of those
+medians, and the per-round ratios.
 
   bazel build //launcher:train && /usr/bin/python3 tools/bench/llama_bench.py --rounds 3
 
@@ -37,22 +40,41 @@ def run(model, threads, steps, tmp, i):
             "final_loss": s["final_loss"], "peak_tensor_mib": round(s["peak_bytes"] / 2**20, 1)}
 
 
+def run_torch(threads, steps):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    cmd = ["/usr/bin/python3", os.path.join(ROOT, "tools/bench/llama_mini_torch.py"),
+           f"--steps={steps}", f"--threads={threads}", "--quiet"]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"the PyTorch twin failed: {r.stderr}")
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    return {"model": "torch-llama-mini", "tokens_per_s": s["tokens_per_s"],
+            "final_loss": s["final_loss"], "peak_rss_mib": s["peak_rss_mib"]}
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args()
-    got = {"gpt-mini": [], "llama-mini": []}
+    got = {"gpt-mini": [], "llama-mini": [], "torch-llama-mini": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(a.rounds):
             for model in got:
-                r = run(model, a.threads, a.steps, tmp, i)
+                r = (run_torch(a.threads, a.steps) if model.startswith("torch")
+                     else run(model, a.threads, a.steps, tmp, i))
                 print(json.dumps(dict(r, round=i, threads=a.threads)), flush=True)
                 got[model].append(r["tokens_per_s"])
     g, l = statistics.median(got["gpt-mini"]), statistics.median(got["llama-mini"])
+    t = statistics.median(got["torch-llama-mini"])
     print(json.dumps({"summary": True, "threads": a.threads, "gpt_mini_tokens_per_s": g,
-                      "llama_mini_tokens_per_s": l, "llama_over_gpt": round(l / g, 3)}))
+                      "llama_mini_tokens_per_s": l, "torch_llama_mini_tokens_per_s": t,
+                      "llama_over_gpt": round(l / g, 3), "llama_over_torch": round(l / t, 3),
+                      "per_round_llama_over_gpt": [round(x / y, 3) for x, y in
+                                                   zip(got["llama-mini"], got["gpt-mini"])],
+                      "per_round_llama_over_torch": [round(x / y, 3) for x, y in
+                                                     zip(got["llama-mini"], got["torch-llama-mini"])]}))
 
 
 if __name__ == "__main__":
