@@ -163,9 +163,11 @@ class SafetensorsCheckpointer : public Checkpointer {
     }
     pending_.active = true;
     written_ = false;
-    auto write = [this] {
+    const bool hold = HoldInSave(step, world);
+    auto write = [this, hold] {
       const double t0 = Now();
       const std::string path = absl::StrCat(pending_.tmp, "/", pending_.file);
+      if (hold) Hold(path);
       // One pass: the file's CRC-32 is computed as each piece is written.
       absl::StatusOr<ShardWritten> w = WriteShard(path, pending_.tensors, {{"format", kIndexFormat}});
       absl::Status st = w.status();
@@ -323,6 +325,27 @@ class SafetensorsCheckpointer : public Checkpointer {
     std::raise(SIGKILL);
   }
   std::string StepDirOf(int64_t step) const { return StepDir(opts_.dir, step); }
+
+  // A fault hook for tools/chaos: BRAID_FAULT=hold_in_save:N[@A] makes the last rank, in attempt
+  // A (BRAID_RESTART_COUNT, default 0), stop in the middle of writing its file of step N (on the
+  // writer thread when saves are asynchronous: training goes on) and say so, until something
+  // kills it: a checkpoint write in progress, for the chaos tool to SIGKILL from outside.
+  static bool HoldInSave(int64_t step, const Communicator& world) {
+    const char* fault = std::getenv("BRAID_FAULT");
+    if (fault == nullptr || world.rank() != world.size() - 1) return false;
+    const char* attempt = std::getenv("BRAID_RESTART_COUNT");
+    const std::string now = attempt != nullptr ? attempt : "0";
+    const std::string f = fault;
+    return (f == absl::StrCat("hold_in_save:", step) && now == "0") ||
+           f == absl::StrCat("hold_in_save:", step, "@", now);
+  }
+  static void Hold(const std::string& path) {
+    std::ofstream(path) << "partial";
+    std::fprintf(stderr, "braid: BRAID_FAULT: holding its write of %s, partly written (pid %d), until killed\n",
+                 path.c_str(), int(::getpid()));
+    std::fflush(stderr);
+    while (true) ::pause();
+  }
 
   struct Pending {
     bool active = false;
