@@ -6,6 +6,7 @@
 #include "core/allocator.h"
 #include "core/check.h"
 #include "core/kernels.h"
+#include "core/pinned_host.h"
 
 namespace braid::cuda {
 namespace {
@@ -17,6 +18,29 @@ void CopyBytes(DeviceRuntime& rt, void* dst, const void* src, size_t bytes, Copy
   BRAID_CHECK_OK(rt.api().MemcpyAsync(dst, src, bytes, kind, s));
   if (sync) BRAID_CHECK_OK(rt.api().SynchronizeStream(s));
 }
+
+// Page-locked host memory for offloaded state (ZeRO's pin_memory, core/pinned_host.h): copies
+// between it and the device are DMAs. Not pooled, unlike the batch staging buffers
+// (pinned_pool.h): offloaded state is allocated once and lives for the run.
+class PinnedHostAllocator final : public Allocator {
+ public:
+  explicit PinnedHostAllocator(DeviceApi* api) : api_(api) {}
+  void* Allocate(size_t bytes) override {
+    absl::StatusOr<void*> p = api_->HostAllocPinned(bytes == 0 ? 1 : bytes);
+    BRAID_CHECK(p.ok()) << "out of pinned host memory: asked for " << bytes << " bytes while holding "
+                        << stats().current_bytes << " (" << p.status().message()
+                        << "); set pin_memory false to offload into pageable memory";
+    RecordAlloc(bytes);
+    return *p;
+  }
+  void Deallocate(void* ptr, size_t bytes) override {
+    RecordFree(bytes);
+    BRAID_CHECK_OK(api_->HostFreePinned(ptr));
+  }
+
+ private:
+  DeviceApi* const api_;
+};
 
 }  // namespace
 
@@ -65,6 +89,10 @@ void InstallCudaBackend(DeviceApiFactory factory) {
                                               [rt] { return rt->current_stream(); });
   });
   kernels::copy.Register(DeviceType::kCUDA, &CopyTensorCuda);
+  RegisterPinnedHostAllocator(DeviceType::kCUDA, [](Device compute) -> std::unique_ptr<Allocator> {
+    // Portable pinned memory (cudaHostAllocPortable): the first device that asks pins it for all.
+    return std::make_unique<PinnedHostAllocator>(&RuntimeOf(compute).api());
+  });
 }
 
 }  // namespace braid::cuda

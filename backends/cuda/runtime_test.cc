@@ -10,6 +10,7 @@
 #include "backends/cuda/fake_device_api.h"
 #include "backends/cuda/install.h"
 #include "core/allocator.h"
+#include "core/pinned_host.h"
 
 namespace braid::cuda {
 namespace {
@@ -62,6 +63,24 @@ TEST_F(CudaRuntimeTest, CopiesBetweenTwoDevices) {
   Tensor clone = on1.Clone();  // D2D on one device
   EXPECT_EQ(clone.ToFloatVector(), values);
   EXPECT_NE(clone.raw_data(), on1.raw_data());
+}
+
+// pin_memory's host memory comes from cudaHostAlloc (here the fake's), and copies between it and
+// the device move the values both ways.
+TEST_F(CudaRuntimeTest, OffloadedStateIsPinnedWhenAsked) {
+  EXPECT_EQ(OffloadHost(Device::CUDA(0), /*pin=*/false), Device::Host());
+  const Device host = OffloadHost(Device::CUDA(0), /*pin=*/true);
+  ASSERT_EQ(host, PinnedHost());
+  std::vector<float> values = {0.5f, -1.0f, 2.0f};
+  Tensor shard = Tensor::FromVector(values, {3}, host);
+  EXPECT_TRUE(Fake(0).IsPinned(shard.raw_data()));
+  Tensor on_device = Tensor::Empty({3}, DType::kF32, Device::CUDA(0));
+  on_device.CopyFrom(shard);  // the H2D copy ZeRO-3 does before a unit's all-gather
+  EXPECT_EQ(on_device.ToFloatVector(), values);
+  Tensor back = Tensor::Zeros({3}, DType::kF32, host);
+  back.CopyFrom(on_device);
+  EXPECT_EQ(back.ToFloatVector(), values);
+  EXPECT_GT(GetMemoryStats(host).current_bytes, 0);
 }
 
 TEST_F(CudaRuntimeTest, TensorsCountInTheDevicesMemoryStats) {

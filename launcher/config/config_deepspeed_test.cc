@@ -343,10 +343,44 @@ TEST(DeepSpeedKeys, EveryProblemAtOnceWithPositions) {
               AllOf(HasSubstr("\"steps\" is given more than once"),
                     Not(HasSubstr("wall_clock_breakdown"))));
   // A name far from every known one gets no guess.
-  cfg = ParseJsonConfig(R"({"flops_profiler": {"enabled": false}})", "ds.json");
+  cfg = ParseJsonConfig(R"({"frobnicate": {"enabled": false}})", "ds.json");
   ASSERT_FALSE(cfg.ok());
   EXPECT_THAT(std::string(cfg.status().message()),
-              AllOf(HasSubstr("unknown field \"flops_profiler\""), Not(HasSubstr("did you mean"))));
+              AllOf(HasSubstr("unknown field \"frobnicate\""), Not(HasSubstr("did you mean"))));
+}
+
+// DeepSpeed's features Braid does not have: refused, each naming the feature and the nearest
+// thing Braid has, all in one message; switched off, they are noted and the config loads.
+TEST(DeepSpeedKeys, FeaturesBraidLacksAreRefusedNamingTheNearestUnlessOff) {
+  absl::StatusOr<TrainConfig> refused = ParseJsonConfig(R"({
+  "sparse_attention": {"mode": "fixed", "block": 16},
+  "flops_profiler": {"enabled": true, "profile_step": 1},
+  "amp": {"enabled": true, "opt_level": "O1"},
+  "zero_optimization": {"stage": 2, "zero_quantized_gradients": true}
+})",
+                                                        "ds.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()),
+              AllOf(HasSubstr("ds.json:2:3: sparse_attention: a DeepSpeed feature Braid does not "
+                              "have (block-sparse attention kernels); nearest in Braid: Braid's "
+                              "attention is dense"),
+                    HasSubstr("ds.json:3:3: flops_profiler: a DeepSpeed feature Braid does not have "
+                              "(the FLOPs profiler)"),
+                    HasSubstr("the MFU from the model's FLOPs formula"),
+                    HasSubstr("ds.json:4:3: amp: a DeepSpeed feature Braid does not have (NVIDIA "
+                              "Apex AMP); nearest in Braid: fp16 or bf16"),
+                    HasSubstr("zero_optimization.zero_quantized_gradients: a DeepSpeed feature "
+                              "Braid does not have (ZeRO++'s quantized gradient reduce-scatter)")));
+  TrainConfig off = Json(R"({
+    "flops_profiler": {"enabled": false, "profile_step": 1},
+    "autotuning": {},
+    "amp": {"enabled": false},
+    "zero_optimization": {"stage": 0, "zero_quantized_weights": false, "zero_hpz_partition_size": 1,
+                          "mics_shard_size": -1}
+  })");
+  EXPECT_THAT(ConfigNotes(off), testing::IsSupersetOf({"flops_profiler: not enabled, nothing to do",
+                                                       "autotuning: not enabled, nothing to do",
+                                                       "amp: not enabled, nothing to do"}));
 }
 
 

@@ -86,6 +86,82 @@ const char* NetworkMonitor(const std::string& path) {
   return nullptr;
 }
 
+// DeepSpeed's sections for features Braid does not have: refused, naming the feature and the
+// nearest thing Braid has, unless the section says "enabled": false (then noted: DeepSpeed's
+// configs often carry them switched off).
+struct MissingFeature {
+  const char* path;
+  const char* feature;
+  const char* nearest;
+  bool off_unless_enabled = false;  // its "enabled" defaults to false in DeepSpeed
+};
+constexpr MissingFeature kMissingFeatures[] = {
+    {"sparse_attention", "block-sparse attention kernels",
+     "Braid's attention is dense; a shorter model.block_size saves its memory"},
+    {"flops_profiler", "the FLOPs profiler",
+     "the progress line and the summary show the MFU from the model's FLOPs formula", true},
+    {"autotuning", "the autotuner",
+     "set the micro-batch and ZeRO stage yourself; tools/bench measures throughput", true},
+    {"elasticity", "elastic training (batch sizes recomputed for a changing world size)",
+     "the launcher's --max_restarts restarts a failed group from its last checkpoint", true},
+    {"compression_training", "model compression (quantization-aware training, pruning)",
+     "no equivalent; fp16 or bf16 halve the parameters' memory"},
+    {"data_efficiency", "data efficiency (curriculum sampling, random layer-token drop)",
+     "data.sampler chooses how batches are drawn"},
+    {"curriculum_learning", "curriculum learning", "data.sampler chooses how batches are drawn", true},
+    {"progressive_layer_drop", "progressive layer dropping",
+     "no equivalent; activation_checkpointing trades compute for memory instead", true},
+    {"amp", "NVIDIA Apex AMP", "fp16 or bf16 (Braid's own mixed precision)", true},
+    {"aio", "asynchronous NVMe I/O (for NVMe offload)",
+     "offload_optimizer / offload_param with device \"cpu\""},
+    {"comms_logger", "the communication logger",
+     "wall_clock_breakdown, and the summary's overlap line", true},
+    {"pipeline", "the pipeline engine's section",
+     "parallel { pipeline: N } with strategy \"pipeline\" (docs/CONFIG.md)"},
+    {"quantize_training", "quantization-aware training (MoQ)", "no equivalent; fp16 or bf16", true},
+    {"eigenvalue", "the eigenvalue estimate of MoQ", "no equivalent", true},
+    {"nebula", "Nebula checkpointing", "checkpoint { async: true } writes in the background", true},
+    {"hybrid_engine", "DeepSpeed-Chat's hybrid engine", "no equivalent", true},
+    {"weight_quantization", "weight quantization", "no equivalent; fp16 or bf16"},
+    {"sequence_parallel_size", "Ulysses sequence parallelism",
+     "parallel { tensor: N } with the tensor_parallel strategy's sequence_parallel option"},
+    {"zero_optimization.zero_quantized_weights", "ZeRO++'s quantized weight all-gather",
+     "communication_data_type \"bf16\" halves what ZeRO communicates"},
+    {"zero_optimization.zero_quantized_gradients", "ZeRO++'s quantized gradient reduce-scatter",
+     "communication_data_type \"bf16\" halves what ZeRO communicates"},
+    {"zero_optimization.zero_hpz_partition_size", "ZeRO++'s hierarchical partitioning",
+     "zero_optimization.stage 3 over all data-parallel ranks"},
+    {"zero_optimization.mics_shard_size", "MiCS sharding groups",
+     "zero_optimization.stage 3 over all data-parallel ranks"},
+};
+
+const MissingFeature* FindMissingFeature(const std::string& path) {
+  for (const MissingFeature& f : kMissingFeatures) {
+    if (path == f.path) return &f;
+  }
+  return nullptr;
+}
+
+// Whether a DeepSpeed value switches its feature off: "enabled": false (or no "enabled" where
+// DeepSpeed's default is off), false, or a size of at most 1 (ZeRO++'s and MiCS's partition
+// sizes: 1 is no partitioning, -1 DeepSpeed's "off").
+bool SwitchedOff(const MissingFeature& m, const google::protobuf::Value& v) {
+  namespace pb = google::protobuf;
+  switch (v.kind_case()) {
+    case pb::Value::kBoolValue:
+      return !v.bool_value();
+    case pb::Value::kNumberValue:
+      return v.number_value() <= 1;
+    case pb::Value::kStructValue: {
+      auto it = v.struct_value().fields().find("enabled");
+      if (it == v.struct_value().fields().end()) return m.off_unless_enabled;
+      return it->second.kind_case() == pb::Value::kBoolValue && !it->second.bool_value();
+    }
+    default:
+      return false;
+  }
+}
+
 const pb::FieldDescriptor* FieldByKey(const pb::Descriptor* d, const std::string& key) {
   const pb::FieldDescriptor* f = d->FindFieldByName(key);
   for (int i = 0; f == nullptr && i < d->field_count(); ++i) {
@@ -180,6 +256,17 @@ struct Walk {
               "\"enabled\": false, or use csv_monitor or tensorboard, which write files"));
         } else {
           out->ignored_fields.push_back(path + " (disabled)");
+        }
+        remove.push_back(key);
+        continue;
+      }
+      if (const MissingFeature* m = FindMissingFeature(path)) {
+        if (SwitchedOff(*m, value)) {
+          out->ignored_fields.push_back(path + " (disabled)");
+        } else {
+          out->problems.push_back(absl::StrCat(where, path, ": a DeepSpeed feature Braid does not have (",
+                                               m->feature, "); nearest in Braid: ", m->nearest,
+                                               "; remove it or switch it off"));
         }
         remove.push_back(key);
         continue;
@@ -297,12 +384,16 @@ std::string IgnoredFieldNote(const std::string& entry) {
                         "the momentum of optimizers with betas (Adam, AdamW) only, and ",
                         type, " has none; the learning rate still cycles");
   }
-  if (entry == "wandb (disabled)" || entry == "comet (disabled)") {
+  if (absl::EndsWith(entry, " (disabled)")) {  // wandb, comet, DeepSpeed's features Braid lacks
     return absl::StrCat(entry.substr(0, entry.find(' ')), ": not enabled, nothing to do");
   }
   if (entry == "zero_optimization.cpu_offload") {
     return "zero_optimization.cpu_offload: read as zero_optimization.offload_optimizer.device "
            "\"cpu\" (its current spelling)";
+  }
+  if (entry == "zero_optimization.offload_param (without offload_optimizer)") {
+    return "zero_optimization.offload_param: the optimizer steps the offloaded shards on the "
+           "host, so its state lives there too (as with offload_optimizer \"cpu\")";
   }
   if (absl::EndsWith(entry, ".pin_memory")) {
     return absl::StrCat(entry, ": no effect on a CPU run (page-locked memory only speeds copies "

@@ -158,17 +158,24 @@ void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog,
                            "\" is unknown; known: \"none\", \"cpu\"",
                            d == "nvme" ? " (Braid has no NVMe offload)" : ""));
     }
-    // Page-locked buffers only speed copies between the host and a GPU. A CPU run copies
-    // nothing across, so DeepSpeed configs (which nearly all say true) load, with a note; on a
-    // GPU it would be believed to pin what Braid keeps pageable: refused there.
-    if (off->pin_memory()) {
-      if (cfg->device() == "cpu") {
-        cfg->add_ignored_fields(absl::StrCat("zero_optimization.", field, ".pin_memory"));
-      } else {
-        c.Error(absl::StrCat("zero_optimization.", field, ".pin_memory: true is not implemented "
-                             "on ", cfg->device(), ": Braid keeps offloaded state in ordinary "
-                             "(pageable) host memory; set it false or remove it"));
-      }
+    // Page-locked buffers only speed copies between the host and a GPU: on a GPU the zero
+    // strategy allocates the offloaded state pinned (core/pinned_host.h); a CPU run copies
+    // nothing across, so DeepSpeed configs (which nearly all say true) load, with a note.
+    if (off->pin_memory() && cfg->device() == "cpu") {
+      cfg->add_ignored_fields(absl::StrCat("zero_optimization.", field, ".pin_memory"));
+    }
+  }
+  // ZeRO-Infinity's parameter offload is stage 3's: stages 1 and 2 keep full parameters on
+  // every rank, so there is no shard to keep elsewhere.
+  if (z.offload_param().device() == "cpu") {
+    if (z.stage() != 3) {
+      c.Error(absl::StrCat("zero_optimization.offload_param needs stage 3 (stage ", z.stage(),
+                           " keeps full parameters on every rank); set zero_optimization.stage 3, "
+                           "or offload only the optimizer (offload_optimizer)"));
+    } else if (z.offload_optimizer().device() != "cpu") {
+      // The optimizer steps the shards where they live: said once, as DeepSpeed would keep it
+      // on the device.
+      cfg->add_ignored_fields("zero_optimization.offload_param (without offload_optimizer)");
     }
   }
 }

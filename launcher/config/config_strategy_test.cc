@@ -234,29 +234,42 @@ TEST(ConfigValidate, CommunicationDataType) {
 }
 
 // DeepSpeed's offload sections: the devices Braid has; pin_memory accepted with a note on a CPU
-// run (it only speeds host-GPU copies) and refused on a GPU until something pins.
+// run (it only speeds host-GPU copies) and honoured on a GPU (the zero strategy pins there);
+// offload_param only at stage 3.
 TEST(ConfigValidate, ZeroOffload) {
   for (const char* field : {"offload_optimizer", "offload_param"}) {
-    EXPECT_EQ(ValidationError(absl::StrCat("zero_optimization { ", field, " { device: \"cpu\" "
-                                           "pin_memory: false } }")),
+    const std::string stage = std::string(field) == "offload_param" ? "stage: 3 " : "";
+    const std::vector<std::string> features = stage.empty() ? std::vector<std::string>{}
+                                                             : std::vector<std::string>{"zero3"};
+    EXPECT_EQ(ValidationError(absl::StrCat("zero_optimization { ", stage, field, " { device: \"cpu\" "
+                                           "pin_memory: false } }"), 1, features),
               "")
         << field;
-    TrainConfig pinned = Text(absl::StrCat("zero_optimization { ", field, " { device: \"cpu\" "
+    TrainConfig pinned = Text(absl::StrCat("zero_optimization { ", stage, field, " { device: \"cpu\" "
                                            "pin_memory: true } }"));
-    ASSERT_TRUE(Validate(&pinned, 1, {}).ok()) << field;
+    ASSERT_TRUE(Validate(&pinned, 1, features).ok()) << field;
     EXPECT_THAT(ConfigNotes(pinned),
                 ::testing::Contains(absl::StrCat("zero_optimization.", field,
                                                  ".pin_memory: no effect on a CPU run (page-locked "
                                                  "memory only speeds copies between the host and a GPU)")));
-    EXPECT_THAT(ValidationError(absl::StrCat("device: \"cuda\" zero_optimization { ", field,
-                                             " { device: \"cpu\" pin_memory: true } }")),
-                AllOf(HasSubstr(absl::StrCat("zero_optimization.", field, ".pin_memory: true is "
-                                             "not implemented on cuda:0")),
-                      HasSubstr("set it false or remove it")))
-        << field;
+    TrainConfig on_gpu = Text(absl::StrCat("device: \"cuda\" zero_optimization { ", stage, field,
+                                           " { device: \"cpu\" pin_memory: true } }"));
+    ASSERT_TRUE(Validate(&on_gpu, 1, features).ok()) << field;
+    for (const std::string& note : ConfigNotes(on_gpu)) {
+      EXPECT_THAT(note, ::testing::Not(HasSubstr("pin_memory"))) << "honoured on a GPU: no note";
+    }
     EXPECT_THAT(ValidationError(absl::StrCat("zero_optimization { ", field, " { device: \"nvme\" } }")),
                 HasSubstr("(Braid has no NVMe offload)"));
   }
+  EXPECT_THAT(ValidationError("zero_optimization { stage: 2 offload_param { device: \"cpu\" } }", 1,
+                              {"zero2"}),
+              HasSubstr("zero_optimization.offload_param needs stage 3 (stage 2 keeps full "
+                        "parameters on every rank)"));
+  TrainConfig alone = Text("zero_optimization { stage: 3 offload_param { device: \"cpu\" } }");
+  ASSERT_TRUE(Validate(&alone, 1, {"zero3"}).ok());
+  EXPECT_THAT(ConfigNotes(alone),
+              ::testing::Contains(HasSubstr("zero_optimization.offload_param: the optimizer steps "
+                                            "the offloaded shards on the host")));
   auto json = ParseJsonConfig(R"({"zero_optimization": {"stage": 0,
       "offload_optimizer": {"device": "cpu", "pin_memory": true}}})", "ds.json");
   ASSERT_TRUE(json.ok()) << json.status();
