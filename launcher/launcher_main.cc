@@ -38,6 +38,7 @@
 #include "launcher/hostfile_launch.h"
 #include "launcher/job_token.h"
 #include "launcher/launch_plan.h"
+#include "launcher/launcher_main.h"
 #include "launcher/programs.h"
 #include "launcher/rendezvous.h"
 #include "launcher/run_folder.h"
@@ -626,6 +627,7 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace braid::launcher
 
-int main(int argc, char** argv) { return braid::launcher::Main(argc, argv); }
+int LauncherMain(int argc, char** argv) { return Main(argc, argv); }
+
+}  // namespace braid::launcher

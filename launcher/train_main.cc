@@ -18,14 +18,10 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/check.h"
 #include "launcher/config/config.h"
-#include "launcher/compose.h"
-#include "core/plugin.h"
-#include "core/registry.h"
 #include "launcher/programs.h"
 #include "launcher/run_folder.h"
+#include "launcher/train_setup.h"
 #include "launcher/trainer.h"
-#include "models/data/token_manifest.h"
-#include "tools/cpp/runfiles/runfiles.h"
 
 ABSL_FLAG(std::string, config, "",
           "training config (.pbtxt/.textproto/.txt text format, or .json); empty = the reference "
@@ -41,8 +37,6 @@ ABSL_FLAG(std::string, log_dir, "",
 ABSL_FLAG(bool, print_config, false, "print the effective config (text format) and exit");
 
 namespace {
-
-using bazel::tools::cpp::runfiles::Runfiles;
 
 int EnvInt(const char* name, int def) {
   const char* v = std::getenv(name);
@@ -62,111 +56,14 @@ absl::Status Run(const char* argv0) {
   if (!absl::GetFlag(FLAGS_strategy).empty()) cfg.mutable_strategy()->set_name(absl::GetFlag(FLAGS_strategy));
   if (!absl::GetFlag(FLAGS_init_from).empty()) cfg.set_init_from(absl::GetFlag(FLAGS_init_from));
   if (!absl::GetFlag(FLAGS_save_to).empty()) cfg.set_save_to(absl::GetFlag(FLAGS_save_to));
-  // A relative strategy.path means what a relative --config means: the user's folder (under
-  // `bazel run`, their checkout), not the runfiles tree this program starts in; and a bare file
-  // name must not send dlopen searching the library path.
-  if (!cfg.strategy().path().empty()) {
-    cfg.mutable_strategy()->set_path(
-        braid::launcher::Absolute(braid::launcher::ResolveUserPath(cfg.strategy().path())));
-  }
-  // data.path too: a prepared data set named from the checkout, as the shipped configs do.
-  if (!cfg.data().path().empty()) {
-    cfg.mutable_data()->set_path(
-        braid::launcher::Absolute(braid::launcher::ResolveUserPath(cfg.data().path())));
-  }
-
   braid::launcher::TrainerEnv env;
   env.rank = EnvInt("RANK", 0);
   env.world_size = EnvInt("WORLD_SIZE", 1);
-
-  // Plugins ship in this program's runfiles as plugins/<name>/libbraid_<name>.so and
-  // backends/<name>/libbraid_<name>.so; the loader looks in <folder>/<name>/ of each folder.
-  // The runfiles are our own tree, or, when //launcher started us, the launcher's (it hands us
-  // their environment). Without runfiles (a copied bazel-bin tree), the same layout around us:
-  // <root>/launcher/train beside <root>/plugins/ and <root>/backends/.
-  std::string root;
-  std::string error;
-  std::unique_ptr<Runfiles> rf(Runfiles::Create(argv0, &error));
-  if (rf) {
-    std::string marker = rf->Rlocation("braid/plugins/single/libbraid_single.so");
-    if (!marker.empty() && access(marker.c_str(), R_OK) == 0) {
-      root = marker.substr(0, marker.rfind("/plugins/single/"));
-      env.plugin_origin = absl::StrCat("from the runfiles at ", root);
-    }
-  }
-  if (root.empty()) {
-    std::string exe_dir = std::string(argv0).substr(0, std::string(argv0).rfind('/') + 1);
-    root = (exe_dir.empty() ? std::string("./") : exe_dir) + "..";
-    env.plugin_origin = absl::StrCat("from the folders beside the program at ", root);
-  }
-  env.plugin_search_path.push_back(root + "/plugins");
-  env.plugin_search_path.push_back(root + "/backends");
-
-  // Feature sections (fp16, zero_optimization, ...) are validated against what the chosen
-  // strategy declares when it registers: its plugin is loaded for that (only when the config
-  // asks for a feature). When it lacks one, every plugin on the search path is loaded to name
-  // the strategies that have it.
-  const std::vector<std::string> search_path = braid::PluginSearchPath(env.plugin_search_path);
-  braid::config::StrategyCatalog catalog;
-  catalog.features_of =
-      [&](const std::string& name) -> absl::StatusOr<std::vector<std::string>> {
-    if (!cfg.strategy().path().empty()) {
-      BRAID_RETURN_IF_ERROR(braid::LoadPlugin(cfg.strategy().path(), search_path));
-    }
-    BRAID_RETURN_IF_ERROR(braid::EnsureStrategy(name, search_path));
-    BRAID_ASSIGN_OR_RETURN(braid::StrategyTraits traits,
-                           braid::Registry::Get().GetStrategyTraits(name));
-    return traits.features;
-  };
-  catalog.providers_of = [&](const std::string& feature) {
-    braid::PluginScan scan = braid::LoadAllPlugins(search_path);
-    braid::config::FeatureProviders found;
-    for (auto& [name, origin] : braid::Registry::Get().StrategiesProviding(feature)) {
-      found.strategies.push_back({name, origin});
-    }
-    for (const absl::Status& failed : scan.failed) {
-      found.unloadable.push_back(std::string(failed.message()));
-    }
-    return found;
-  };
-  catalog.searched = "strategy in the plugins on the search path";
-  // The stack of layers for the layout (launcher/compose.h): fills in the strategy of a config
-  // that names none, and refuses a layout no stack serves before any process trains.
-  const braid::launcher::LayerCatalog layers =
-      braid::launcher::PluginLayerCatalog(search_path, cfg.strategy().path());
-  catalog.compose = [&](int tensor, int pipeline, int data, const std::string& named,
-                        const std::vector<std::string>& features) -> absl::StatusOr<std::string> {
-    BRAID_ASSIGN_OR_RETURN(braid::launcher::Stack stack,
-                           braid::launcher::ComposeStack(tensor, pipeline, data, named, layers, features));
-    return stack.state_holder();
-  };
-  // optimizer.type may name an optimizer that a plugin registers ("Adam8bit" comes from
-  // libbraid_adam8bit.so): load it before validation, which looks the name up in the registry.
-  if (!cfg.optimizer().type().empty()) {
-    absl::Status st = braid::EnsureOptimizer(cfg.optimizer().type(), search_path);
-    // A DeepSpeed optimizer Braid lacks (Lamb, OneBitAdam, ...): validation refuses it naming
-    // the nearest Braid one, which says more than "no plugin of that name".
-    const bool refused_by_validation =
-        absl::IsNotFound(st) && braid::config::IsDeepSpeedOptimizerBraidLacks(cfg.optimizer().type());
-    if (!st.ok() && !refused_by_validation) {
-      return absl::Status(st.code(), absl::StrCat("optimizer.type: ", st.message()));
-    }
-  }
-  BRAID_RETURN_IF_ERROR(braid::config::ValidateConfigWith(&cfg, env.world_size, catalog));
-  // A prepared data set's ids against the model's vocabulary, from its manifest, before the model
-  // is built (the shards' checksums are checked when the data is opened).
-  if (cfg.data().dataset() == "tokens" && cfg.model().vocab_size() > 0 &&
-      braid::data::IsTokenDatasetPath(cfg.data().path())) {
-    BRAID_RETURN_IF_ERROR(
-        braid::data::CheckTokenDatasetVocab(cfg.data().path(), cfg.model().vocab_size()));
-  }
-  // What validation resolved or accepted without effect ("auto" values, DeepSpeed's own tuning
-  // keys), once per job.
-  if (env.rank == 0) {
-    for (const std::string& note : braid::config::ConfigNotes(cfg)) {
-      std::fprintf(stderr, "braid: config: %s\n", note.c_str());
-    }
-  }
+  const braid::launcher::PluginLocation plugins = braid::launcher::FindPlugins(argv0);
+  env.plugin_search_path = plugins.search_path;
+  env.plugin_origin = plugins.origin;
+  BRAID_RETURN_IF_ERROR(
+      braid::launcher::PrepareConfig(&cfg, env.world_size, env.rank, env.plugin_search_path));
   if (absl::GetFlag(FLAGS_print_config)) {
     std::printf("%s", braid::config::ConfigToText(cfg).c_str());
     return absl::OkStatus();

@@ -79,8 +79,20 @@ class Run {
   absl::Status SetUpStrategy();
   absl::Status PrepareData();
   absl::Status Resume();
+  // The training steps: BeginLoop, then Step until done(), then EndLoop (Loop does all three).
   absl::Status Loop();
+  absl::Status BeginLoop();
+  absl::StatusOr<StepStats> Step();
+  bool done() const { return step_ >= steps_; }
+  absl::Status EndLoop();
   absl::StatusOr<TrainResult> Finish();
+  // The whole model's weights to a safetensors file (collective; rank 0 writes).
+  absl::Status SaveWeights(const std::string& path);
+
+  int step() const { return step_; }
+  int steps() const { return steps_; }
+  Module& model() { return *model_; }
+  Strategy& strategy() { return *strategy_; }
 
  private:
   absl::Status SaveCheckpoint(int done_steps);
@@ -122,6 +134,11 @@ class Run {
   // measured peak per process.
   double flops_per_token_ = 0, peak_flops_ = 0;
   absl::Time start_;
+  // The loop's state between Steps.
+  int step_ = 0;
+  int kill_at_step_ = -1;
+  int print_every_ = 1;
+  std::function<Batch()> next_batch_;
 };
 
 absl::Status Run::PrepareDevice() {
@@ -417,8 +434,14 @@ absl::Status Run::SaveCheckpoint(int done_steps) {
   return checkpointer_->Save(done_steps, chunks, extra, *group_[0]);
 }
 
-// The training steps, each reported as a progress line and a metrics line.
 absl::Status Run::Loop() {
+  BRAID_RETURN_IF_ERROR(BeginLoop());
+  while (!done()) BRAID_RETURN_IF_ERROR(Step().status());
+  return EndLoop();
+}
+
+// Before the first step: the metrics file, monitors, the MFU's terms, the data's prefetching.
+absl::Status Run::BeginLoop() {
   // Appends to the metrics of an earlier attempt in this folder, minus the steps redone here.
   BRAID_RETURN_IF_ERROR(rep_->BeginMetrics(first_step_));
   BRAID_ASSIGN_OR_RETURN(monitors_, OpenMonitors(cfg_, env_, first_step_));
@@ -441,26 +464,34 @@ absl::Status Run::Loop() {
   start_ = absl::Now();
   // A test hook (tests/distributed/checkpoint_test.sh): BRAID_FAULT=kill_at_step:N makes the
   // last rank kill itself at the start of step N in the group's first attempt, as a crash would.
-  int kill_at_step = -1;
   if (const char* fault = std::getenv("BRAID_FAULT"); fault != nullptr) {
     const char* attempt = std::getenv("BRAID_RESTART_COUNT");
     absl::string_view f(fault);
     if (absl::ConsumePrefix(&f, "kill_at_step:") && (attempt == nullptr || std::string(attempt) == "0") &&
         env_.rank == env_.world_size - 1) {
-      (void)absl::SimpleAtoi(f, &kill_at_step);
+      (void)absl::SimpleAtoi(f, &kill_at_step_);
     }
   }
   // Made after a resume's fast-forward, which draws from the source directly.
-  std::function<Batch()> next_batch = [this]() { return source_->Next(); };
+  next_batch_ = [this]() { return source_->Next(); };
   if (device_.type == DeviceType::kCUDA) {
-    BRAID_ASSIGN_OR_RETURN(next_batch, cuda::PrefetchBatches(device_, next_batch));
+    BRAID_ASSIGN_OR_RETURN(next_batch_, cuda::PrefetchBatches(device_, next_batch_));
   }
-  const int print_every = std::max(1, cfg_.log().print_every());
-  for (int step = first_step_; step < steps_; ++step) {
-    if (step == kill_at_step) std::raise(SIGKILL);
+  print_every_ = std::max(1, cfg_.log().print_every());
+  step_ = first_step_;
+  return absl::OkStatus();
+}
+
+// One training step, reported as a progress line and a metrics line; then evaluation and a
+// checkpoint when due.
+absl::StatusOr<StepStats> Run::Step() {
+  BRAID_CHECK(!done()) << "Step after the last step (" << steps_ << ")";
+  const int step = step_++;
+  {
+    if (step == kill_at_step_) std::raise(SIGKILL);
     std::vector<Batch> micro;
     for (int i = 0; i < accum_; ++i) {
-      Batch b = next_batch();
+      Batch b = next_batch_();
       micro.push_back(mp_ != nullptr ? CastInputs(b, mp_->dtype) : b);
     }
     batches_drawn_ += accum_;
@@ -491,7 +522,7 @@ absl::Status Run::Loop() {
           step, StepEvents(st, lr, mp_.get(), cfg_.wall_clock_breakdown()), absl::Now()));
     }
     interval_.Add(st);
-    bool keep = step % print_every == 0 || step == steps_ - 1;
+    bool keep = step % print_every_ == 0 || step == steps_ - 1;
     rep_->Progress(absl::StrFormat("step %*d/%d | loss %.4f | %s %s/s%s | lr %.2e | ETA %s",
                                    int(std::to_string(steps_).size()), step + 1, steps_, st.loss,
                                    absl::StrFormat("%.0f", tps), unit_,
@@ -529,8 +560,24 @@ absl::Status Run::Loop() {
         checkpoint_blocked_s_ += checkpointer_->last_save().blocked_s;
       }
     }
+    return st;
   }
+}
+
+absl::Status Run::EndLoop() {
   if (checkpointer_ != nullptr) BRAID_RETURN_IF_ERROR(checkpointer_->Wait());
+  return absl::OkStatus();
+}
+
+absl::Status Run::SaveWeights(const std::string& path) {
+  // Collective for sharded strategies: every rank gathers, rank 0 writes.
+  BRAID_ASSIGN_OR_RETURN(auto state, strategy_->FullStateDict());
+  if (env_.rank == 0) {
+    std::map<std::string, std::string> meta = {{"format", "pt"}};
+    if (cfg_.model().has_n_head()) meta["n_head"] = absl::StrCat(cfg_.model().n_head());
+    BRAID_RETURN_IF_ERROR(SaveSafetensors(path, state, meta));
+    rep_->Line(absl::StrCat("braid: wrote weights to ", path));
+  }
   return absl::OkStatus();
 }
 
@@ -574,16 +621,7 @@ absl::StatusOr<TrainResult> Run::Finish() {
   if (!eval.empty()) rep_->Line("braid: " + eval);
   if (trained) rep_->Metric(SummaryMetricJson(eval, steps_, result_, end, mp_.get()));
 
-  if (!cfg_.save_to().empty()) {
-    // Collective for sharded strategies: every rank gathers, rank 0 writes.
-    BRAID_ASSIGN_OR_RETURN(auto state, strategy_->FullStateDict());
-    if (env_.rank == 0) {
-      std::map<std::string, std::string> meta = {{"format", "pt"}};
-      if (cfg_.model().has_n_head()) meta["n_head"] = absl::StrCat(cfg_.model().n_head());
-      BRAID_RETURN_IF_ERROR(SaveSafetensors(cfg_.save_to(), state, meta));
-      rep_->Line(absl::StrCat("braid: wrote weights to ", cfg_.save_to()));
-    }
-  }
+  if (!cfg_.save_to().empty()) BRAID_RETURN_IF_ERROR(SaveWeights(cfg_.save_to()));
   if (!env_.log_dir.empty()) {
     result_.metrics_path = MetricsPath(env_);
     result_.log_path = LogPath(env_);
@@ -594,8 +632,8 @@ absl::StatusOr<TrainResult> Run::Finish() {
 
 }  // namespace
 
-absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env) {
-  Run run(cfg, env);
+// Everything before the first step, in order.
+absl::Status Prepare(Run& run) {
   BRAID_RETURN_IF_ERROR(run.PrepareDevice());
   BRAID_RETURN_IF_ERROR(run.OpenReport());
   BRAID_RETURN_IF_ERROR(run.ConnectWorld());
@@ -603,9 +641,58 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env)
   BRAID_RETURN_IF_ERROR(run.BuildModelAndPrecision());
   BRAID_RETURN_IF_ERROR(run.SetUpStrategy());
   BRAID_RETURN_IF_ERROR(run.PrepareData());
-  BRAID_RETURN_IF_ERROR(run.Resume());
+  return run.Resume();
+}
+
+absl::StatusOr<TrainResult> Train(const TrainConfig& cfg, const TrainerEnv& env) {
+  Run run(cfg, env);
+  BRAID_RETURN_IF_ERROR(Prepare(run));
   BRAID_RETURN_IF_ERROR(run.Loop());
   return run.Finish();
+}
+
+// The same run, driven by its caller: the config and environment are kept here, since Run
+// refers to them.
+struct TrainingRun::State {
+  State(TrainConfig c, TrainerEnv e) : cfg(std::move(c)), env(std::move(e)), run(cfg, env) {}
+  const TrainConfig cfg;
+  const TrainerEnv env;
+  Run run;
+  bool finished = false;
+};
+
+TrainingRun::TrainingRun(std::unique_ptr<State> state) : state_(std::move(state)) {}
+TrainingRun::~TrainingRun() = default;
+
+absl::StatusOr<std::unique_ptr<TrainingRun>> TrainingRun::Start(TrainConfig cfg, TrainerEnv env) {
+  auto state = std::make_unique<State>(std::move(cfg), std::move(env));
+  BRAID_RETURN_IF_ERROR(Prepare(state->run));
+  BRAID_RETURN_IF_ERROR(state->run.BeginLoop());
+  return std::unique_ptr<TrainingRun>(new TrainingRun(std::move(state)));
+}
+
+absl::StatusOr<StepStats> TrainingRun::Step() {
+  if (state_->run.done()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "all ", state_->run.steps(), " step(s) of the config are done; raise steps to train on"));
+  }
+  return state_->run.Step();
+}
+
+bool TrainingRun::done() const { return state_->run.done(); }
+int TrainingRun::step() const { return state_->run.step(); }
+int TrainingRun::steps() const { return state_->run.steps(); }
+Module& TrainingRun::model() { return state_->run.model(); }
+Strategy& TrainingRun::strategy() { return state_->run.strategy(); }
+const TrainConfig& TrainingRun::config() const { return state_->cfg; }
+
+absl::Status TrainingRun::SaveWeights(const std::string& path) { return state_->run.SaveWeights(path); }
+
+absl::StatusOr<TrainResult> TrainingRun::Finish() {
+  if (state_->finished) return absl::FailedPreconditionError("Finish was called already");
+  state_->finished = true;
+  BRAID_RETURN_IF_ERROR(state_->run.EndLoop());
+  return state_->run.Finish();
 }
 
 }  // namespace braid::launcher

@@ -3,11 +3,14 @@
 #ifndef BRAID_LAUNCHER_TRAINER_H_
 #define BRAID_LAUNCHER_TRAINER_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/config/train_config.pb.h"
+#include "core/module.h"
+#include "core/strategy.h"
 
 namespace braid::launcher {
 
@@ -31,6 +34,38 @@ struct TrainResult {
 
 // `cfg` must have passed config::ValidateConfig.
 absl::StatusOr<TrainResult> Train(const config::TrainConfig& cfg, const TrainerEnv& env);
+
+// What Train does, driven by the caller one step at a time (the API of a user's own program,
+// launcher/session.h, is built on it): Start makes everything Train makes before its first step,
+// each Step is one of Train's steps (reported and checkpointed alike), Finish is Train's end. So
+// a program that calls Step until done() trains exactly as Train does.
+class TrainingRun {
+ public:
+  // `cfg` must have passed config::ValidateConfig.
+  static absl::StatusOr<std::unique_ptr<TrainingRun>> Start(config::TrainConfig cfg, TrainerEnv env);
+  ~TrainingRun();
+
+  // The next step; an error once done() (or when the step fails: a collective timed out, the
+  // loss is not finite).
+  absl::StatusOr<StepStats> Step();
+  bool done() const;
+  int step() const;   // steps done (a resumed run starts at its checkpoint's step)
+  int steps() const;  // the config's
+  Module& model();    // as the strategy laid it out on this rank
+  Strategy& strategy();
+  const config::TrainConfig& config() const;
+
+  // The whole model's weights to a safetensors file, as save_to writes them: collective (every
+  // rank must call it), rank 0 writes.
+  absl::Status SaveWeights(const std::string& path);
+  // The summary, the final evaluation and save_to; once.
+  absl::StatusOr<TrainResult> Finish();
+
+ private:
+  struct State;
+  explicit TrainingRun(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
 
 }  // namespace braid::launcher
 

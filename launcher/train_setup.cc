@@ -1,0 +1,130 @@
+#include "launcher/train_setup.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/check.h"
+#include "core/plugin.h"
+#include "core/registry.h"
+#include "launcher/compose.h"
+#include "launcher/config/config.h"
+#include "launcher/programs.h"
+#include "models/data/token_manifest.h"
+#include "tools/cpp/runfiles/runfiles.h"
+
+namespace braid::launcher {
+
+using bazel::tools::cpp::runfiles::Runfiles;
+
+PluginLocation FindPlugins(const char* argv0) {
+  PluginLocation loc;
+  // Plugins ship in this program's runfiles as plugins/<name>/libbraid_<name>.so and
+  // backends/<name>/libbraid_<name>.so; the loader looks in <folder>/<name>/ of each folder.
+  // The runfiles are our own tree, or, when //launcher started us, the launcher's (it hands us
+  // their environment). Without runfiles (a copied bazel-bin tree), the same layout around us:
+  // <root>/launcher/train beside <root>/plugins/ and <root>/backends/.
+  std::string root;
+  std::string error;
+  std::unique_ptr<Runfiles> rf(Runfiles::Create(argv0, &error));
+  if (rf) {
+    std::string marker = rf->Rlocation("braid/plugins/single/libbraid_single.so");
+    if (!marker.empty() && access(marker.c_str(), R_OK) == 0) {
+      root = marker.substr(0, marker.rfind("/plugins/single/"));
+      loc.origin = absl::StrCat("from the runfiles at ", root);
+    }
+  }
+  if (root.empty()) {
+    std::string exe_dir = std::string(argv0).substr(0, std::string(argv0).rfind('/') + 1);
+    root = (exe_dir.empty() ? std::string("./") : exe_dir) + "..";
+    loc.origin = absl::StrCat("from the folders beside the program at ", root);
+  }
+  loc.search_path.push_back(root + "/plugins");
+  loc.search_path.push_back(root + "/backends");
+  return loc;
+}
+
+absl::Status PrepareConfig(config::TrainConfig* cfg, int world_size, int rank,
+                           const std::vector<std::string>& plugin_search_path) {
+  // A relative strategy.path means what a relative --config means: the user's folder (under
+  // `bazel run`, their checkout), not the runfiles tree this program starts in; and a bare file
+  // name must not send dlopen searching the library path.
+  if (!cfg->strategy().path().empty()) {
+    cfg->mutable_strategy()->set_path(Absolute(ResolveUserPath(cfg->strategy().path())));
+  }
+  // data.path too: a prepared data set named from the checkout, as the shipped configs do.
+  if (!cfg->data().path().empty()) {
+    cfg->mutable_data()->set_path(Absolute(ResolveUserPath(cfg->data().path())));
+  }
+
+  // Feature sections (fp16, zero_optimization, ...) are validated against what the chosen
+  // strategy declares when it registers: its plugin is loaded for that (only when the config
+  // asks for a feature). When it lacks one, every plugin on the search path is loaded to name
+  // the strategies that have it.
+  const std::vector<std::string> search_path = PluginSearchPath(plugin_search_path);
+  config::StrategyCatalog catalog;
+  catalog.features_of =
+      [&](const std::string& name) -> absl::StatusOr<std::vector<std::string>> {
+    if (!cfg->strategy().path().empty()) {
+      BRAID_RETURN_IF_ERROR(LoadPlugin(cfg->strategy().path(), search_path));
+    }
+    BRAID_RETURN_IF_ERROR(EnsureStrategy(name, search_path));
+    BRAID_ASSIGN_OR_RETURN(StrategyTraits traits, Registry::Get().GetStrategyTraits(name));
+    return traits.features;
+  };
+  catalog.providers_of = [&](const std::string& feature) {
+    PluginScan scan = LoadAllPlugins(search_path);
+    config::FeatureProviders found;
+    for (auto& [name, origin] : Registry::Get().StrategiesProviding(feature)) {
+      found.strategies.push_back({name, origin});
+    }
+    for (const absl::Status& failed : scan.failed) {
+      found.unloadable.push_back(std::string(failed.message()));
+    }
+    return found;
+  };
+  catalog.searched = "strategy in the plugins on the search path";
+  // The stack of layers for the layout (launcher/compose.h): fills in the strategy of a config
+  // that names none, and refuses a layout no stack serves before any process trains.
+  const LayerCatalog layers = PluginLayerCatalog(search_path, cfg->strategy().path());
+  catalog.compose = [&](int tensor, int pipeline, int data, const std::string& named,
+                        const std::vector<std::string>& features) -> absl::StatusOr<std::string> {
+    BRAID_ASSIGN_OR_RETURN(Stack stack,
+                           ComposeStack(tensor, pipeline, data, named, layers, features));
+    return stack.state_holder();
+  };
+  // optimizer.type may name an optimizer that a plugin registers ("Adam8bit" comes from
+  // libbraid_adam8bit.so): load it before validation, which looks the name up in the registry.
+  if (!cfg->optimizer().type().empty()) {
+    absl::Status st = EnsureOptimizer(cfg->optimizer().type(), search_path);
+    // A DeepSpeed optimizer Braid lacks (Lamb, OneBitAdam, ...): validation refuses it naming
+    // the nearest Braid one, which says more than "no plugin of that name".
+    const bool refused_by_validation =
+        absl::IsNotFound(st) && config::IsDeepSpeedOptimizerBraidLacks(cfg->optimizer().type());
+    if (!st.ok() && !refused_by_validation) {
+      return absl::Status(st.code(), absl::StrCat("optimizer.type: ", st.message()));
+    }
+  }
+  BRAID_RETURN_IF_ERROR(config::ValidateConfigWith(cfg, world_size, catalog));
+  // A prepared data set's ids against the model's vocabulary, from its manifest, before the model
+  // is built (the shards' checksums are checked when the data is opened).
+  if (cfg->data().dataset() == "tokens" && cfg->model().vocab_size() > 0 &&
+      data::IsTokenDatasetPath(cfg->data().path())) {
+    BRAID_RETURN_IF_ERROR(
+        data::CheckTokenDatasetVocab(cfg->data().path(), cfg->model().vocab_size()));
+  }
+  // What validation resolved or accepted without effect ("auto" values, DeepSpeed's own tuning
+  // keys), once per job.
+  if (rank == 0) {
+    for (const std::string& note : config::ConfigNotes(*cfg)) {
+      std::fprintf(stderr, "braid: config: %s\n", note.c_str());
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace braid::launcher
