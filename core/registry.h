@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/batch_source.h"
 #include "core/checkpointer.h"
 #include "core/communicator.h"
 #include "core/device.h"
@@ -66,7 +67,7 @@ std::vector<std::string> ServedAxes(const StrategyTraits& traits);
 using ConfigProblems = std::vector<std::string>;
 
 // A dataset, described by what it yields, so that validation can check a model and the data
-// section against it. (The loader itself is the training program's.)
+// section against it, and how to open its batches.
 struct DatasetSpec {
   // What one sample is; a model trains on it if its ModelSpec::takes is the same ("tokens").
   std::string yields;
@@ -83,6 +84,13 @@ struct DatasetSpec {
   // What throughput counts in the training program's messages: "tok" (tokens), or "samples"
   // for a dataset of samples that are not sequences.
   std::string unit = "tok";
+  // Opens this rank's batches from the validated config (the loader lives with the dataset, so
+  // the training program names none). Unset: the program cannot train on it (an error naming it).
+  std::function<absl::StatusOr<std::unique_ptr<BatchSource>>(const BatchSourceRequest& request)>
+      open;
+  // Non-empty: an eval section does not apply to this dataset; validation refuses one with this
+  // reason ("it has no validation split of token data: ...").
+  std::string eval_refused;
 };
 
 // One of a model's own hyper-parameters, set as model.options { key: NAME value: "..." }: the

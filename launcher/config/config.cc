@@ -354,10 +354,11 @@ void CheckRun(Checker& c, TrainConfig* cfg, int dp, bool layout_ok, const Strate
     }
     if (!e->has_batches()) e->set_batches(8);
     c.Positive("eval.batches", e->batches());
-    // A validation loss needs a validation split: MNIST's held-out digits are scored anyway.
-    if (cfg->data().dataset() == "mnist") {
-      c.Error("eval is for language models (a validation split of token data); MNIST's test "
-              "accuracy is reported after training without it: remove the eval section");
+    // A validation loss needs a validation split; the dataset says when it has none.
+    absl::StatusOr<DatasetSpec> data = Registry::Get().GetDataset(cfg->data().dataset());
+    if (data.ok() && !data->eval_refused.empty()) {
+      c.Error(absl::StrCat("eval does not apply to data.dataset ", Quoted(cfg->data().dataset()),
+                           ": ", data->eval_refused));
     }
   }
 

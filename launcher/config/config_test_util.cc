@@ -62,6 +62,7 @@ const bool kDoublesRegistered = [] {
   BRAID_CHECK_OK(r.AddDataset("toy-bytes", bytes, "config_test"));
   DatasetSpec images;
   images.yields = "images";
+  images.eval_refused = "it has no validation split (its test accuracy is reported instead)";
   BRAID_CHECK_OK(r.AddDataset("toy-images", images, "config_test"));
   DatasetSpec tokens;
   tokens.yields = "tokens";

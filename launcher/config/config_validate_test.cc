@@ -390,8 +390,10 @@ TEST(ConfigValidate, EvalSection) {
   EXPECT_FALSE(Text("").has_eval());
   EXPECT_THAT(ValidationError("eval { every_steps: -2 }"), HasSubstr("eval.every_steps (-2) must be >= 0"));
   EXPECT_THAT(ValidationError("eval { batches: 0 }"), HasSubstr("eval.batches (0)"));
-  EXPECT_THAT(ValidationError("model { name: \"mnist-mlp\" } data { dataset: \"mnist\" } eval { }"),
-              HasSubstr("eval is for language models"));
+  // The dataset says when eval does not apply to it (DatasetSpec::eval_refused), by no name.
+  EXPECT_THAT(ValidationError("model { name: \"toy-classifier\" } data { dataset: \"toy-images\" } eval { }"),
+              HasSubstr("eval does not apply to data.dataset \"toy-images\": it has no validation "
+                        "split (its test accuracy is reported instead)"));
 }
 
 TEST(ConfigValidate, ReportsEveryProblemAtOnce) {

@@ -1,9 +1,13 @@
 // Registers the datasets the training program can load (core/registry.h), described by what
-// they yield so that config validation can check the model and the data section against them.
+// they yield so that config validation can check the model and the data section against them,
+// with their loaders (DatasetSpec::open): the training program opens each through the registry.
 #include <string>
 
 #include "core/check.h"
 #include "core/registry.h"
+#include "models/data/find_data.h"
+#include "models/data/mnist_batches.h"
+#include "models/data/token_batches.h"
 
 namespace braid::data {
 namespace {
@@ -16,11 +20,20 @@ const bool kRegistered = [] {
   moby.default_token_dtype = "u8";
   moby.vocab_size = 256;
   moby.is_default = true;  // the reference run (docs/REFERENCE_RUN.md)
+  moby.open = [](const BatchSourceRequest& r) { return OpenTokenBatches(r, kMobyDickText); };
+  moby.eval_refused =
+      "eval needs a validation split, which the novel's bytes do not have: prepare the text with "
+      "bazel run //tools:prepare_data -- --val_fraction=0.1 ... and train on data.dataset "
+      "\"tokens\"";
   BRAID_CHECK_OK(r.AddDataset("moby-dick", moby, "models/data"));
 
   DatasetSpec mnist;  // 28x28 grey digits with their labels (mnist.h)
   mnist.yields = "labelled 28x28 images";
   mnist.unit = "samples";
+  mnist.open = OpenMnistBatches;
+  mnist.eval_refused =
+      "eval is for language models (a validation split of token data); MNIST's test accuracy is "
+      "reported after training without it: remove the eval section";
   BRAID_CHECK_OK(r.AddDataset("mnist", mnist, "models/data"));
 
   // A prepared data set, its folder or manifest.json (token_manifest.h: its ids and width are
@@ -32,6 +45,7 @@ const bool kRegistered = [] {
   tokens.path_needed =
       "a prepared data set's folder or manifest.json (bazel run //tools:prepare_data), or a flat "
       "token file";
+  tokens.open = [](const BatchSourceRequest& r) { return OpenTokenBatches(r, ""); };
   BRAID_CHECK_OK(r.AddDataset("tokens", tokens, "models/data"));
   return true;
 }();
