@@ -14,12 +14,15 @@
 # With "mpi", the same two hosts run real MPI across them, ssh being each MPI's remote agent:
 #   openmpi, mpich - mpirun.openmpi -np 2 --host A:1,B:1 and mpiexec.mpich -n 2 -hosts A:1,B:1
 #           start one launcher per rank on each host; gpt-mini DDP, every loss as above.
+# With "mpi_kill", each MPI runs a long job across the hosts (collective_timeout_s: 20) and the
+# launcher on the second host is killed (SIGKILL) once rank 1 trains: mpirun names the killed
+# rank, and every process of the job on both hosts is gone within the collective timeout + 5 s.
 # sshd runs in a private mount namespace with its own /run, so it changes nothing on the machine.
 #
 # Needs root with network-admin rights and OpenSSH; Bazel runs it only where third_party/host
 # found them (SKIPPED elsewhere), so here a failure to set them up is a failure of the test.
 set -uo pipefail
-cases=${1:?which cases: hostfile or mpi}
+cases=${1:?which cases: hostfile, mpi or mpi_kill}
 L="$TEST_SRCDIR/braid/launcher/launcher"
 config_src="$(readlink -f "$TEST_SRCDIR/braid/launcher/configs/gpt-mini-ddp.pbtxt")"
 # The checkout's data/ (through a source file of ours): given to every node as BRAID_DATA_DIR.
@@ -194,19 +197,60 @@ cat "$T/kill.err" <(grep "braid launcher" "$T/kill.out") | sed 's/^/     | /'
 
 fi
 
-if [ "$cases" = mpi ]; then
-# ---- real MPI across the two hosts -----------------------------------------------------------
 # Each MPI starts its remote daemon (orted, hydra_pmi_proxy) with this ssh.
 printf '#!/bin/sh\nexec ssh -F %s -p 2222 "$@"\n' "$T/ssh_config" > "$T/ssh"
 chmod +x "$T/ssh"
 as_root=(); [ "$(id -u)" = 0 ] && as_root=(--allow-run-as-root)
-for mpi in openmpi mpich; do
-  case $mpi in
+mpirun_for() {  # MPI: sets mpirun, its command line across the two hosts
+  case $1 in
     openmpi) mpirun=(mpirun.openmpi "${as_root[@]}" -np 2 --host $addr0:1,$addr1:1
                      --mca plm_rsh_agent "$T/ssh" -x BRAID_JOB_TOKEN -x BRAID_DATA_DIR) ;;
     # Hydra passes the whole environment on by default.
     mpich) mpirun=(mpiexec.mpich -n 2 -hosts $addr0:1,$addr1:1 -launcher ssh -launcher-exec "$T/ssh") ;;
   esac
+}
+
+if [ "$cases" = mpi_kill ]; then
+# ---- kill the second host's launcher under each MPI ------------------------------------------
+{ cat "$config_src"; echo "collective_timeout_s: 20"; } > "$T/kill.pbtxt"
+for mpi in openmpi mpich; do
+  mpirun_for $mpi
+  ip netns exec "$ns0" timeout 300 "${mpirun[@]}" "$L" --master_addr=$addr0 --log_dir="$T/${mpi}_kill" \
+    --stop_grace_s=3 -- --config="$T/kill.pbtxt" --steps=100000 > "$T/${mpi}_kill.out" 2> "$T/${mpi}_kill.err" &
+  driver=$!
+  wait_until 120 test -s "$T/${mpi}_kill/metrics.jsonl.rank1" || fail "$mpi kill: rank 1 never trained"
+  node1_launcher=""
+  for p in $(ip netns pids "$ns1"); do [ "$(cat /proc/$p/comm 2>/dev/null)" = launcher ] && node1_launcher=$p; done
+  [ -n "$node1_launcher" ] && ok "$mpi kill: rank 1's launcher is pid $node1_launcher on $addr1" || fail "$mpi kill: no launcher on $addr1"
+  kill -KILL $node1_launcher
+  killed_at=$(date +%s%N)
+  # collective_timeout_s (20) + 5 s, for mpirun and everything it started on the first host.
+  if wait_until 25 sh -c "! kill -0 $driver 2>/dev/null"; then
+    ok "$mpi kill: mpirun ended $(( ($(date +%s%N) - killed_at) / 1000000 )) ms after the kill (bound: 25 s)"
+  else
+    fail "$mpi kill: mpirun still runs 25 s after the kill"
+  fi
+  wait $driver; rc=$?
+  [ $rc != 0 ] && [ $rc != 124 ] && ok "$mpi kill: exit code $rc" || fail "$mpi kill: exit code $rc, want a failure"
+  # Each MPI's own words for the killed process, naming its pid and host.
+  cat "$T/${mpi}_kill.out" "$T/${mpi}_kill.err" > "$T/${mpi}_kill.all"
+  case $mpi in
+    openmpi) said="noticed that process rank 1 with PID $node1_launcher on node $addr1 exited on signal 9" ;;
+    mpich) said="PID $node1_launcher RUNNING AT $addr1" ;;
+  esac
+  expect_grep "$mpi kill: the killed process named" "$said" "$T/${mpi}_kill.all"
+  left0=$(ip netns pids "$ns0" | tr '\n' ' ')
+  [ -z "$left0" ] && ok "$mpi kill: nothing left on $addr0" || fail "$mpi kill: still running on $addr0: $left0"
+  wait_until 10 only_sshd_left && ok "$mpi kill: nothing left on $addr1 but sshd" || fail "$mpi kill: still running on $addr1:$left1"
+  echo "     what $mpi and the launchers said:"
+  grep -hvE "^(step|braid: (training|config|plugins|MFU)|-+$|$)" "$T/${mpi}_kill.all" | head -20 | sed 's/^/     | /'
+done
+fi
+
+if [ "$cases" = mpi ]; then
+# ---- real MPI across the two hosts -----------------------------------------------------------
+for mpi in openmpi mpich; do
+  mpirun_for $mpi
   sessions=$(grep -c "Accepted publickey" "$T/sshd.log")
   ip netns exec "$ns0" timeout 120 "${mpirun[@]}" "$L" --master_addr=$addr0 --log_dir="$T/$mpi" \
     -- --config="$config_src" --steps=3 > "$T/$mpi.out" 2> "$T/$mpi.err"

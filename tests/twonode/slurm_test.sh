@@ -10,10 +10,18 @@
 # task's launcher runs one worker): every loss of the 4 ranks as the launcher's own 4-rank run.
 # Then a long job is scancel'ed: every launcher and worker is gone within Slurm's grace
 # (KillWait=5) + 5 s. Ports 6817/6818/29500 are free by construction (new namespaces).
+# With the argument "failure" (//tests/twonode:slurm_failure_test), the same cluster runs instead:
+#   restart - rank 1's worker on n1 dies (SIGKILL, BRAID_FAULT=kill_at_step:1) in a job with
+#             BRAID_LAUNCHER_FLAGS=--max_restarts=1: both launchers name it, restart the group
+#             as on one machine, and the job succeeds with the losses of the launcher's own run;
+#   kill    - node 1's launcher is killed (SIGKILL) once rank 1 trains, collective_timeout_s: 20:
+#             every launcher and worker on both nodes is gone within that timeout + 5 s, node 0's
+#             launcher naming the failed rank and Slurm the killed task.
 #
 # Needs root with network-admin rights, Slurm and munge; Bazel runs it only where
 # third_party/host found them (SKIPPED elsewhere), so here a failed setup is a failure.
 set -uo pipefail
+cases=${1:-main}
 L="$(readlink -f "$TEST_SRCDIR/braid/launcher/launcher")"
 SBATCH_SCRIPT="$TEST_SRCDIR/braid/launcher/examples/slurm/train.sbatch"
 config_src="$(readlink -f "$TEST_SRCDIR/braid/launcher/configs/gpt-mini-ddp.pbtxt")"
@@ -139,9 +147,77 @@ ip netns exec "$ns0" timeout 120 "$L" --nproc_per_node=2 --master_port=29501 --l
   -- --config="$config_src" --steps=3 > "$T/ref.out" 2> "$T/ref.err" ||
   { fail "reference run: exit code $?"; tail -20 "$T/ref.err"; }
 unset BRAID_JOB_TOKEN  # the batch script makes the job's own
-
-# ---- sbatch the shipped example --------------------------------------------------------------
+losses() { sed -n 's/.*"step": \([0-9]*\), "loss": \([^,]*\),.*/\1 \2/p' "$1"; }
+expect_losses() {  # NAME DIR: both ranks' 3 losses exactly the reference's
+  local f
+  for f in metrics.jsonl metrics.jsonl.rank1; do
+    losses "$T/ref/$f" > "$T/ref.$f.losses"; losses "$2/$f" > "$2.$f.losses"
+    if [ "$(wc -l < "$T/ref.$f.losses")" != 3 ] || grep -qviE '^[0-9]+ -?[0-9]+\.[0-9]+$' "$T/ref.$f.losses"; then
+      fail "$1: the reference's $f has not 3 finite losses:"; cat "$T/ref.$f.losses"
+    elif cmp -s "$T/ref.$f.losses" "$2.$f.losses"; then
+      ok "$1: $f: the 3 losses equal the launcher's own run exactly: $(cut -d' ' -f2 "$2.$f.losses" | tr '\n' ' ')"
+    else
+      fail "$1: $f: the losses differ (step loss, launcher's own run then the Slurm job):"
+      paste "$T/ref.$f.losses" "$2.$f.losses" | sed 's/^/     /'
+    fi
+  done
+}
+job_processes() {  # the job's launchers and workers on either node
+  local p
+  for ns in "$ns0" "$ns1"; do
+    for p in $(ip netns pids "$ns"); do
+      case "$(cat /proc/$p/comm 2>/dev/null)" in launcher|train) echo "$p";; esac
+    done
+  done
+}
+# (A function, so that wait_until looks again each time; `test -z "$(job_processes)"` as its
+# command would be expanded once, before the wait.)
+no_job_processes() { [ -z "$(job_processes)" ]; }
 mkdir -p "$T/submit"
+
+if [ "$cases" = failure ]; then
+# ---- a worker on n1 dies under --max_restarts: the group restarts on both nodes ---------------
+( cd "$T/submit" && export BRAID_LAUNCHER="$L" BRAID_CONFIG="$config_src" \
+    BRAID_LAUNCHER_FLAGS="--max_restarts=1" BRAID_FAULT=kill_at_step:1 &&
+    on n0 timeout 240 sbatch --wait -o "$T/restart.out" "$SBATCH_SCRIPT" --steps=3 \
+      --log_dir="$T/restart" > "$T/sbatch_restart.out" 2>&1 )
+rc=$?
+[ $rc = 0 ] && ok "restart: sbatch --wait: exit code 0" || { fail "restart: sbatch: exit code $rc"; cat "$T/sbatch_restart.out"; tail -30 "$T/restart.out"; }
+expect_grep "restart: rank 1 on n1 named" "^braid launcher: rank 1 \(node 1, host n1, pid [0-9]+\) was killed by signal 9" "$T/restart.out"
+n=$(grep -c "^Restarting the worker group (restart 1 of --max_restarts=1)\.$" "$T/restart.out")
+[ "$n" = 2 ] && ok "restart: both launchers restart the group" || fail "restart: $n launcher(s) said they restart, want 2"
+expect_grep "restart: node 1 restarted on n1" "^braid launcher: node 1 \(n1\) started rank 1 of 2 \(restart 1\); store n0:29500" "$T/restart.out"
+expect_losses restart "$T/restart"
+
+# ---- node 1's launcher killed: every process of the job gone within the timeout + 5 s ---------
+{ cat "$config_src"; echo "collective_timeout_s: 20"; } > "$T/kill.pbtxt"
+( cd "$T/submit" && export BRAID_LAUNCHER="$L" BRAID_CONFIG="$T/kill.pbtxt" &&
+    on n0 sbatch --parsable -o "$T/kill.out" "$SBATCH_SCRIPT" --steps=100000 \
+      --log_dir="$T/kill" > "$T/kill.jobid" 2>&1 )
+jobid=$(cat "$T/kill.jobid")
+wait_until 120 test -s "$T/kill/metrics.jsonl.rank1" || fail "kill: rank 1 never trained"
+node1_launcher=""
+for p in $(ip netns pids "$ns1"); do [ "$(cat /proc/$p/comm 2>/dev/null)" = launcher ] && node1_launcher=$p; done
+[ -n "$node1_launcher" ] && ok "kill: node 1's launcher is pid $node1_launcher on n1" || fail "kill: no launcher on n1"
+kill -KILL $node1_launcher
+killed_at=$(date +%s%N)
+# collective_timeout_s (20) + 5 s.
+if wait_until 25 no_job_processes; then
+  ok "kill: every launcher and worker gone $(( ($(date +%s%N) - killed_at) / 1000000 )) ms after the kill (bound: 25 s)"
+else
+  fail "kill: still running 25 s after the kill: $(job_processes | tr '\n' ' ')"
+fi
+# The batch script's own end (srun's last words in kill.out) follows; the job leaves the queue.
+job_gone() { ! on n0 squeue -h -j "$jobid" -o %i 2>/dev/null | grep -q .; }
+wait_until 30 job_gone || fail "kill: job $jobid still in the queue 30 s after its processes ended"
+expect_grep "kill: node 0 names the failure" "^braid launcher: (rank 0 \(node 0, host n0, pid [0-9]+\) exited with code|node 0 lost the rendezvous|node 1's launcher \(host n1\) stopped responding)" "$T/kill.out"
+expect_grep "kill: Slurm names the killed task" "srun: error: n1: task 1: Killed" "$T/kill.out"
+echo "     what the launchers and srun said:"
+grep -E "^(braid launcher|srun)" "$T/kill.out" | sed 's/^/     | /'
+fi
+
+if [ "$cases" = main ]; then
+# ---- sbatch the shipped example --------------------------------------------------------------
 t0=$(date +%s%N)
 ( cd "$T/submit" && export BRAID_LAUNCHER="$L" BRAID_CONFIG="$config_src" &&
     on n0 timeout 240 sbatch --wait -o "$T/job.out" "$SBATCH_SCRIPT" --steps=3 --log_dir="$T/job" \
@@ -152,7 +228,6 @@ t1=$(date +%s%N)
 expect_grep "one launcher per node, node 1 on n1" "^braid launcher: node 1 \(n1\) started rank 1 of 2; store n0:29500" "$T/job.out"
 expect_grep "one launcher per node, node 0 on n0" "^braid launcher: node 0 \(n0\) started rank 0 of 2; store n0:29500" "$T/job.out"
 expect_grep "DDP over both nodes" "^braid: training gpt-mini .* x 2 data-parallel rank\(s\)" "$T/job.out"
-losses() { sed -n 's/.*"step": \([0-9]*\), "loss": \([^,]*\),.*/\1 \2/p' "$1"; }
 for f in metrics.jsonl metrics.jsonl.rank1; do
   losses "$T/ref/$f" > "$T/ref.$f.losses"; losses "$T/job/$f" > "$T/job.$f.losses"
   if [ "$(wc -l < "$T/ref.$f.losses")" != 3 ] || grep -qviE '^[0-9]+ -?[0-9]+\.[0-9]+$' "$T/ref.$f.losses"; then
@@ -197,14 +272,6 @@ for r in 0 1 2 3; do
 done
 
 # ---- scancel stops every rank within the grace period ----------------------------------------
-job_processes() {  # the job's launchers and workers on either node
-  local p
-  for ns in "$ns0" "$ns1"; do
-    for p in $(ip netns pids "$ns"); do
-      case "$(cat /proc/$p/comm 2>/dev/null)" in launcher|train) echo "$p";; esac
-    done
-  done
-}
 ( cd "$T/submit" && export BRAID_LAUNCHER="$L" BRAID_CONFIG="$config_src" &&
     on n0 sbatch --parsable -o "$T/cancel.out" "$SBATCH_SCRIPT" --steps=100000 \
       --log_dir="$T/cancel" > "$T/cancel.jobid" 2>&1 )
@@ -215,11 +282,12 @@ wait_until 120 test -s "$T/cancel/metrics.jsonl.rank1" || fail "scancel: rank 1 
 on n0 scancel "$jobid"
 cancelled_at=$(date +%s%N)
 # Slurm's grace (KillWait=5) + 5 s.
-if wait_until 10 test -z "$(job_processes)"; then
+if wait_until 10 no_job_processes; then
   ok "scancel: every launcher and worker gone $(( ($(date +%s%N) - cancelled_at) / 1000000 )) ms after scancel (bound: KillWait 5 s + 5 s)"
 else
   fail "scancel: still running 10 s after scancel: $(job_processes | tr '\n' ' ')"
 fi
 expect_grep "scancel: the launchers say why" "^braid launcher: node [01]'s launcher received SIGTERM; stopping the job" "$T/cancel.out"
+fi
 
 [ "$fails" = 0 ] && echo PASS || { echo "$fails failure(s)"; exit 1; }
