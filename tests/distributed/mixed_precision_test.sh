@@ -64,6 +64,14 @@ precision() {  # fp16 | bf16
   grep -q "optimizer state (host)" "$T/${prec}_zero2_offload.out" || fail "$prec: offload not in the summary"
   compare "$prec zero2 with the optimizer offloaded = on the device, bitwise" \
     "$T/${prec}_zero2_offload.safetensors" "$T/${prec}_zero2.safetensors" 0
+  # ZeRO-Infinity's parameter offload: the shards on the host, copied to the device per layer for
+  # the all-gather, the optimizer stepping them there: the same updates as stage 3 on the device.
+  mlp_cfg "$T/${prec}_zero3_offload_param.pbtxt" 16 2 zero 0 "$SEC" \
+    'zero_optimization { stage: 3 offload_param { device: "cpu" pin_memory: true } }'
+  run_ranks "${prec}_zero3_offload_param" 2 "$T/${prec}_zero3_offload_param.pbtxt"
+  grep -q "parameter shards (host)" "$T/${prec}_zero3_offload_param.out" || fail "$prec: parameter offload not in the summary"
+  compare "$prec zero3 with the parameters offloaded = on the device, bitwise" \
+    "$T/${prec}_zero3_offload_param.safetensors" "$T/${prec}_zero3.safetensors" 0
   # Gradients reduced in f32 (DDP): the same weights, one rounding fewer.
   mlp_cfg "$T/${prec}_ddp_f32.pbtxt" 16 2 ddp 0 "$SEC" 'communication_data_type: "fp32"'
   run_ranks "${prec}_ddp_f32" 2 "$T/${prec}_ddp_f32.pbtxt"

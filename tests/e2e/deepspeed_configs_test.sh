@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # DeepSpeed configs as people write them (launcher/configs/deepspeed/: Hugging Face's ZeRO-2 with
 # CPU offload and "auto" values; ZeRO-2 + CPU offload + fp16 + WarmupLR in DeepSpeed's own
-# spelling; Hugging Face's ZeRO-3 with "auto" values, its optimizer offloaded (Braid has no
-# parameter offload, so the template's offload_param is left out); ZeRO-1 + bf16 +
+# spelling; Hugging Face's ZeRO-3 with "auto" values, its optimizer and parameters offloaded;
+# ZeRO-3 + parameter offload (ZeRO-Infinity) + bf16 + WarmupDecayLR; ZeRO-1 + bf16 +
 # WarmupCosineLR with DeepSpeed's monitoring: tensorboard, csv_monitor, wall_clock_breakdown)
 # train as written: 2 processes through the launcher, 3 steps each. Every config must pick the
 # zero strategy from its zero_optimization section alone (no strategy named), print what it
@@ -14,7 +14,7 @@ check() {  # NAME PATTERN: the run's output has a line matching PATTERN
   grep -qE -- "$2" "$T/$1.out" && echo "ok   $1: $(grep -E -- "$2" "$T/$1.out" | head -1 | cut -c1-150)" ||
     fail "$1: no line matches /$2/"
 }
-for name in hf_zero2_offload zero2_offload_fp16_warmup hf_zero3_auto zero1_bf16_monitored; do
+for name in hf_zero2_offload zero2_offload_fp16_warmup hf_zero3_auto zero3_param_offload zero1_bf16_monitored; do
   bounded "$L" --nproc_per_node=2 --log_dir="$T/$name.logs" -- --config="$dir/$name.json" \
     --steps=3 --log_dir="$T/$name" > "$T/$name.out" 2>&1
   rc=$?
@@ -41,6 +41,12 @@ check zero2_offload_fp16_warmup 'optimizer state \(host\)'
 check hf_zero3_auto '^braid: config: optimizer\.params\.lr = 0\.001 \("auto"'
 check hf_zero3_auto '^braid: config: zero_optimization\.stage3_max_live_parameters: accepted, no effect in Braid'
 check hf_zero3_auto 'optimizer state \(host\)'
+check hf_zero3_auto 'parameter shards \(host\)'
+# ZeRO-Infinity: the shards on the host, the device holding only the layers in use.
+check zero3_param_offload '^braid: mixed precision: bf16 parameters'
+check zero3_param_offload 'parameter shards \(host\)'
+check zero3_param_offload 'optimizer state \(host\)'
+check zero3_param_offload '^braid: config: zero_optimization\.offload_param\.pin_memory: no effect on a CPU run'
 check zero1_bf16_monitored '^braid: mixed precision: bf16 parameters'
 check zero1_bf16_monitored "^braid: monitors: TensorBoard events in $T/zero1_bf16_monitored/zero1_bf16/events\.out\.tfevents\.[^,]*, CSV files in $T/zero1_bf16_monitored/zero1_bf16\$"
 # steps_per_print 10 over 3 steps: the timer line after step 1 and after the last, steps 2-3.
