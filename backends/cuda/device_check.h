@@ -6,10 +6,12 @@
 #define BRAID_BACKENDS_CUDA_DEVICE_CHECK_H_
 
 #include <functional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/device.h"
+#include "core/dtype.h"
 #include "core/strategy.h"
 
 namespace braid::cuda {
@@ -23,6 +25,10 @@ absl::Status PrepareCudaDevice(Device device);
 // step k runs (prefetch.h). Without the CUDA backend: the same error as PrepareCudaDevice.
 absl::StatusOr<std::function<Batch()>> PrefetchBatches(Device device,
                                                        std::function<Batch()> next_on_host);
+
+// The device's peak FLOP rate for products in `dtype` (peak_flops.h: from its properties), and
+// in `basis` where the figure comes from; the error of PrepareCudaDevice without the device.
+absl::StatusOr<double> DevicePeakFlops(Device device, DType dtype, std::string* basis);
 
 }  // namespace braid::cuda
 

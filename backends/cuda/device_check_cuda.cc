@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/device_check.h"
+#include "backends/cuda/peak_flops.h"
 #include "backends/cuda/prefetch.h"
 #include "backends/cuda/runtime.h"
 #include "core/check.h"
@@ -17,6 +18,18 @@ absl::Status PrepareCudaDevice(Device device) {
   if (st.ok()) return st;
   return absl::Status(st.code(), absl::StrCat("device \"", device.ToString(), "\": ",
                                               st.message()));
+}
+
+absl::StatusOr<double> DevicePeakFlops(Device device, DType dtype, std::string* basis) {
+  BRAID_RETURN_IF_ERROR(PrepareCudaDevice(device));
+  cudaDeviceProp prop;
+  BRAID_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, device.index),
+                                   "cudaGetDeviceProperties"));
+  int clock_khz = 0;  // cudaDeviceProp::clockRate is gone in CUDA 13: the attribute stays
+  BRAID_RETURN_IF_ERROR(CudaStatus(
+      cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device.index), "cudaDeviceGetAttribute"));
+  GpuProperties gpu{prop.name, prop.major, prop.minor, prop.multiProcessorCount, clock_khz};
+  return PeakFlops(gpu, dtype, basis);
 }
 
 absl::StatusOr<std::function<Batch()>> PrefetchBatches(Device device,

@@ -8,6 +8,10 @@ absl::StatusOr<std::function<Batch()>> PrefetchBatches(Device device, std::funct
   return PrepareCudaDevice(device);
 }
 
+absl::StatusOr<double> DevicePeakFlops(Device device, DType, std::string*) {
+  return PrepareCudaDevice(device);
+}
+
 absl::Status PrepareCudaDevice(Device device) {
   return absl::FailedPreconditionError(absl::StrCat(
       "device \"", device.ToString(),
