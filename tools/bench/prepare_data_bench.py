@@ -70,6 +70,10 @@ def main():
                   (t, statistics.median(r[0] for r in results[t]),
                    statistics.median(r[1] for r in results[t]),
                    statistics.median(r[2] for r in results[t]), a.rounds))
+        # Each round's 2-thread rate over its 1-thread rate: the pair saw the same machine load.
+        ratios = [two[0] / one[0] for one, two in zip(results[1], results[2])]
+        print("2 threads / 1 thread, tokenize+write, by round: %s; median %.2f" %
+              (" ".join("%.2f" % r for r in ratios), statistics.median(ratios)))
 
 
 if __name__ == "__main__":
