@@ -320,6 +320,13 @@ absl::Status EnsureCommunicator(const std::string& name,
 
 absl::Status EnsureModel(const std::string& name, const std::vector<std::string>& search_path) {
   Registry& r = Registry::Get();
+  // Validation matches model.name case-insensitively ("GPT-Mini" is gpt-mini): so does this.
+  auto registered = [&](const std::string& n) {
+    for (const std::string& known : r.ModelNames()) {
+      if (absl::EqualsIgnoreCase(known, n)) return true;
+    }
+    return false;
+  };
   auto unknown = [&](const std::string& why) {
     const std::vector<std::string> known = r.ModelNames();
     return absl::StrCat("unknown model '", name, "'; known: ",
@@ -330,15 +337,14 @@ absl::Status EnsureModel(const std::string& name, const std::vector<std::string>
                         why);
   };
   absl::Status s = EnsureRegistered(
-      "model", name, search_path,
-      [&](const std::string& n) { return r.GetModel(n).ok(); },
+      "model", name, search_path, registered,
       [&] {
         return absl::InvalidArgumentError(
             unknown(" (this name cannot be a plugin's: letters, digits, '_' and '-' only)"));
       },
       [&] { return r.ModelNames(); });
   // Not found on the search path: the unknown-name error, saying where the plugin was looked for.
-  if (absl::IsNotFound(s) && !r.GetModel(name).ok()) {
+  if (absl::IsNotFound(s) && !registered(name)) {
     return absl::NotFoundError(unknown(absl::StrCat("; ", s.message())));
   }
   return s;

@@ -198,6 +198,9 @@ TEST(PluginTest, UnknownModelListsTheKnownOnesAndTheSearchPath) {
   ASSERT_TRUE(Registry::Get().AddModel("plugin_test_model", spec, "plugin_test").ok());
   absl::Status known = EnsureModel("plugin_test_model", {});
   EXPECT_TRUE(known.ok()) << known;
+  // As validation matches model.name: in any case.
+  absl::Status upper = EnsureModel("Plugin_Test_Model", {});
+  EXPECT_TRUE(upper.ok()) << upper;
 
   absl::Status s = EnsureModel("no_such_model", {PluginDir()});
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);

@@ -60,6 +60,10 @@ absl::Status PrepareConfig(config::TrainConfig* cfg, int world_size, int rank,
   if (!cfg->data().path().empty()) {
     cfg->mutable_data()->set_path(Absolute(ResolveUserPath(cfg->data().path())));
   }
+  // And model.path, a user's model plugin (docs/WRITING_A_MODEL.md).
+  if (!cfg->model().path().empty()) {
+    cfg->mutable_model()->set_path(Absolute(ResolveUserPath(cfg->model().path())));
+  }
 
   // Feature sections (fp16, zero_optimization, ...) are validated against what the chosen
   // strategy declares when it registers: its plugin is loaded for that (only when the config
@@ -97,6 +101,21 @@ absl::Status PrepareConfig(config::TrainConfig* cfg, int world_size, int rank,
                            ComposeStack(tensor, pipeline, data, named, layers, features));
     return stack.state_holder();
   };
+  // A model may come from a plugin: model.path's, or plugin <model.name> on the search path. It
+  // is loaded before validation, which looks the name up in the registry; an unknown name is
+  // refused listing the registered models and where the plugin was looked for.
+  if (!cfg->model().path().empty()) {
+    if (cfg->model().name().empty()) {
+      return absl::InvalidArgumentError(
+          "model.path is set but model.name is empty: name the model its plugin registers");
+    }
+    absl::Status st = LoadPlugin(cfg->model().path(), search_path);
+    if (!st.ok()) return absl::Status(st.code(), absl::StrCat("model.path: ", st.message()));
+  }
+  if (!cfg->model().name().empty()) {
+    absl::Status st = EnsureModel(cfg->model().name(), search_path);
+    if (!st.ok()) return absl::Status(st.code(), absl::StrCat("model.name: ", st.message()));
+  }
   // optimizer.type may name an optimizer that a plugin registers ("Adam8bit" comes from
   // libbraid_adam8bit.so): load it before validation, which looks the name up in the registry.
   if (!cfg->optimizer().type().empty()) {

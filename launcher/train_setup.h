@@ -22,8 +22,9 @@ struct PluginLocation {
 };
 PluginLocation FindPlugins(const char* argv0);
 
-// Makes the config's relative paths (strategy.path, data.path) the user's (under `bazel run`,
-// their checkout), loads the optimizer and strategy plugins it names, validates it for
+// Makes the config's relative paths (strategy.path, data.path, model.path) the user's (under
+// `bazel run`, their checkout), loads the model, optimizer and strategy plugins it names (an
+// unknown model name is refused listing the known ones and the search path), validates it for
 // `world_size` processes (filling in the strategy stack for its layout), checks a prepared data
 // set's vocabulary against the model, and on rank 0 prints what validation resolved.
 absl::Status PrepareConfig(config::TrainConfig* cfg, int world_size, int rank,

@@ -1,0 +1,243 @@
+// A model built outside models/ as a plugin (libbraid_tiny_lm.so), written only against the
+// documented API (docs/WRITING_A_MODEL.md, "A model of your own, outside the tree"): core's
+// Module, ops, deferred initialisation and registry, and the config schema's ModelConfig. The
+// training program loads it at run time from a config's `model { name: "tiny_lm" path: ... }`,
+// or by its name from the plugin search path, and trains it like a linked-in model.
+//
+// "tiny_lm" is a small causal language model over bytes: a token embedding, `n_layer` pre-norm
+// blocks (causal self-attention, then a ReLU MLP `mlp_ratio` times wider), a final RMSNorm and an
+// untied head. It takes the config's shape fields and one option of its own, and cuts into
+// pipeline layers. Its loss is the default (cross-entropy against the next tokens).
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "core/config/train_config.pb.h"
+#include "core/deferred_init.h"
+#include "core/module.h"
+#include "core/ops.h"
+#include "core/plugin_api.h"
+#include "core/registry.h"
+
+namespace tiny_lm {
+namespace {
+
+using braid::Device;
+using braid::Module;
+using braid::Tensor;
+
+struct Shape {
+  int64_t n_layer = 2, n_head = 2, n_embd = 64, block_size = 64, vocab_size = 256, mlp_ratio = 4;
+};
+
+// Initial values as a pure function of (seed, element index): any range of a parameter can be
+// produced on its own, which is what deferred initialisation (ZeRO-3) asks of a model, and every
+// rank gets the values a whole build gives. SplitMix64 to two uniforms, Box-Muller to a normal.
+braid::Initializer NormalInit(uint64_t seed, float stddev) {
+  return [seed, stddev](float* out, int64_t begin, int64_t end) {
+    auto mix = [](uint64_t z) {
+      z += 0x9E3779B97F4A7C15ull;
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      return z ^ (z >> 31);
+    };
+    for (int64_t i = begin; i < end; ++i) {
+      const uint64_t a = mix(seed ^ mix(uint64_t(2 * i))), b = mix(seed ^ mix(uint64_t(2 * i + 1)));
+      const double u1 = (double(a >> 11) + 1.0) / 9007199254740993.0;  // (0, 1]
+      const double u2 = double(b >> 11) / 9007199254740992.0;          // [0, 1)
+      out[i - begin] = float(stddev * std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+    }
+  };
+}
+
+// Hands each parameter a seed of its own, in construction order.
+class Seeds {
+ public:
+  explicit Seeds(uint64_t seed) : next_(seed * 0x100000001B3ull) {}
+  uint64_t Next() { return next_ += 0x9E3779B97F4A7C15ull; }
+
+ private:
+  uint64_t next_;
+};
+
+Tensor Weight(int64_t out, int64_t in, Seeds& seeds, Device d) {
+  return braid::MakeParameter({out, in}, NormalInit(seeds.Next(), 0.02f), d);
+}
+
+Tensor NormWeight(int64_t dim, Device d) {
+  Tensor w = braid::MakeConstantParameter({dim}, 1.0f, d);
+  w.set_weight_decay(false);  // norms are not decayed
+  return w;
+}
+
+// One transformer layer: the unit strategies bucket, shard, recompute and pipeline.
+class Block : public Module {
+ public:
+  Block(const Shape& s, Seeds& seeds, Device d) : Module("TinyBlock"), n_head_(int(s.n_head)) {
+    const int64_t c = s.n_embd, hidden = s.mlp_ratio * s.n_embd;
+    attn_norm_ = RegisterParameter("attn_norm", NormWeight(c, d));
+    qkv_ = RegisterParameter("qkv", Weight(3 * c, c, seeds, d));
+    attn_out_ = RegisterParameter("attn_out", Weight(c, c, seeds, d));
+    mlp_norm_ = RegisterParameter("mlp_norm", NormWeight(c, d));
+    mlp_in_ = RegisterParameter("mlp_in", Weight(hidden, c, seeds, d));
+    mlp_out_ = RegisterParameter("mlp_out", Weight(c, hidden, seeds, d));
+    set_block(true);
+  }
+  Tensor Forward(const Tensor& x) override {
+    using namespace braid::ops;
+    Tensor a = CausalSelfAttention(Linear(RmsNorm(x, attn_norm_), qkv_, Tensor()), n_head_);
+    Tensor h = Add(x, Linear(a, attn_out_, Tensor()));
+    Tensor m = Linear(Relu(Linear(RmsNorm(h, mlp_norm_), mlp_in_, Tensor())), mlp_out_, Tensor());
+    return Add(h, m);
+  }
+
+ private:
+  int n_head_;
+  Tensor attn_norm_, qkv_, attn_out_, mlp_norm_, mlp_in_, mlp_out_;
+};
+
+// Names: embed.weight, blocks.{i}.{attn_norm,qkv,attn_out,mlp_norm,mlp_in,mlp_out},
+// norm.weight, head.weight.
+class Weights : public Module {  // a parameter holder with a place in the names, never called
+ public:
+  Weights(const std::string& type, const std::string& name, Tensor t) : Module(type) {
+    w_ = RegisterParameter(name, std::move(t));
+  }
+  Tensor Forward(const Tensor&) override { return Tensor(); }
+  Tensor w() const { return w_; }
+
+ private:
+  Tensor w_;
+};
+
+class Blocks : public Module {  // a container that only gives the blocks their names
+ public:
+  Blocks() : Module("TinyBlocks") {}
+  Block* Add(int i, std::unique_ptr<Block> b) { return RegisterModule(std::to_string(i), std::move(b)); }
+  Tensor Forward(const Tensor&) override { return Tensor(); }
+};
+
+class TinyLm : public Module {
+ public:
+  TinyLm(const Shape& s, uint64_t seed, Device d) : Module("TinyLm") {
+    Seeds seeds(seed);
+    embed_ = RegisterModule("embed", std::make_unique<Weights>(
+                                         "TinyEmbedding", "weight",
+                                         Weight(s.vocab_size, s.n_embd, seeds, d)));
+    Blocks* blocks = RegisterModule("blocks", std::make_unique<Blocks>());
+    for (int i = 0; i < s.n_layer; ++i) {
+      blocks_.push_back(blocks->Add(i, std::make_unique<Block>(s, seeds, d)));
+    }
+    norm_ = RegisterModule("norm", std::make_unique<Weights>("TinyNorm", "weight", NormWeight(s.n_embd, d)));
+    head_ = RegisterModule("head", std::make_unique<Weights>("TinyHead", "weight",
+                                                            Weight(s.vocab_size, s.n_embd, seeds, d)));
+  }
+
+  // Embedding, the blocks, the head: Forward is their composition, so a pipeline of stages
+  // computes what the whole model does. Blocks are called through operator() (hooks run there).
+  std::vector<braid::PipelineLayer> PipelineLayers() override {
+    if (!layers_.empty()) return layers_;
+    layers_.push_back({"embedding",
+                       [this](const Tensor& ids) { return braid::ops::Embedding(embed_->w(), ids); },
+                       {"embed.weight"}});
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      const std::string p = absl::StrCat("blocks.", i, ".");
+      Block* b = blocks_[i];
+      layers_.push_back({absl::StrCat("blocks.", i), [b](const Tensor& x) { return (*b)(x); },
+                         {p + "attn_norm", p + "qkv", p + "attn_out", p + "mlp_norm", p + "mlp_in",
+                          p + "mlp_out"}});
+    }
+    layers_.push_back({"head",
+                       [this](const Tensor& x) {
+                         using namespace braid::ops;
+                         return Linear(RmsNorm(x, norm_->w()), head_->w(), Tensor());
+                       },
+                       {"norm.weight", "head.weight"}});
+    return layers_;
+  }
+
+  Tensor Forward(const Tensor& ids) override {
+    if (layers_.empty()) PipelineLayers();
+    Tensor x = ids;
+    for (const braid::PipelineLayer& layer : layers_) x = layer.forward(x);
+    return x;
+  }
+
+ private:
+  Weights *embed_, *norm_, *head_;
+  std::vector<Block*> blocks_;
+  std::vector<braid::PipelineLayer> layers_;
+};
+
+// The validated section's shape (validation filled in every field and option).
+Shape ShapeOf(const braid::config::ModelConfig& m) {
+  Shape s;
+  s.n_layer = m.n_layer();
+  s.n_head = m.n_head();
+  s.n_embd = m.n_embd();
+  s.block_size = m.block_size();
+  s.vocab_size = m.vocab_size();
+  auto it = m.options().find("mlp_ratio");
+  if (it != m.options().end()) (void)absl::SimpleAtoi(it->second, &s.mlp_ratio);
+  return s;
+}
+
+// Defaults first, written back so the effective config shows the whole shape; then one message
+// per problem, naming the field.
+void Validate(braid::config::ModelConfig* m, const std::string& dataset_name,
+              const braid::DatasetSpec* dataset, braid::ConfigProblems* problems) {
+  const Shape d;
+  if (!m->has_n_layer()) m->set_n_layer(int32_t(d.n_layer));
+  if (!m->has_n_head()) m->set_n_head(int32_t(d.n_head));
+  if (!m->has_n_embd()) m->set_n_embd(int32_t(d.n_embd));
+  if (!m->has_block_size()) m->set_block_size(int32_t(d.block_size));
+  if (!m->has_vocab_size()) {
+    m->set_vocab_size(int32_t(dataset != nullptr && dataset->vocab_size > 0 ? dataset->vocab_size
+                                                                            : d.vocab_size));
+  }
+  auto& options = *m->mutable_options();
+  if (options.find("mlp_ratio") == options.end()) options["mlp_ratio"] = std::to_string(d.mlp_ratio);
+  int64_t ratio = 0;
+  if (!absl::SimpleAtoi(options["mlp_ratio"], &ratio) || ratio < 1) {
+    problems->push_back(absl::StrCat("model.options \"mlp_ratio\" (", options["mlp_ratio"],
+                                     ") must be an integer >= 1"));
+  }
+  if (m->n_embd() % m->n_head() != 0) {
+    problems->push_back(absl::StrCat("model.n_embd (", m->n_embd(),
+                                     ") must be a multiple of model.n_head (", m->n_head(), ")"));
+  }
+  if (dataset != nullptr && dataset->vocab_size > m->vocab_size()) {
+    problems->push_back(absl::StrCat("model.vocab_size (", m->vocab_size(), ") is smaller than data.dataset \"",
+                                     dataset_name, "\"'s ", dataset->vocab_size, " token values"));
+  }
+}
+
+}  // namespace
+}  // namespace tiny_lm
+
+BRAID_PLUGIN(registry) {
+  braid::ModelSpec spec;
+  spec.build = [](const braid::config::ModelConfig& m, uint64_t seed,
+                  braid::Device device) -> absl::StatusOr<std::unique_ptr<braid::Module>> {
+    return std::unique_ptr<braid::Module>(
+        std::make_unique<tiny_lm::TinyLm>(tiny_lm::ShapeOf(m), seed, device));
+  };
+  spec.fields = {"n_layer", "n_head", "n_embd", "block_size", "vocab_size"};
+  spec.options = {{"mlp_ratio", braid::ModelOption::Kind::kInt}};
+  spec.validate = tiny_lm::Validate;
+  spec.takes = "tokens";  // what data.dataset must yield
+  spec.context = [](const braid::config::ModelConfig& m) { return int64_t(m.block_size()); };
+  // 6 FLOPs per weight per token (2 forward, 4 backward) plus attention's two T x T products.
+  spec.train_flops_per_token = [](const braid::config::ModelConfig& m) {
+    const tiny_lm::Shape s = tiny_lm::ShapeOf(m);
+    const double c = double(s.n_embd), per_layer = (4 + 2 * s.mlp_ratio) * c * c;
+    return 6.0 * (s.n_layer * per_layer + double(s.vocab_size) * c) +
+           12.0 * double(s.n_layer) * c * double(s.block_size);
+  };
+  // The origin is filled in by the loader: this plugin's file, as error messages show it.
+  return registry->AddModel("tiny_lm", std::move(spec)).ok() ? 0 : 1;
+}
