@@ -240,10 +240,12 @@ for f in metrics.jsonl metrics.jsonl.rank1; do
   fi
 done
 # For the notes (never judged): from sbatch to the first step's start, and the whole job.
-first=$(head -1 "$T/job/metrics.jsonl" 2>/dev/null)
-python3 -c 'import json,sys; m=json.loads(sys.argv[1]); t0=int(sys.argv[2])/1e9; t1=int(sys.argv[3])/1e9
-print("     sbatch to the first step: %.2f s; sbatch --wait in all: %.2f s" % (m["time"]-m["step_s"]-t0, t1-t0))' \
-  "$first" "$t0" "$t1" 2>/dev/null
+startup() {  # WHAT METRICS T0 T1
+  python3 -c 'import json,sys; m=json.loads(open(sys.argv[2]).readline()); t0=int(sys.argv[3])/1e9; t1=int(sys.argv[4])/1e9
+print("     %s: sbatch to the first step: %.2f s; sbatch --wait in all: %.2f s" % (sys.argv[1], m["time"]-m["step_s"]-t0, t1-t0))' \
+    "$@" 2>/dev/null
+}
+startup "2 nodes x 1 rank, a launcher per node" "$T/job/metrics.jsonl" "$t0" "$t1"
 
 # ---- one task per rank: sbatch --ntasks-per-node=2, no launcher fan-out ----------------------
 export BRAID_JOB_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
@@ -251,11 +253,14 @@ ip netns exec "$ns0" timeout 180 "$L" --nproc_per_node=4 --master_port=29501 --l
   -- --config="$config_src" --steps=3 > "$T/ref4.out" 2> "$T/ref4.err" ||
   { fail "reference run of 4: exit code $?"; tail -20 "$T/ref4.err"; }
 unset BRAID_JOB_TOKEN
+t0=$(date +%s%N)
 ( cd "$T/submit" && export BRAID_LAUNCHER="$L" BRAID_CONFIG="$config_src" BRAID_TASK_PER_RANK=1 &&
     on n0 timeout 240 sbatch --wait --ntasks-per-node=2 -o "$T/job4.out" "$SBATCH_SCRIPT" \
       --steps=3 --log_dir="$T/job4" > "$T/sbatch4.out" 2>&1 )
 rc=$?
+t1=$(date +%s%N)
 [ $rc = 0 ] && ok "per rank: sbatch --wait: exit code 0" || { fail "per rank: sbatch: exit code $rc"; cat "$T/sbatch4.out"; tail -30 "$T/job4.out"; }
+startup "2 nodes x 2 ranks, a task per rank" "$T/job4/metrics.jsonl" "$t0" "$t1"
 for r in 2 3; do
   expect_grep "per rank: rank $r's own launcher on n1" "^braid launcher: rank $r's launcher \(n1\) started rank $r of 4; store n0:29500" "$T/job4.out"
 done
