@@ -8,6 +8,7 @@ def training_plugins():
         "//backends/gloo:libbraid_gloo.so",
         "//plugins/adam8bit:libbraid_adam8bit.so",
         "//plugins/checkpoint:libbraid_checkpoint.so",
+        "//plugins/lamb:libbraid_lamb.so",
         "//plugins/ddp:libbraid_ddp.so",
         "//plugins/dp:libbraid_dp.so",
         "//plugins/paramserver:libbraid_paramserver.so",
