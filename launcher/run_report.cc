@@ -148,13 +148,16 @@ RunEnd ReportRunSummary(Reporter& rep, const RunSummaryInputs& in, const StepTot
     end.flops_per_token = in.flops_per_token;
     end.peak_flops = in.peak_flops;
     end.mfu = Mfu(in.flops_per_token, result.median_tokens_per_s, in.processes, in.peak_flops);
+    const std::string basis =
+        in.peak_basis.empty()
+            ? absl::StrFormat("the f32 matmul ceiling measured at start on %d thread(s)", in.threads)
+            : in.peak_basis;
     rep.Line(absl::StrFormat(
         "braid: MFU %.1f%%: %.4g FLOP per %s (the model's formula, forward and backward) x median "
-        "%.0f %s/s = %.2f GFLOP/s, of %d process(es) x %.1f GFLOP/s (the f32 matmul ceiling "
-        "measured at start on %d thread(s))",
+        "%.0f %s/s = %.2f GFLOP/s, of %d process(es) x %.1f GFLOP/s (%s)",
         100 * end.mfu, in.flops_per_token, std::string(in.unit) == "tok" ? "token" : "sample",
         result.median_tokens_per_s, in.unit, in.flops_per_token * result.median_tokens_per_s / 1e9,
-        in.processes, in.peak_flops / 1e9, in.threads));
+        in.processes, in.peak_flops / 1e9, basis));
   }
   for (const std::string& line : in.strategy->SummaryLines()) rep.Line("braid: " + line);
   if (mp != nullptr) {

@@ -131,6 +131,8 @@ struct RunSummaryInputs {
   // measured peak, a rank other than 0).
   double flops_per_token = 0, peak_flops = 0;
   int processes = 1, threads = 1;
+  // Where a CUDA device's peak came from (launcher/peak_flops.h); empty: the CPU's measured one.
+  std::string peak_basis;
 };
 
 // Figures the summary lines measured that the summary metric repeats.
