@@ -51,7 +51,9 @@ MIB = 2 ** 20
 
 # Layers, width, padded vocabulary, context (docs/MODELS.md); the units are zero.cc's.
 MODELS = {"gpt-mini": dict(L=4, C=256, V=256, T=128, micro_batch=16),
-          "gpt2-124m": dict(L=12, C=768, V=50304, T=1024, micro_batch=1)}
+          "gpt2-124m": dict(L=12, C=768, V=50304, T=1024, micro_batch=1),
+          # 4 query heads sharing 2 K/V heads (K/V width 128), SwiGLU 768, untied head.
+          "llama-mini": dict(L=4, C=256, V=256, T=128, micro_batch=16, llama=dict(KV=128, I=768))}
 CONFIGS = {"ddp": "gpt-mini-ddp.pbtxt", "z1": "gpt-mini-zero1.pbtxt",
            "z2": "gpt-mini-zero2.pbtxt", "z3": "gpt-mini-zero3.pbtxt", "z3np": "gpt-mini-zero3.pbtxt"}
 STAGE = {"ddp": 0, "z1": 1, "z2": 2, "z3": 3, "z3np": 3}
@@ -61,6 +63,10 @@ def units(model):
     """Element counts of zero.cc's units: [outside blocks, block, block, ...]."""
     m = MODELS[model]
     C = m["C"]
+    if "llama" in m:  # q, k, v, o, gate, up, down, two RMSNorms; embedding, untied head, norm
+        kv, inner = m["llama"]["KV"], m["llama"]["I"]
+        block = 2 * C * C + 2 * C * kv + 3 * C * inner + 2 * C
+        return [2 * m["V"] * C + C] + [block] * m["L"]
     block = 12 * C * C + 13 * C  # ln_1, c_attn, attn c_proj, ln_2, c_fc, mlp c_proj (+ biases)
     rest = m["V"] * C + m["T"] * C + 2 * C  # wte (tied head), wpe, ln_f
     return [rest] + [block] * m["L"]
