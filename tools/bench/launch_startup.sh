@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Start-up time of a 2-node job by each way of starting Braid: the same gpt-mini DDP run
-# (launcher/configs/gpt-mini-ddp.pbtxt, 2 nodes x 1 rank, --steps=2) started
-#   launchers - by hand: one launcher per node (--nnodes=2 --node_rank=0|1);
-#   hostfile  - launcher --hostfile on the first node, the second over ssh;
-#   openmpi   - mpirun.openmpi -np 2 --host A:1,B:1 (orted over ssh);
-#   mpich     - mpiexec.mpich -n 2 -hosts A:1,B:1 (hydra's proxy over ssh).
+# (launcher/configs/gpt-mini-ddp.pbtxt, 2 nodes x P ranks, --steps=2) started
+#   launchers - by hand: one launcher per node (--nnodes=2 --node_rank=0|1 --nproc_per_node=P);
+#   hostfile  - launcher --hostfile on the first node (slots=P), the second over ssh;
+#   openmpi   - mpirun.openmpi -np 2P --host A:P,B:P (orted over ssh; a launcher per rank);
+#   mpich     - mpiexec.mpich -n 2P -hosts A:P,B:P (hydra's proxy over ssh; a launcher per rank).
 # The two nodes are network namespaces joined by a veth pair (as tests/twonode), the second
 # running sshd on port 2222 with keys made here; so it needs root, iproute2 and OpenSSH.
 # Engines alternate within each round; prints one JSON line per run and the medians:
@@ -12,9 +12,10 @@
 #               metrics: the first step's time stamp less its step_s);
 #   wall_s    - the whole command.
 #
-# Usage: bazel build //launcher && tools/bench/launch_startup.sh [ROUNDS]   (default 3)
+# Usage: bazel build //launcher && tools/bench/launch_startup.sh [ROUNDS [P]]   (default 3, 1)
 set -uo pipefail
 rounds=${1:-3}
+P=${2:-1}
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 L="$here/bazel-bin/launcher/launcher"
 config="$here/launcher/configs/gpt-mini-ddp.pbtxt"
@@ -50,7 +51,7 @@ ip netns exec $ns1 unshare --mount sh -c \
 disown
 for _ in $(seq 200); do grep -q "Server listening" "$T/sshd.log" && break; sleep 0.05; done
 grep -q "Server listening" "$T/sshd.log" || { cat "$T/sshd.log"; exit 1; }
-printf '%s slots=1\n%s slots=1\n' $a0 $a1 > "$T/hosts"
+printf '%s slots=%s\n%s slots=%s\n' $a0 $P $a1 $P > "$T/hosts"
 export BRAID_JOB_TOKEN=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 export BRAID_SSH_OPTIONS="-F $T/ssh_config"
 train=(-- --config="$config" --steps=2)
@@ -60,18 +61,18 @@ run() {  # ENGINE LOGDIR
   local d=$2
   case $1 in
     launchers)
-      ip netns exec $ns1 "$L" --nnodes=2 --node_rank=1 --master_addr=$a0 --log_dir="$d" "${train[@]}" >/dev/null 2>&1 &
+      ip netns exec $ns1 "$L" --nnodes=2 --node_rank=1 --nproc_per_node=$P --master_addr=$a0 --log_dir="$d" "${train[@]}" >/dev/null 2>&1 &
       local p1=$!
-      ip netns exec $ns0 "$L" --nnodes=2 --node_rank=0 --master_addr=$a0 --log_dir="$d" "${train[@]}" >/dev/null 2>&1
+      ip netns exec $ns0 "$L" --nnodes=2 --node_rank=0 --nproc_per_node=$P --master_addr=$a0 --log_dir="$d" "${train[@]}" >/dev/null 2>&1
       wait $p1 ;;
     hostfile)
       ip netns exec $ns0 "$L" --hostfile="$T/hosts" --ssh_port=2222 --log_dir="$d" "${train[@]}" >/dev/null 2>&1 ;;
     openmpi)
-      ip netns exec $ns0 mpirun.openmpi --allow-run-as-root -np 2 --host $a0:1,$a1:1 \
+      ip netns exec $ns0 mpirun.openmpi --allow-run-as-root -np $((2 * P)) --host $a0:$P,$a1:$P \
         --mca plm_rsh_agent "$T/ssh" -x BRAID_JOB_TOKEN -x BRAID_DATA_DIR \
         "$L" --master_addr=$a0 --log_dir="$d" "${train[@]}" >/dev/null 2>&1 ;;
     mpich)
-      ip netns exec $ns0 mpiexec.mpich -n 2 -hosts $a0:1,$a1:1 -launcher ssh -launcher-exec "$T/ssh" \
+      ip netns exec $ns0 mpiexec.mpich -n $((2 * P)) -hosts $a0:$P,$a1:$P -launcher ssh -launcher-exec "$T/ssh" \
         "$L" --master_addr=$a0 --log_dir="$d" "${train[@]}" >/dev/null 2>&1 ;;
   esac
 }
