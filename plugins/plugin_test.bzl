@@ -5,9 +5,12 @@ and core depends on nothing of ours.
 """
 
 # What every plugin test links: the core (once, so the plugins it loads resolve against it), the
-# CPU kernels, the comparison helpers, gtest and the runfiles library that finds the plugins.
+# CPU kernels, ranks as threads over the in-process communicator, the comparison helpers, gtest
+# and the runfiles library that finds the plugins.
 _PLUGIN_TEST_DEPS = [
     "//backends/cpu",
+    "//backends/in_process",
+    "//backends/in_process:run_ranks",
     "//core",
     "//core/testing:compare",
     "//third_party:gtest_main",
@@ -22,7 +25,8 @@ def braid_plugin_test(name, plugins, srcs = None, deps = [], size = "small", dat
       plugins: the plugins it loads, by name ("ddp" is //plugins/ddp:libbraid_ddp.so), found with
         the runfiles library at braid/plugins/<name>/libbraid_<name>.so.
       srcs: sources, when not `<name>.cc`.
-      deps: libraries beyond the core, the CPU kernels, the comparison helpers, gtest and runfiles.
+      deps: libraries beyond the core, the CPU kernels, ranks as threads, the comparison helpers,
+        gtest and runfiles.
       size: the test's size.
       data: more run-time files.
       **kwargs: passed to cc_test (shard_count, tags, target_compatible_with, ...).

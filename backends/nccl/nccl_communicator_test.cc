@@ -16,8 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "backends/in_process/in_process_communicator.h"
 #include "backends/nccl/test_util.h"
-#include "core/in_process_communicator.h"
 #include "core/registry.h"
 #include "core/store.h"
 #include "gmock/gmock.h"

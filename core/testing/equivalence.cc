@@ -1,21 +1,9 @@
 #include "core/testing/equivalence.h"
 
-#include <thread>
-
-#include "absl/time/time.h"
-#include "core/in_process_communicator.h"
 #include "core/testing/compare.h"
 #include "gtest/gtest.h"
 
 namespace braid::testing {
-
-void RunRanks(int n, const std::function<void(int rank, Communicator* comm)>& body) {
-  std::vector<std::unique_ptr<Communicator>> group = MakeInProcessGroup(n);
-  for (auto& c : group) c->set_timeout(absl::Seconds(60));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { body(r, group[size_t(r)].get()); });
-  for (auto& t : threads) t.join();
-}
 
 OptimizerFactory GroupedByWeightDecay(bool adamw, float lr, float weight_decay) {
   return [=](const std::vector<std::pair<std::string, Tensor>>& named) {

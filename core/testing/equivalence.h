@@ -1,7 +1,7 @@
 // What every strategy's equivalence test needs (docs/WRITING_A_STRATEGY.md, "The equivalence
-// test every strategy must have"): ranks as threads, an optimizer factory that groups by the
+// test every strategy must have"): an optimizer factory that groups by the
 // parameters' weight-decay attribute as the training program does, and the distance between
-// two state dicts.
+// two state dicts. Ranks as threads: backends/in_process/run_ranks.h.
 #ifndef BRAID_CORE_TESTING_EQUIVALENCE_H_
 #define BRAID_CORE_TESTING_EQUIVALENCE_H_
 
@@ -17,10 +17,6 @@
 #include "core/tensor.h"
 
 namespace braid::testing {
-
-// Runs body(rank, comm) on n threads, one per rank of a fresh in-process group whose collectives
-// time out after 60 s (a hang fails the test instead of stalling it).
-void RunRanks(int n, const std::function<void(int rank, Communicator* comm)>& body);
 
 // AdamW (adamw) or plain SGD, with weight decay on the parameters whose attribute asks for it.
 OptimizerFactory GroupedByWeightDecay(bool adamw, float lr, float weight_decay);

@@ -20,7 +20,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/time/clock.h"
-#include "core/in_process_communicator.h"
+#include "backends/in_process/in_process_communicator.h"
 #include "core/ops.h"
 #include "core/optimizer.h"
 #include "core/plugin.h"

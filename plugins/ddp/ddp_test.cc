@@ -21,7 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/in_process_communicator.h"
+#include "backends/in_process/in_process_communicator.h"
 #include "core/optimizer.h"
 #include "core/plugin.h"
 #include "core/strategy.h"

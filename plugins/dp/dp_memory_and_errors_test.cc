@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "backends/in_process/in_process_communicator.h"
 #include "core/allocator.h"
 #include "core/check.h"
-#include "core/in_process_communicator.h"
 #include "core/ops.h"
 #include "core/plugin.h"
 #include "core/registry.h"

@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "core/in_process_communicator.h"
+#include "backends/in_process/in_process_communicator.h"
 #include "core/ops.h"
 #include "core/optimizer.h"
 #include "core/plugin.h"

@@ -16,8 +16,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backends/in_process/in_process_communicator.h"
+#include "backends/in_process/run_ranks.h"
+#include "core/config/train_config.pb.h"
 #include "core/deferred_init.h"
-#include "core/in_process_communicator.h"
 #include "core/mesh.h"
 #include "core/micro_batches.h"
 #include "core/ops.h"
@@ -25,7 +27,6 @@
 #include "core/plugin.h"
 #include "core/registry.h"
 #include "core/strategy.h"
-#include "core/config/train_config.pb.h"
 #include "core/testing/compare.h"
 #include "core/testing/equivalence.h"
 #include "gmock/gmock.h"

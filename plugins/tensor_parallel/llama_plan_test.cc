@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backends/in_process/run_ranks.h"
 #include "core/config/train_config.pb.h"
 #include "core/mesh.h"
 #include "core/ops.h"

@@ -12,14 +12,15 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backends/in_process/run_ranks.h"
 #include "core/autograd.h"
 #include "core/config/train_config.pb.h"
+#include "core/deferred_init.h"
 #include "core/mesh.h"
 #include "core/micro_batches.h"
 #include "core/ops.h"
 #include "core/optimizer.h"
 #include "core/plugin.h"
-#include "core/deferred_init.h"
 #include "core/registry.h"
 #include "core/strategy.h"
 #include "core/testing/compare.h"

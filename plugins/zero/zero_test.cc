@@ -13,10 +13,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backends/in_process/in_process_communicator.h"
+#include "backends/in_process/run_ranks.h"
 #include "core/autograd.h"
 #include "core/config/train_config.pb.h"
 #include "core/deferred_init.h"
-#include "core/in_process_communicator.h"
 #include "core/micro_batches.h"
 #include "core/ops.h"
 #include "core/optimizer.h"

@@ -1,4 +1,4 @@
-#include "core/in_process_communicator.h"
+#include "backends/in_process/in_process_communicator.h"
 
 #include <algorithm>
 #include <cstring>
@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "core/in_process_communicator_internal.h"
+#include "backends/in_process/in_process_communicator_internal.h"
 
 namespace braid {
 

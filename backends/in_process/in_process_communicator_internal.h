@@ -2,8 +2,8 @@
 // in_process_communicator.h): a group's pending collectives, its unmatched sends and receives, and
 // each rank's recent operations. Internal to //core: in_process_communicator.cc makes ranks
 // arrive and match, in_process_communicator_execute.cc moves and reduces the data once they have.
-#ifndef BRAID_CORE_IN_PROCESS_COMMUNICATOR_INTERNAL_H_
-#define BRAID_CORE_IN_PROCESS_COMMUNICATOR_INTERNAL_H_
+#ifndef BRAID_BACKENDS_IN_PROCESS_IN_PROCESS_COMMUNICATOR_INTERNAL_H_
+#define BRAID_BACKENDS_IN_PROCESS_IN_PROCESS_COMMUNICATOR_INTERNAL_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -137,4 +137,4 @@ void Execute(Group& g, Slot& s);
 
 }  // namespace braid::in_process_internal
 
-#endif  // BRAID_CORE_IN_PROCESS_COMMUNICATOR_INTERNAL_H_
+#endif  // BRAID_BACKENDS_IN_PROCESS_IN_PROCESS_COMMUNICATOR_INTERNAL_H_

@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/in_process_communicator.h"
+#include "backends/in_process/in_process_communicator.h"
 #include "core/module.h"
 #include "core/tensor.h"
 #include "gtest/gtest.h"

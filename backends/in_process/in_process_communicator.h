@@ -12,8 +12,8 @@
 // CheckReduction (core/communicator.h), as every communicator does: f32, bf16 and f16 (reduced in
 // float) with every op; i32, i64, u8 and i8 (reduced in int64, narrow sums wrapping) with sum,
 // max and min. Data movement (gather, broadcast, send) takes any dtype.
-#ifndef BRAID_CORE_IN_PROCESS_COMMUNICATOR_H_
-#define BRAID_CORE_IN_PROCESS_COMMUNICATOR_H_
+#ifndef BRAID_BACKENDS_IN_PROCESS_IN_PROCESS_COMMUNICATOR_H_
+#define BRAID_BACKENDS_IN_PROCESS_IN_PROCESS_COMMUNICATOR_H_
 
 #include <memory>
 #include <string>
@@ -29,4 +29,4 @@ std::vector<std::unique_ptr<Communicator>> MakeInProcessGroup(
 
 }  // namespace braid
 
-#endif  // BRAID_CORE_IN_PROCESS_COMMUNICATOR_H_
+#endif  // BRAID_BACKENDS_IN_PROCESS_IN_PROCESS_COMMUNICATOR_H_

@@ -1,4 +1,4 @@
-#include "core/in_process_communicator.h"
+#include "backends/in_process/in_process_communicator.h"
 
 #include <algorithm>
 #include <atomic>

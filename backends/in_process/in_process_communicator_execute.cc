@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "backends/in_process/in_process_communicator_internal.h"
 #include "core/check.h"
-#include "core/in_process_communicator_internal.h"
 
 namespace braid::in_process_internal {
 
