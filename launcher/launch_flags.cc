@@ -45,7 +45,7 @@ constexpr FlagInfo kLauncherFlags[] = {
     {"start_method", false},    {"no_python", true},        {"no_local_rank", true},
     {"dry_run", true},          {"help", true},             {"hostfile", false},
     {"include", false},         {"exclude", false},         {"ssh_port", false},
-    {"watch_stdin", true},
+    {"watch_stdin", true},      {"rdzv_last_call_s", false},
 };
 
 const FlagInfo* FindLauncherFlag(const std::string& name) {
@@ -76,7 +76,7 @@ std::string Refusal(const std::string& name) {
       {"event_log_handler", "Braid's launcher has no event log"},
       {"signals_to_handle", "Braid's launcher forwards SIGINT, SIGTERM and SIGHUP to the workers"},
       {"virtual_local_rank", "Braid gives every worker its own LOCAL_RANK"},
-      {"max_nodes", "Braid's jobs have a fixed number of nodes (--nnodes)"},
+      {"max_nodes", "give the bounds of an elastic job as --nnodes=MIN:MAX"},
       {"launcher", "DeepSpeed's --launcher (pdsh, openmpi, slurm) has no Braid equivalent: "
                    "--hostfile starts the nodes over OpenSSH; or run Braid's launcher under "
                    "srun or mpirun (docs/LAUNCHING.md)"},
@@ -272,20 +272,21 @@ absl::Status SetLaunchFlag(LaunchFlags* f, const std::string& name, const std::s
                            const std::string& origin) {
   absl::Status st;
   if (name == "nnodes") {
-    // torchrun's elastic form MIN:MAX is accepted only as a fixed count (N or N:N).
+    // N, or torchrun's elastic MIN:MAX (N:N is N): launcher/elastic.h.
     std::vector<std::string> r = absl::StrSplit(v, ':');
     int lo = 0, hi = 0;
-    if (r.size() > 2) return BadValue(origin, v, "a number of nodes");
+    if (r.size() > 2) return BadValue(origin, v, "a number of nodes, or MIN:MAX");
     st = ParseInt(origin, r[0], 1, &lo);
+    hi = lo;
     if (st.ok() && r.size() == 2) st = ParseInt(origin, r[1], 1, &hi);
     if (!st.ok()) return st;
-    if (r.size() == 2 && hi != lo) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          origin, "=", v, " asks for an elastic job (between ", lo, " and ", hi,
-          " nodes); Braid's jobs have a fixed number of nodes: give one number, e.g. ", origin,
-          "=", hi));
+    if (hi < lo) {
+      return absl::InvalidArgumentError(absl::StrCat(origin, "=", v, ": MIN (", lo,
+                                                     ") is above MAX (", hi, "); write ", origin,
+                                                     "=", hi, ":", lo));
     }
-    f->nnodes = lo;
+    f->nnodes = hi;
+    f->nnodes_min = lo;
   } else if (name == "node_rank") {
     st = ParseInt(origin, v, 0, &f->node_rank);
   } else if (name == "nproc_per_node") {
@@ -352,6 +353,8 @@ absl::Status SetLaunchFlag(LaunchFlags* f, const std::string& name, const std::s
     f->job_token_file = v;
   } else if (name == "connect_timeout_s") {
     st = ParseSeconds(origin, v, &f->connect_timeout_s);
+  } else if (name == "rdzv_last_call_s") {
+    st = ParseSeconds(origin, v, &f->rdzv_last_call_s);
   } else if (name == "rdzv_timeout_s") {
     st = ParseSeconds(origin, v, &f->rdzv_timeout_s);
   } else if (name == "stop_grace_s") {
@@ -408,7 +411,9 @@ absl::Status SetLaunchFlag(LaunchFlags* f, const std::string& name, const std::s
 }
 
 std::string LaunchFlagValue(const LaunchFlags& f, const std::string& name) {
-  if (name == "nnodes") return std::to_string(f.nnodes);
+  if (name == "nnodes") {
+    return f.Elastic() ? absl::StrCat(f.nnodes_min, ":", f.nnodes) : std::to_string(f.nnodes);
+  }
   if (name == "node_rank") return std::to_string(f.node_rank);
   if (name == "nproc_per_node") {
     return f.nproc_per_node_kind.empty() ? std::to_string(f.nproc_per_node) : f.nproc_per_node_kind;
@@ -604,7 +609,8 @@ std::string LauncherUsage() {
       absl::StrJoin(TrainingProgramFlags(), ", --"),
       ".\n"
       "\n"
-      "  --nnodes=N            nodes in the job (default 1; torchrun's N:N form too)\n"
+      "  --nnodes=N | MIN:MAX  nodes in the job (default 1); MIN:MAX: elastic, between MIN and\n"
+      "                        MAX nodes, regrouping when nodes leave or join (docs/LAUNCHING.md)\n"
       "  --node_rank=K         this node's index, 0..N-1 (default 0); node 0 serves the store\n"
       "  --nproc_per_node=P    workers per node: a number, auto (one per GPU, else per CPU), gpu\n"
       "                        or cpu (default 1)\n"
@@ -635,7 +641,7 @@ std::string LauncherUsage() {
       "  --scheduler=auto|none|slurm|mpi|env   where the rank layout comes from (default auto:\n"
       "                        Slurm, Open MPI or RANK/WORLD_SIZE variables when present)\n"
       "  --connect_timeout_s=S give up reaching the master's store after S s (default 120)\n"
-      "  --rdzv_timeout_s=S    give up waiting for every node to check in after S s (default 300)\n"
+      "  --rdzv_timeout_s=S    give up waiting for every node to check in after S s (default 300)\n"      "  --rdzv_last_call_s=S  elastic: once MIN nodes are in, wait S s more for others (default 30)\n"
       "  --stop_grace_s=S      SIGTERM, then SIGKILL after S s (default 10)\n"
       "  --heartbeat_timeout_s=S  another node's launcher silent this long counts as failed (60)\n"
       "  --tail_lines=L        lines of a failed worker's log to print (default 10)\n"

@@ -28,6 +28,9 @@ struct ConsoleSpec {
 
 struct LaunchFlags {
   int nnodes = 1, node_rank = 0, nproc_per_node = 1;
+  // --nnodes=MIN:MAX: nnodes is MAX, nnodes_min MIN (equal for --nnodes=N): launcher/elastic.h.
+  int nnodes_min = 1;
+  double rdzv_last_call_s = 30;  // elastic: how long a round waits for more once MIN are in
   // "auto", "cpu" or "gpu" until ResolveNprocPerNode turns it into nproc_per_node; "" = a number.
   std::string nproc_per_node_kind;
   bool nproc_resolved = false;  // ResolveNprocPerNode ran on nproc_per_node_kind
@@ -67,6 +70,7 @@ struct LaunchFlags {
   std::map<std::string, std::string> command_line;
 
   bool Given(const std::string& name) const;
+  bool Elastic() const { return nnodes_min < nnodes; }
   // How to name the source of a flag's value in a message: "--nnodes" or "PET_NNODES".
   std::string Origin(const std::string& name) const;
 };

@@ -190,10 +190,24 @@ TEST(ParseLaunchFlags, Standalone) {
   EXPECT_THAT(Error({"--master_port=5", "--standalone"}), HasSubstr("--master_port"));
 }
 
-TEST(ParseLaunchFlags, ElasticNodeCountsAreRefused) {
-  EXPECT_EQ(Flags({"--nnodes=2:2"}).nnodes, 2);
-  EXPECT_THAT(Error({"--nnodes=1:4"}),
-              HasSubstr("--nnodes=1:4 asks for an elastic job (between 1 and 4 nodes)"));
+TEST(ParseLaunchFlags, ElasticNodeCounts) {
+  LaunchFlags fixed = Flags({"--nnodes=2:2"});
+  EXPECT_EQ(fixed.nnodes, 2);
+  EXPECT_FALSE(fixed.Elastic());
+  EXPECT_EQ(LaunchFlagValue(fixed, "nnodes"), "2");
+  LaunchFlags n = Flags({"--nnodes=3"});
+  EXPECT_EQ(n.nnodes_min, 3);
+  EXPECT_FALSE(n.Elastic());
+  LaunchFlags e = Flags({"--nnodes=1:4", "--rdzv_last_call_s=2.5"});
+  EXPECT_TRUE(e.Elastic());
+  EXPECT_EQ(e.nnodes_min, 1);
+  EXPECT_EQ(e.nnodes, 4);
+  EXPECT_EQ(e.rdzv_last_call_s, 2.5);
+  EXPECT_EQ(LaunchFlagValue(e, "nnodes"), "1:4");
+  EXPECT_EQ(Flags({}).rdzv_last_call_s, 30);
+  EXPECT_THAT(Error({"--nnodes=4:2"}), HasSubstr("--nnodes=4:2: MIN (4) is above MAX (2); write --nnodes=2:4"));
+  EXPECT_THAT(Error({"--nnodes=0:2"}), HasSubstr("--nnodes"));
+  EXPECT_THAT(Error({"--nnodes=1:2:3"}), HasSubstr("a number of nodes, or MIN:MAX"));
 }
 
 TEST(ParseLaunchFlags, TorchrunFlagsWithoutEffectAreAccepted) {

@@ -35,9 +35,11 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "backends/store/tcp_store.h"
+#include "launcher/elastic.h"
 #include "launcher/hostfile_launch.h"
 #include "launcher/job_token.h"
 #include "launcher/launch_plan.h"
+#include "launcher/launcher_signals.h"
 #include "launcher/launcher_main.h"
 #include "launcher/programs.h"
 #include "launcher/rendezvous.h"
@@ -48,106 +50,9 @@ namespace braid::launcher {
 namespace {
 
 
-// Exit codes of the launcher itself (a failed worker's own code is passed on, see Main).
+// Exit codes of the launcher itself (a failed worker's own code is passed on, see Main);
+// kExitLauncherError is launcher_signals.h's.
 constexpr int kExitJobFailed = 1;
-constexpr int kExitLauncherError = 2;
-
-// Only before any worker exists. _exit: store threads may be running; nothing to clean up.
-[[noreturn]] void Die(const std::string& msg) {
-  std::fprintf(stderr, "braid launcher: %s\n", msg.c_str());
-  std::fflush(nullptr);
-  _exit(kExitLauncherError);
-}
-
-void Say(const std::string& msg) {
-  std::fprintf(stderr, "braid launcher: %s\n", msg.c_str());
-  std::fflush(stderr);
-}
-
-std::string Hostname() {
-  char buf[256] = {0};
-  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
-  return buf;
-}
-
-std::string SigName(int s) {
-  const char* a = sigabbrev_np(s);
-  return a ? absl::StrCat("SIG", a) : absl::StrCat("signal ", s);
-}
-
-// Signals the launcher handles: all blocked and read from a signalfd, so no handler runs on a
-// store thread and the main loop can wait for a signal, a worker and output at once.
-class Signals {
- public:
-  Signals() {
-    sigemptyset(&set_);
-    sigaddset(&set_, SIGCHLD);
-    for (int s : {SIGINT, SIGTERM, SIGHUP}) {
-      // A signal ignored by whoever started us (nohup; a script's background job for SIGINT)
-      // stays ignored, here and in the workers.
-      struct sigaction old;
-      if (sigaction(s, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
-      sigaddset(&set_, s);
-    }
-    // Before any thread exists: threads inherit the mask.
-    sigprocmask(SIG_BLOCK, &set_, nullptr);
-    fd_ = signalfd(-1, &set_, SFD_NONBLOCK | SFD_CLOEXEC);
-    if (fd_ < 0) Die(absl::StrCat("signalfd: ", strerror(errno)));
-    signal(SIGPIPE, SIG_IGN);  // a closed console or socket is an error, not death
-  }
-  int fd() const { return fd_; }
-  // Reads what arrived; returns the first stop signal (SIGINT/SIGTERM/SIGHUP) seen, or 0.
-  int Poll() {
-    signalfd_siginfo info;
-    int got = 0;
-    while (read(fd_, &info, sizeof info) == sizeof info) {
-      int s = static_cast<int>(info.ssi_signo);
-      if (s != SIGCHLD) {
-        ++count_;
-        if (!got) got = s;
-      }
-    }
-    if (got && !first_) first_ = got;
-    return got;
-  }
-  int first() const { return first_; }  // the first stop signal ever received
-  int count() const { return count_; }
-
- private:
-  sigset_t set_;
-  int fd_ = -1;
-  int first_ = 0;
-  int count_ = 0;
-};
-
-// Runs `fn` on a thread while watching for stop signals: connecting to a master that is not up
-// yet may take minutes, and Ctrl-C must still work then (no worker exists yet, so exiting is
-// clean).
-template <typename T>
-T WhileWatchingSignals(Signals& signals, const char* what, std::function<T()> fn) {
-  struct State {
-    std::mutex mu;
-    std::optional<T> result;
-  };
-  auto state = std::make_shared<State>();
-  std::thread([state, fn = std::move(fn)] {
-    T r = fn();
-    std::lock_guard<std::mutex> lock(state->mu);
-    state->result.emplace(std::move(r));
-  }).detach();
-  while (true) {
-    {
-      std::lock_guard<std::mutex> lock(state->mu);
-      if (state->result) return std::move(*state->result);
-    }
-    pollfd p = {signals.fd(), POLLIN, 0};
-    poll(&p, 1, 20);
-    if (int s = signals.Poll()) {
-      Say(absl::StrCat("interrupted by ", SigName(s), " while ", what, "; no worker was started"));
-      std::_Exit(128 + s);
-    }
-  }
-}
 
 bool IsIpLiteral(const std::string& a) {
   unsigned char buf[16];
@@ -162,6 +67,7 @@ struct Outcome {
     kStoreLost,      // node 0's store went away: nothing to restart with
     kInterrupted,    // a signal to this launcher
     kLauncherError,  // check-in failed, workers could not start
+    kRegroup,        // elastic: the workers stopped at a checkpoint so that a node can join
   } kind = kSuccess;
   std::string message;  // printed as the one message about the failure
   int exit_code = 0;
@@ -178,9 +84,11 @@ class Launcher {
         run_name_(std::move(run_name)), token_(std::move(token)) {}
 
   int Run();
+  int RunElastic();  // --nnodes=MIN:MAX: rounds of membership (launcher/elastic.h)
 
  private:
   std::string Label() const {
+    if (flags_.Elastic()) return absl::StrCat("node ", flags_.node_rank);  // its identity
     return plan_.source == LayoutSource::kFlags || flags_.Given("nproc_per_node")
                ? absl::StrCat("node ", plan_.node_rank)
                : absl::StrCat("rank ", plan_.launcher_id, "'s launcher");
@@ -206,6 +114,8 @@ class Launcher {
   std::unique_ptr<LauncherRendezvous> rdzv_;
   WorkerGroup* group_ = nullptr;
   int vanished_ = 0;  // launchers found silent: node 0 does not wait for them at the end
+  ElasticRendezvous* elastic_ = nullptr;  // an elastic job's rounds
+  std::vector<int> round_members_;  // the node ids of the round that runs
 };
 
 void Launcher::ServeAndConnect() {
@@ -297,6 +207,7 @@ std::vector<WorkerSpec> Launcher::Specs(int attempt) const {
     for (auto& [k, v] : program_env_) s.env[k] = v;
     for (auto& [k, v] : WorkerEnvironment(plan_, w, token_, attempt)) s.env[k] = v;
     s.env[kRunDirEnv] = log_dir_;  // the trainer's metrics and train.log go here too
+    if (flags_.Elastic()) s.env[kElasticEnv] = LaunchFlagValue(flags_, "nnodes");
     s.log_path = absl::StrCat(log_dir_, "/workerlog.", w.rank);
     s.append_log = attempt > 0;
     ConsoleChoice console = ConsoleFor(flags_.console, plan_.role, w.rank, w.local_rank);
@@ -337,7 +248,10 @@ Outcome Launcher::WorkerFailure(const WorkerExit& e) const {
 
 Outcome Launcher::RunAttempt(int attempt) {
   auto interrupted = [&] { return signals_.Poll() != 0 || signals_.first() != 0; };
-  if (absl::Status st = rdzv_->CheckIn(attempt, absl::Seconds(flags_.rdzv_timeout_s), interrupted);
+  // On a restart, a launcher silent for longer than a living one can be (its heartbeat timeout,
+  // plus stopping its workers) is gone: the job ends then, not after --rdzv_timeout_s.
+  const absl::Duration silence = absl::Seconds(flags_.heartbeat_timeout_s + flags_.stop_grace_s + 5);
+  if (absl::Status st = rdzv_->CheckIn(attempt, absl::Seconds(flags_.rdzv_timeout_s), interrupted, silence);
       !st.ok()) {
     Outcome o;
     if (signals_.first()) {
@@ -348,7 +262,8 @@ Outcome Launcher::RunAttempt(int attempt) {
     } else {
       o.kind = Outcome::kLauncherError;
       o.message = std::string(st.message());
-      o.exit_code = kExitLauncherError;
+      // A launcher gone during a restart fails the job that ran (1), as when it vanishes mid-run.
+      o.exit_code = absl::IsUnavailable(st) ? kExitJobFailed : kExitLauncherError;
     }
     return o;
   }
@@ -365,25 +280,31 @@ Outcome Launcher::RunAttempt(int attempt) {
     const auto& w = plan_.workers;
     Say(absl::StrCat(Label(), " (", host_, ") started ", w.size() == 1 ? "rank " : "ranks ",
                      w.front().rank, w.size() > 1 ? absl::StrCat("-", w.back().rank) : "", " of ",
-                     plan_.world_size, attempt > 0 ? absl::StrCat(" (restart ", attempt, ")") : "",
+                     plan_.world_size,
+                     attempt > 0 ? absl::StrCat(elastic_ ? " (round " : " (restart ", attempt, ")") : "",
                      "; store ", plan_.master_addr, ":", plan_.master_port, "; logs in ", log_dir_));
   }
 
   std::optional<Outcome> outcome;
-  bool reported_done = false;
+  bool reported_done = false, regroup = false, regroup_asked = false;
   absl::Time next_beat = absl::InfinitePast(), next_silence_check = absl::Now() + absl::Seconds(2);
   while (!outcome) {
     std::vector<WorkerExit> exits = group.Poll(absl::Milliseconds(200), {signals_.fd()});
     if (int s = signals_.Poll()) {
       outcome = Outcome{Outcome::kInterrupted,
-                        absl::StrCat(Label(), "'s launcher received ", SigName(s),
-                                     "; stopping the job"),
+                        absl::StrCat(Label(), "'s launcher", elastic_ ? absl::StrCat(" (host ", host_, ")") : "",
+                                     " received ", SigName(s),
+                                     elastic_ && plan_.launcher_id != 0 ? "; it leaves the job" : "; stopping the job"),
                         128 + s};
       (void)rdzv_->ReportFailure(attempt, {outcome->message, false});
       break;
     }
     for (const WorkerExit& e : exits) {
-      if (!e.ok() && !outcome) outcome = WorkerFailure(e);
+      if (elastic_ && WIFEXITED(e.wait_status) && WEXITSTATUS(e.wait_status) == kExitRegroup) {
+        regroup = true;  // stopped at a checkpoint, as asked: not a failure
+      } else if (!e.ok() && !outcome) {
+        outcome = WorkerFailure(e);
+      }
     }
     if (outcome) {
       // The first report in the store wins; when another node's came first, it is the cause.
@@ -402,8 +323,10 @@ Outcome Launcher::RunAttempt(int attempt) {
       break;
     }
     if (*failure) {
+      // Elastic: whatever ended the round (a node lost, interrupted, vanished), the next one
+      // goes on without it.
       outcome = Outcome{Outcome::kRemoteFailed, (*failure)->message, kExitJobFailed,
-                        (*failure)->restartable};
+                        (*failure)->restartable || elastic_ != nullptr};
       break;
     }
     absl::Time now = absl::Now();
@@ -420,11 +343,24 @@ Outcome Launcher::RunAttempt(int attempt) {
         outcome = Outcome{Outcome::kRemoteFailed,
                           absl::StrCat(s.label, "'s launcher (host ", s.host,
                                        ") stopped responding: no heartbeat for ",
-                                       flags_.heartbeat_timeout_s, " s; stopping the job"),
+                                       flags_.heartbeat_timeout_s, " s", elastic_ ? "" : "; stopping the job"),
                           kExitJobFailed};
         (void)rdzv_->ReportFailure(attempt, {outcome->message, false});
         break;
       }
+    }
+    if (elastic_ && plan_.launcher_id == 0 && !regroup_asked) {
+      // A node waits to join: ask the training program to stop at its next checkpoint.
+      auto waiting = elastic_->Waiting(attempt + 1, round_members_);
+      if (waiting.ok() && waiting->has_value()) {
+        regroup_asked = true;
+        Say(absl::StrCat(**waiting, " waits to join; the group regroups at its next checkpoint"));
+        (void)client_->Set(RegroupKey(attempt), **waiting);
+      }
+    }
+    if (regroup && group.running() == 0) {
+      outcome = Outcome{Outcome::kRegroup, "the workers stopped at a checkpoint to regroup", 0, true};
+      break;
     }
     if (group.running() == 0) {
       // Every local worker finished well; the job is done when every node's are.
@@ -474,6 +410,7 @@ int Launcher::Finish(const Outcome& o, int attempt) {
       break;
     case Outcome::kInterrupted:
     case Outcome::kLauncherError:
+    case Outcome::kRegroup:
       Say(o.message);
       break;
   }
@@ -499,6 +436,7 @@ int Launcher::Run() {
   prctl(PR_SET_CHILD_SUBREAPER, 1);
   ServeAndConnect();
   AgreeOnRunFolder();
+  if (flags_.Elastic()) return RunElastic();
   for (int attempt = 0;; ++attempt) {
     Outcome o = RunAttempt(attempt);
     bool retry = o.restartable && attempt < flags_.max_restarts && !signals_.first();
@@ -513,6 +451,85 @@ int Launcher::Run() {
         std::fclose(f);
       }
     }
+  }
+}
+
+// Rounds: join, wait for node 0's decision, run the worker group at the round's size, and go on
+// to the next round when it ends by a failure, a lost node or a node waiting to join.
+int Launcher::RunElastic() {
+  const LaunchPlan base = plan_;
+  RoundRules rules{flags_.nnodes_min, flags_.nnodes, absl::Seconds(flags_.rdzv_last_call_s),
+                   absl::Seconds(flags_.rdzv_timeout_s)};
+  ElasticRendezvous elastic(client_.get(), flags_.node_rank, host_, rules, flags_.max_restarts);
+  elastic_ = &elastic;
+  PreviousRound previous;
+  auto lost_store = [&](const absl::Status& st) {
+    Say(absl::StrCat(Label(), " lost the rendezvous store at ", base.master_addr, ":", base.master_port,
+                     " (node 0's launcher ended or the network failed): ", st.message()));
+    return kExitJobFailed;
+  };
+  for (int round = 0;; ++round) {
+    absl::StatusOr<int> joined = elastic.Join(round);
+    if (!joined.ok()) return lost_store(joined.status());
+    round = *joined;
+    std::optional<RoundResult> result;
+    while (!result) {
+      if (flags_.node_rank == 0) {
+        if (absl::Status st = elastic.Coordinate(round, previous); !st.ok()) return lost_store(st);
+      }
+      absl::StatusOr<std::optional<RoundResult>> r = elastic.Result(round);
+      if (!r.ok()) return lost_store(r.status());
+      result = *r;
+      if (result) break;
+      pollfd p = {signals_.fd(), POLLIN, 0};
+      poll(&p, 1, 50);
+      if (int s = signals_.Poll()) {
+        Say(absl::StrCat("interrupted by ", SigName(s), " while waiting to join round ", round));
+        return 128 + s;
+      }
+    }
+    if (!result->error.empty()) {
+      Say(result->error);
+      return kExitJobFailed;
+    }
+    const int rank = result->RankOf(flags_.node_rank);
+    if (rank < 0) {
+      Say(absl::StrCat(Label(), " came after round ", round, " closed; it waits for the next one"));
+      continue;
+    }
+    plan_ = PlanForRound(base, flags_, round, rank, static_cast<int>(result->members.size()));
+    round_members_ = result->members;
+    Say(absl::StrCat(result->note, " (world size ", plan_.world_size, ")"));
+    LauncherInfo info;
+    info.id = rank;
+    info.num_launchers = plan_.num_launchers;
+    info.world_size = plan_.world_size;
+    info.local_workers = static_cast<int>(plan_.workers.size());
+    info.max_restarts = flags_.max_restarts;
+    info.label = Label();
+    info.host = host_;
+    info.layout = plan_.describe;
+    info.run_id = plan_.run_id;
+    rdzv_ = std::make_unique<LauncherRendezvous>(client_.get(), info);
+    if (round > 0) {
+      for (const WorkerPlan& w : plan_.workers) {
+        FILE* f = std::fopen(absl::StrCat(log_dir_, "/workerlog.", w.rank).c_str(), "a");
+        if (f) {
+          std::fprintf(f, "----- braid launcher: round %d, %d node(s) -----\n", round, plan_.nnodes);
+          std::fclose(f);
+        }
+      }
+    }
+    Outcome o = RunAttempt(round);
+    const bool go_on = o.kind == Outcome::kRegroup ||
+                       (o.restartable && (o.kind == Outcome::kWorkerFailed || o.kind == Outcome::kRemoteFailed));
+    if (!go_on || signals_.first()) return Finish(o, round);
+    // Its cause in one line: the first line, without the log tail's heading.
+    std::string why = o.message.substr(0, o.message.find('\n'));
+    why = why.substr(0, why.find(" Last "));
+    previous = {o.kind != Outcome::kRegroup, why};
+    if (o.kind != Outcome::kRegroup) Say(absl::StrCat(o.message, "\n", Label(), " stopped its workers; regrouping"));
+    (void)rdzv_->ReportExit(round);
   }
 }
 
@@ -549,6 +566,7 @@ int Main(int argc, char** argv) {
   if (!flags.ok()) Die(std::string(flags.status().message()));
   absl::StatusOr<LaunchPlan> plan = MakeLaunchPlan(*flags, env);
   if (!plan.ok()) Die(std::string(plan.status().message()));
+  if (absl::Status st = CheckElasticLayout(*flags, *plan); !st.ok()) Die(std::string(st.message()));
   if (flags->dry_run) {
     std::printf("%s", DescribePlan(*plan).c_str());
     return 0;

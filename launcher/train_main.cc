@@ -18,6 +18,8 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/check.h"
 #include "launcher/config/config.h"
+#include "launcher/elastic_batch.h"
+#include "launcher/elastic_keys.h"
 #include "launcher/programs.h"
 #include "launcher/run_folder.h"
 #include "launcher/train_setup.h"
@@ -62,6 +64,19 @@ absl::Status Run(const char* argv0) {
   const braid::launcher::PluginLocation plugins = braid::launcher::FindPlugins(argv0);
   env.plugin_search_path = plugins.search_path;
   env.plugin_origin = plugins.origin;
+  // An elastic job keeps its global batch: accumulation is derived for this round's world size,
+  // which must be one the batch allows (launcher/elastic_batch.h).
+  BRAID_ASSIGN_OR_RETURN(std::optional<braid::launcher::ElasticNodes> elastic, braid::launcher::ElasticNodesFromEnv());
+  if (elastic) {
+    BRAID_ASSIGN_OR_RETURN(
+        std::string table,
+        braid::launcher::PrepareElasticBatch(
+            &cfg, *elastic, EnvInt("LOCAL_WORLD_SIZE", 1), env.world_size,
+            [&](braid::config::TrainConfig* c, int world) {
+              return braid::launcher::PrepareConfig(c, world, /*rank=*/-1, env.plugin_search_path);
+            }));
+    if (env.rank == 0) std::fprintf(stderr, "%s\n", table.c_str());
+  }
   BRAID_RETURN_IF_ERROR(
       braid::launcher::PrepareConfig(&cfg, env.world_size, env.rank, env.plugin_search_path));
   if (absl::GetFlag(FLAGS_print_config)) {
@@ -112,6 +127,10 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("Braid training program: train --config=FILE [overrides]");
   absl::ParseCommandLine(argc, argv);
   absl::Status st = Run(argv[0]);
+  if (braid::launcher::IsRegroup(st)) {  // not a failure: the launchers restart the group larger
+    std::fprintf(stderr, "braid train: %s\n", std::string(st.message()).c_str());
+    return braid::launcher::kExitRegroup;
+  }
   if (!st.ok()) {
     std::fprintf(stderr, "braid train: %s\n", std::string(st.message()).c_str());
     return 1;
