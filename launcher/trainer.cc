@@ -38,6 +38,7 @@
 #include "launcher/compose.h"
 #include "launcher/config/config.h"
 #include "launcher/device_binding.h"
+#include "launcher/elastic_batch.h"
 #include "launcher/evaluation.h"
 #include "launcher/net.h"
 #include "launcher/optimization.h"
@@ -120,6 +121,7 @@ class Run {
   std::string unit_ = "tok";  // the dataset's (DatasetSpec::unit)
   // Sharded checkpoints (plugins/checkpoint), and where a resumed run starts.
   std::unique_ptr<Checkpointer> checkpointer_;
+  std::unique_ptr<ElasticCheckpoints> elastic_;  // an elastic job's regroups (elastic_batch.h)
   CheckpointOptions checkpoint_options_;
   int first_step_ = 0;
   int64_t batches_drawn_ = 0;  // from the data source, for the resumed run to draw the same
@@ -391,6 +393,7 @@ absl::Status Run::Resume() {
   co.async = c.async();
   checkpoint_options_ = co;
   BRAID_ASSIGN_OR_RETURN(checkpointer_, Registry::Get().MakeCheckpointer("safetensors", co));
+  BRAID_ASSIGN_OR_RETURN(elastic_, ElasticCheckpoints::FromEnv(env_.rank, absl::Seconds(cfg_.collective_timeout_s())));
   // Refused at start, not at the first save, by a strategy that cannot describe its state.
   if (absl::StatusOr<std::vector<StateChunk>> probe = strategy_->StateChunks(false); !probe.ok()) {
     return absl::Status(probe.status().code(),
@@ -558,6 +561,15 @@ absl::StatusOr<StepStats> Run::Step() {
         }
         ++checkpoints_saved_;
         checkpoint_blocked_s_ += checkpointer_->last_save().blocked_s;
+        // An elastic job grows here when a node waits to join: every rank stops after this
+        // checkpoint, and the next round resumes from it.
+        if (elastic_ != nullptr && step + 1 < steps_) {
+          BRAID_ASSIGN_OR_RETURN(std::optional<std::string> joiner, elastic_->AfterCheckpoint(step + 1));
+          if (joiner) {
+            BRAID_RETURN_IF_ERROR(checkpointer_->Wait());
+            return RegroupStatus(step + 1, *joiner);
+          }
+        }
       }
     }
     return st;
