@@ -382,11 +382,14 @@ class Chaos:
         interval_s = step_s * self.args.every
         print(f"\nfaults survived: {len(self.figures)} of {len(self.events)}; checkpoint interval "
               f"{self.args.every} steps = {interval_s:.1f} s (median step {step_s:.3f} s, uninterrupted run)")
-        print(f"{'fault':<72} {'resumed':>7} {'redone':>6} {'lost s':>7} {'/interval':>9}")
+        # Lost time = the steps redone (at the uninterrupted run's median step) + the restart
+        # itself (stopping, check-in, new processes, loading the checkpoint).
+        print(f"{'fault':<72} {'resumed':>7} {'redone':>6} {'lost s':>7} {'/interval':>9} {'restart s':>9}")
         for f in self.figures:
             f["lost_intervals"] = round(f["lost_s"] / interval_s, 2) if interval_s > 0 else None
+            f["restart_s"] = round(f["lost_s"] - f["redone_steps"] * step_s, 1)
             print(f"{f['fault']:<72} {f['resumed_at']:>7} {f['redone_steps']:>6} {f['lost_s']:>7.1f} "
-                  f"{f['lost_intervals']:>9.2f}")
+                  f"{f['lost_intervals']:>9.2f} {f['restart_s']:>9.1f}")
         print(f"wall time: chaos {chaos_wall:.0f} s, uninterrupted {ref_wall:.0f} s "
               f"(+{chaos_wall - ref_wall:.0f} s, {chaos_wall / ref_wall:.2f}x)")
         if self.args.json:
