@@ -405,6 +405,9 @@ class Chaos:
               f"{'a private tmpfs' if self.private else 'the ordinary disk (no root: the disk is not filled)'}; "
               f"runs in {self.out}")
         print("schedule (seed %d): %s" % (self.args.seed, "; ".join(describe(e) for e in self.events)), flush=True)
+        # Stopped from outside (Bazel's timeout, Ctrl-C): the finally below still kills the run's
+        # processes and deletes the namespaces.
+        signal.signal(signal.SIGTERM, lambda sig, frame: sys.exit(128 + sig))
         try:
             chaos, chaos_wall = self.chaos_run()
             ref, ref_wall = self.reference_run()
