@@ -1,5 +1,6 @@
 #include "plugins/tensor_parallel/parallel_ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -54,25 +55,31 @@ Tensor ReduceFromGroup(const Tensor& x, Communicator& group, CommCounters* count
 namespace {
 
 // [B, t * Tl, I] <-> [t][B][Tl][I]: rank r's sequence rows made contiguous for the collectives.
-std::vector<float> ToRankMajor(const std::vector<float>& x, int64_t b, int t, int64_t tl, int64_t inner) {
-  std::vector<float> out(x.size());
+// One pass straight between the two buffers: these run twice per split layer and step, on
+// activations of B*T*C floats, so every extra host copy is paid ~20 times a step.
+void PermuteRanks(const float* from, float* to, int64_t b, int t, int64_t tl, int64_t inner,
+                  bool to_rank_major) {
+  const int64_t rows = tl * inner;
   for (int64_t i = 0; i < b; ++i) {
     for (int r = 0; r < t; ++r) {
-      const float* src = x.data() + (i * t * tl + r * tl) * inner;
-      std::copy(src, src + tl * inner, out.begin() + ((r * b + i) * tl) * inner);
+      const int64_t batch_major = (i * t + r) * rows, rank_major = (r * b + i) * rows;
+      const float* src = from + (to_rank_major ? batch_major : rank_major);
+      std::copy(src, src + rows, to + (to_rank_major ? rank_major : batch_major));
     }
   }
-  return out;
 }
-std::vector<float> FromRankMajor(const std::vector<float>& x, int64_t b, int t, int64_t tl, int64_t inner) {
-  std::vector<float> out(x.size());
-  for (int64_t i = 0; i < b; ++i) {
-    for (int r = 0; r < t; ++r) {
-      const float* src = x.data() + ((r * b + i) * tl) * inner;
-      std::copy(src, src + tl * inner, out.begin() + (i * t * tl + r * tl) * inner);
-    }
+
+// `x` in the other layout (new storage): on the host one pass; elsewhere through host vectors.
+Tensor Permuted(const Tensor& x, const Shape& shape, int64_t b, int t, int64_t tl, int64_t inner,
+                bool to_rank_major) {
+  if (x.device().type == DeviceType::kCPU) {
+    Tensor out = Tensor::Empty(shape, DType::kF32, x.device());
+    PermuteRanks(x.data<float>(), out.data<float>(), b, t, tl, inner, to_rank_major);
+    return out;
   }
-  return out;
+  std::vector<float> from = x.ToFloatVector(), to(from.size());
+  PermuteRanks(from.data(), to.data(), b, t, tl, inner, to_rank_major);
+  return Tensor::FromVector(to, shape, x.device());
 }
 
 void CheckSequenceInput(const Tensor& x, const char* op) {
@@ -85,7 +92,8 @@ void CheckSequenceInput(const Tensor& x, const char* op) {
 Tensor AllGatherSequence(const Tensor& x, Communicator& g, std::atomic<int64_t>* bytes) {
   const int t = g.size();
   const int64_t b = x.size(0), tl = x.size(1), inner = x.numel() / std::max<int64_t>(b * tl, 1);
-  Tensor flat = x.Detach().Clone().Reshape({x.numel()});
+  // The collective only reads its input: a view of x, no copy.
+  Tensor flat = x.Detach().Reshape({x.numel()});
   Tensor all = Tensor::Empty({x.numel() * t}, DType::kF32, x.device());
   absl::Status st = g.AllGather(flat, all)->Wait();
   BRAID_CHECK(st.ok()) << "tensor parallel: all-gathering the sequence failed on rank " << g.rank()
@@ -93,7 +101,8 @@ Tensor AllGatherSequence(const Tensor& x, Communicator& g, std::atomic<int64_t>*
   if (bytes != nullptr) *bytes += int64_t(all.nbytes()) / 2;  // half an all-reduce's volume
   Shape shape = x.shape();
   shape[1] = tl * t;
-  return Tensor::FromVector(FromRankMajor(all.ToFloatVector(), b, t, tl, inner), shape, x.device());
+  // One sequence: rank-major is already [1, t*Tl, I].
+  return b == 1 ? all.Reshape(shape) : Permuted(all, shape, b, t, tl, inner, false);
 }
 
 // Reduce-scatter along T: [B, T, I] partial sums -> [B, T/t, I] of this rank's rows.
@@ -104,8 +113,9 @@ Tensor ReduceScatterSequence(const Tensor& x, Communicator& g, std::atomic<int64
                              << " is not a multiple of the tensor-parallel size " << t
                              << "; use a context length the tensor size divides";
   const int64_t tl = full / t, inner = x.numel() / std::max<int64_t>(b * full, 1);
-  Tensor rank_major = Tensor::FromVector(ToRankMajor(x.ToFloatVector(), b, t, tl, inner),
-                                         {x.numel()}, x.device());
+  // The collective only reads its input: with one sequence, x itself is rank-major.
+  Tensor rank_major = b == 1 ? x.Detach().Reshape({x.numel()})
+                             : Permuted(x.Detach(), {x.numel()}, b, t, tl, inner, true);
   Tensor mine = Tensor::Empty({x.numel() / t}, DType::kF32, x.device());
   absl::Status st = g.ReduceScatter(rank_major, mine, ReduceOp::kSum)->Wait();
   BRAID_CHECK(st.ok()) << "tensor parallel: reduce-scattering the sequence failed on rank "

@@ -250,32 +250,38 @@ INSTANTIATE_TEST_SUITE_P(Ranks, GptPlanTest,
                          ::testing::Combine(::testing::Values(2, 4), ::testing::Bool()));
 
 // The sequence ops: gather then scatter of a sum is the identity; scatter of t equal copies gives
-// t times this rank's rows; and both backward passes are the other op.
+// t times this rank's rows; and both backward passes are the other op. One sequence (B = 1, where
+// the collectives' rank-major layout is the tensor's own and no rows are moved) and two.
 TEST_P(OpsTest, SequenceGatherAndScatterAreConjugate) {
   const int t = GetParam();
-  Tensor full = RandomTensor({2, 8, 3}, 31);  // [B, T, C]
-  testing::RunRanks(t, [&](int rank, Communicator* comm) {
-    const int64_t rows = 8 / t;
-    std::vector<float> v = full.ToFloatVector(), mine;
-    for (int64_t b = 0; b < 2; ++b) {
-      mine.insert(mine.end(), v.begin() + (b * 8 + rank * rows) * 3, v.begin() + (b * 8 + (rank + 1) * rows) * 3);
-    }
-    Tensor local = Tensor::FromVector(mine, {2, rows, 3}).set_requires_grad(true);
-    Tensor gathered = GatherSequence(local, *comm);
-    EXPECT_EQ(MaxAbsDiff(gathered, full), 0.0);
-    Tensor seed = RandomTensor({2, 8, 3}, 37);  // the same on every rank
-    ops::Sum(ops::Mul(gathered, seed)).Backward();
-    // d/dlocal of sum over ranks' identical losses: t times this rank's rows of the seed.
-    std::vector<float> s = seed.ToFloatVector(), want;
-    for (int64_t b = 0; b < 2; ++b) {
-      for (int64_t i = (b * 8 + rank * rows) * 3; i < (b * 8 + (rank + 1) * rows) * 3; ++i) want.push_back(float(t) * s[size_t(i)]);
-    }
-    EXPECT_LT(MaxAbsDiff(local.grad(), Tensor::FromVector(want, {2, rows, 3})), 1e-6);
-    Tensor scattered = ScatterSequence(full, *comm);
-    std::vector<float> times_t;
-    for (float x : mine) times_t.push_back(float(t) * x);
-    EXPECT_LT(MaxAbsDiff(scattered, Tensor::FromVector(times_t, {2, rows, 3})), 1e-6);
-  });
+  for (const int64_t batch : {1, 2}) {
+    SCOPED_TRACE(batch);
+    Tensor full = RandomTensor({batch, 8, 3}, 31);  // [B, T, C]
+    testing::RunRanks(t, [&](int rank, Communicator* comm) {
+      const int64_t rows = 8 / t;
+      std::vector<float> v = full.ToFloatVector(), mine;
+      for (int64_t b = 0; b < batch; ++b) {
+        mine.insert(mine.end(), v.begin() + (b * 8 + rank * rows) * 3, v.begin() + (b * 8 + (rank + 1) * rows) * 3);
+      }
+      Tensor local = Tensor::FromVector(mine, {batch, rows, 3}).set_requires_grad(true);
+      Tensor gathered = GatherSequence(local, *comm);
+      EXPECT_EQ(MaxAbsDiff(gathered, full), 0.0);
+      Tensor seed = RandomTensor({batch, 8, 3}, 37);  // the same on every rank
+      ops::Sum(ops::Mul(gathered, seed)).Backward();
+      // d/dlocal of sum over ranks' identical losses: t times this rank's rows of the seed.
+      std::vector<float> s = seed.ToFloatVector(), want;
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t i = (b * 8 + rank * rows) * 3; i < (b * 8 + (rank + 1) * rows) * 3; ++i) want.push_back(float(t) * s[size_t(i)]);
+      }
+      EXPECT_LT(MaxAbsDiff(local.grad(), Tensor::FromVector(want, {batch, rows, 3})), 1e-6);
+      Tensor scattered = ScatterSequence(full, *comm);
+      std::vector<float> times_t;
+      for (float x : mine) times_t.push_back(float(t) * x);
+      EXPECT_LT(MaxAbsDiff(scattered, Tensor::FromVector(times_t, {batch, rows, 3})), 1e-6);
+      // The input is only read: the full tensor is unchanged after scattering it.
+      EXPECT_EQ(MaxAbsDiff(full, Tensor::FromVector(v, {batch, 8, 3})), 0.0);
+    });
+  }
 }
 
 TEST(PlanTest, BadPlansAndLayoutsAreRefusedNamingTheRule) {
