@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/autograd.h"
 #include "core/check.h"
 #include "core/ops.h"
 
@@ -91,6 +92,21 @@ class Attention : public Module {
     v = v.Reshape({b, t, hkv, head_dim_});
     return (*o_proj_)(ops::GroupedQueryAttention(q, k, v).Reshape({b, t, h * head_dim_}));
   }
+  // Inference with the cache: the new positions' q and k rotated at their place after the
+  // cached ones, attention over the cache on the host (llama_kv_cache.h).
+  Tensor ForwardCached(const Tensor& x, LlamaKvCache& cache, int64_t layer) {
+    Tensor q = (*q_proj_)(x), k = (*k_proj_)(x), v = (*v_proj_)(x);
+    const int64_t b = q.size(0), t = q.size(1);
+    const int64_t h = q.size(-1) / head_dim_, hkv = k.size(-1) / head_dim_;
+    ops::RopeOptions rope = rope_;
+    rope.position_offset = cache.length();
+    q = ops::RotaryEmbedding(q.Reshape({b, t, h, head_dim_}), rope);
+    k = ops::RotaryEmbedding(k.Reshape({b, t, hkv, head_dim_}), rope);
+    std::vector<float> y = cache.Attend(layer, q.ToFloatVector(), k.ToFloatVector(),
+                                        v.ToFloatVector(), t, h, hkv);
+    Tensor yt = Tensor::FromVector(y, {b, t, h * head_dim_}, q.device());
+    return (*o_proj_)(ops::Cast(yt, q.dtype()));
+  }
 
  private:
   int64_t head_dim_;
@@ -128,6 +144,10 @@ class DecoderLayer : public Module {
   }
   Tensor Forward(const Tensor& x) override {
     Tensor h = ops::Add(x, (*self_attn_)((*input_layernorm_)(x)));
+    return ops::Add(h, (*mlp_)((*post_attention_layernorm_)(h)));
+  }
+  Tensor ForwardCached(const Tensor& x, LlamaKvCache& cache, int64_t layer) {
+    Tensor h = ops::Add(x, self_attn_->ForwardCached((*input_layernorm_)(x), cache, layer));
     return ops::Add(h, (*mlp_)((*post_attention_layernorm_)(h)));
   }
 
@@ -199,6 +219,26 @@ std::vector<PipelineLayer> Llama::PipelineLayers() {
                      {"model.norm.weight", cfg_.tie_embeddings ? "model.embed_tokens.weight"
                                                                : "lm_head.weight"}});
   return layers_;
+}
+
+Tensor Llama::ForwardCached(const Tensor& ids, LlamaKvCache& cache) {
+  BRAID_CHECK(ids.ndim() == 2 && ids.dtype() == DType::kI32 && ids.size(0) == cache.batch())
+      << "Llama::ForwardCached takes i32 token ids [" << cache.batch() << ", T], got "
+      << ids.DescribeForError();
+  BRAID_CHECK(cache.length() + ids.size(1) <= cfg_.block_size)
+      << "Llama::ForwardCached: " << cache.length() << " cached + " << ids.size(1)
+      << " new positions exceed block_size " << cfg_.block_size;
+  autograd::NoGradGuard no_grad;
+  Tensor x = (*embed_tokens_)(ids);
+  for (size_t i = 0; i < layers_list_.size(); ++i) {
+    x = static_cast<DecoderLayer*>(layers_list_[i])->ForwardCached(x, cache, int64_t(i));
+  }
+  cache.Advance(ids.size(1));
+  return (*lm_head_)((*norm_)(x));
+}
+
+LlamaKvCache Llama::NewKvCache(int64_t batch) const {
+  return LlamaKvCache(cfg_.n_layer, batch, cfg_.block_size);
 }
 
 Tensor Llama::Forward(const Tensor& ids) {

@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/module.h"
+#include "models/llama/llama_kv_cache.h"
 #include "models/nn/layers.h"
 
 namespace braid::models {
@@ -65,6 +66,11 @@ class Llama : public Module {
   Llama(const LlamaConfig& cfg, Device device = Device::CPU());
   // ids: [B, T] i32 with T <= block_size -> logits [B, T, vocab_size].
   Tensor Forward(const Tensor& ids) override;
+  // Inference: ids [B, t] are the t positions after the cache's (cache.length() + t <=
+  // block_size); returns their logits [B, t, vocab_size] and adds them to the cache. Equal to the
+  // last t positions of Forward over the whole sequence, up to f32 rounding (llama_test).
+  Tensor ForwardCached(const Tensor& ids, LlamaKvCache& cache);
+  LlamaKvCache NewKvCache(int64_t batch = 1) const;  // room for block_size positions
   // embedding, model.layers.0 .. model.layers.{n-1}, head (model.norm and lm_head).
   std::vector<PipelineLayer> PipelineLayers() override;
   const LlamaConfig& config() const { return cfg_; }

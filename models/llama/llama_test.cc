@@ -170,5 +170,78 @@ TEST(Llama, ShapeProblemsNameTheFields) {
   EXPECT_EQ(Small(true).Problems(), "");
 }
 
+// ---- The KV cache (inference) ----------------------------------------------------------------
+
+// Columns [begin, end) of logits [B, T, V], flattened as a [B, end - begin, V] tensor would be.
+std::vector<float> Positions(const Tensor& logits, int64_t begin, int64_t end) {
+  const int64_t B = logits.size(0), T = logits.size(1), V = logits.size(2);
+  std::vector<float> all = logits.ToFloatVector(), out;
+  for (int64_t b = 0; b < B; ++b) {
+    out.insert(out.end(), all.begin() + (b * T + begin) * V, all.begin() + (b * T + end) * V);
+  }
+  return out;
+}
+
+Tensor Columns(const Tensor& ids, int64_t begin, int64_t end) {
+  const int64_t B = ids.size(0), T = ids.size(1);
+  std::vector<int32_t> all = ids.ToVector<int32_t>(), out;
+  for (int64_t b = 0; b < B; ++b) {
+    out.insert(out.end(), all.begin() + b * T + begin, all.begin() + b * T + end);
+  }
+  return Tensor::FromVector(out, {B, end - begin});
+}
+
+// Logits through the cache, a prefix then chunks of 1 and 3 positions, equal the full forward's
+// at the same positions (f32 rounding apart: the cache's attention sums in another order), with
+// grouped K/V heads, untied and tied, and with linear RoPE scaling (the offset of each chunk's
+// positions meets the scale). Weights large enough that the logits differ between positions.
+TEST(Llama, CachedLogitsEqualTheFullForward) {
+  for (int variant = 0; variant < 2; ++variant) {
+    LlamaConfig c = Small(variant == 1);
+    c.init_std = 0.3f;
+    if (variant == 1) {
+      c.rope_scaling = "linear";
+      c.rope_scaling_factor = 2.0f;
+    }
+    Llama m(c);
+    Tensor ids = Ids(2, 12, c.vocab_size, variant);
+    Tensor full;
+    {
+      autograd::NoGradGuard no_grad;
+      full = m(ids);
+    }
+    LlamaKvCache cache = m.NewKvCache(2);
+    EXPECT_EQ(cache.capacity(), c.block_size);
+    int64_t at = 0;
+    for (int64_t step : {5, 1, 1, 3, 2}) {
+      Tensor out = m.ForwardCached(Columns(ids, at, at + step), cache);
+      ASSERT_EQ(out.shape(), (Shape{2, step, c.vocab_size}));
+      EXPECT_LE(testing::MaxRelDiff(out.ToFloatVector(), Positions(full, at, at + step)), 1e-5)
+          << "variant " << variant << ", positions " << at << ".." << at + step - 1;
+      at += step;
+      EXPECT_EQ(cache.length(), at);
+    }
+    // The comparison can fail: logits of different positions differ by far more.
+    EXPECT_GT(testing::MaxRelDiff(Positions(full, 10, 11), Positions(full, 11, 12)), 1e-2);
+  }
+}
+
+// A cache holding another sequence gives other logits: the cache is what the new token reads.
+TEST(Llama, AWrongCacheChangesTheLogits) {
+  LlamaConfig c = Small(false);
+  c.init_std = 0.3f;
+  Llama m(c);
+  Tensor a = Ids(1, 8, c.vocab_size, 1), b = Ids(1, 8, c.vocab_size, 2);
+  Tensor full;
+  {
+    autograd::NoGradGuard no_grad;
+    full = m(a);
+  }
+  LlamaKvCache cache = m.NewKvCache();
+  m.ForwardCached(Columns(b, 0, 7), cache);
+  Tensor last = m.ForwardCached(Columns(a, 7, 8), cache);
+  EXPECT_GT(testing::MaxRelDiff(last.ToFloatVector(), Positions(full, 7, 8)), 1e-3);
+}
+
 }  // namespace
 }  // namespace braid::models
