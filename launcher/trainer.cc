@@ -17,7 +17,6 @@
 #include "backends/cuda/device_check.h"
 #include "backends/in_process/in_process_communicator.h"
 #include "backends/store/tcp_store.h"
-#include "core/activation_checkpointing.h"
 #include "core/allocator.h"
 #include "core/autograd.h"
 #include "core/check.h"
@@ -34,6 +33,7 @@
 #include "core/store.h"
 #include "core/strategy.h"
 #include "core/weights_match.h"
+#include "launcher/activation_checkpointing/activation_checkpointing.h"
 #include "launcher/batch_sources.h"
 #include "launcher/compose.h"
 #include "launcher/config/config.h"
@@ -327,7 +327,7 @@ absl::Status Run::SetUpStrategy() {
     BRAID_RETURN_IF_ERROR(CheckWeightsMatch(shapes, init_weights_, cfg_.init_from()));
   }
   BRAID_RETURN_IF_ERROR(strategy_->Setup(*model_, make_optimizer_, ctx_));
-  // Activation checkpointing (core/activation_checkpointing.h), under every strategy. Here,
+  // Activation checkpointing (launcher/activation_checkpointing/activation_checkpointing.h), under every strategy. Here,
   // after Setup: the model is in its final form (tensor parallelism has split it, the pipeline
   // has cut it), and the strategy's hooks are installed, so they fire again when a recompute
   // runs a block in backward (ZeRO-3 gathers its parameters there).

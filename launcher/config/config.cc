@@ -15,11 +15,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/activation_checkpointing.h"
-#include "launcher/config/config.h"
-#include "launcher/config/config_internal.h"
 #include "core/registry.h"
 #include "google/protobuf/descriptor.h"
+#include "launcher/activation_checkpointing/activation_checkpointing.h"
+#include "launcher/config/config.h"
+#include "launcher/config/config_internal.h"
 
 namespace braid::config {
 namespace {
@@ -125,7 +125,7 @@ void CheckBatch(Checker& c, TrainConfig* cfg, int dp) {
 }
 
 // activation_checkpointing needs no strategy feature: the training program applies it to the
-// model after any strategy's Setup (core/activation_checkpointing.h). Fills in the policy.
+// model after any strategy's Setup (launcher/activation_checkpointing/activation_checkpointing.h). Fills in the policy.
 void CheckActivationCheckpointing(Checker& c, TrainConfig* cfg) {
   if (!cfg->has_activation_checkpointing()) return;
   ActivationCheckpointingConfig* a = cfg->mutable_activation_checkpointing();

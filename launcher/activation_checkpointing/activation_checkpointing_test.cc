@@ -1,20 +1,20 @@
-// Activation checkpointing (core/activation_checkpointing.h) on the small GPT-shaped model of
+// Activation checkpointing (launcher/activation_checkpointing/activation_checkpointing.h) on the small GPT-shaped model of
 // activation_checkpointing_test_util.h, on the reference kernels: the policies' segments and
 // their config section; the same gradients, bit for bit, as the plain model under every policy;
 // less memory held for backward. Hooks and recomputation counts, a parameter-sharding pattern like
 // ZeRO-3's, random ops replayed and misuse are in activation_checkpointing_recompute_test.cc.
-#include "core/activation_checkpointing.h"
+#include "launcher/activation_checkpointing/activation_checkpointing.h"
 
 #include <map>
 #include <string>
 #include <vector>
 
-#include "core/activation_checkpointing_test_util.h"
 #include "core/allocator.h"
 #include "core/config/train_config.pb.h"
 #include "core/ops.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "launcher/activation_checkpointing/activation_checkpointing_test_util.h"
 
 namespace braid {
 namespace {

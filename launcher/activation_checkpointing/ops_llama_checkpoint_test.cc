@@ -8,11 +8,11 @@
 #include <utility>
 #include <vector>
 
-#include "core/activation_checkpointing.h"
 #include "core/module.h"
 #include "core/ops.h"
 #include "core/testing/test_util.h"
 #include "gtest/gtest.h"
+#include "launcher/activation_checkpointing/activation_checkpointing.h"
 
 namespace braid {
 namespace {

@@ -1,8 +1,8 @@
 // The small GPT-shaped model and step helpers that activation checkpointing's two test files
 // (activation_checkpointing_test.cc, activation_checkpointing_recompute_test.cc) run on. Defined
 // here because core's tests cannot link models/; a testonly library so both files share one copy.
-#ifndef BRAID_CORE_ACTIVATION_CHECKPOINTING_TEST_UTIL_H_
-#define BRAID_CORE_ACTIVATION_CHECKPOINTING_TEST_UTIL_H_
+#ifndef BRAID_LAUNCHER_ACTIVATION_CHECKPOINTING_ACTIVATION_CHECKPOINTING_TEST_UTIL_H_
+#define BRAID_LAUNCHER_ACTIVATION_CHECKPOINTING_ACTIVATION_CHECKPOINTING_TEST_UTIL_H_
 
 #include <cstdint>
 #include <map>
@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "core/activation_checkpointing.h"
 #include "core/check.h"
 #include "core/module.h"
 #include "core/ops.h"
 #include "core/tensor.h"
 #include "core/testing/test_util.h"
+#include "launcher/activation_checkpointing/activation_checkpointing.h"
 
 namespace braid::checkpointing_test {
 
@@ -155,4 +155,4 @@ CheckpointPolicy All(CheckpointPolicy::Kind kind, int k = 0);
 
 }  // namespace braid::checkpointing_test
 
-#endif  // BRAID_CORE_ACTIVATION_CHECKPOINTING_TEST_UTIL_H_
+#endif  // BRAID_LAUNCHER_ACTIVATION_CHECKPOINTING_ACTIVATION_CHECKPOINTING_TEST_UTIL_H_

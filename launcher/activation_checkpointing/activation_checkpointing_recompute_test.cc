@@ -1,9 +1,9 @@
-// Activation checkpointing (core/activation_checkpointing.h) at work inside backward, on the small
+// Activation checkpointing (launcher/activation_checkpointing/activation_checkpointing.h) at work inside backward, on the small
 // GPT-shaped model of activation_checkpointing_test_util.h and on modules defined here, on the
 // reference kernels: hooks and recomputation counts; a parameter-sharding pattern like ZeRO-3's;
 // random ops replayed; misuse refused or fatal. Policies, bitwise gradients and memory are in
 // activation_checkpointing_test.cc.
-#include "core/activation_checkpointing.h"
+#include "launcher/activation_checkpointing/activation_checkpointing.h"
 
 #include <map>
 #include <memory>
@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/activation_checkpointing_test_util.h"
 #include "core/autograd.h"
 #include "core/ops.h"
 #include "core/testing/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "launcher/activation_checkpointing/activation_checkpointing_test_util.h"
 
 namespace braid {
 namespace {

@@ -1,4 +1,4 @@
-#include "core/activation_checkpointing.h"
+#include "launcher/activation_checkpointing/activation_checkpointing.h"
 
 #include <algorithm>
 #include <mutex>

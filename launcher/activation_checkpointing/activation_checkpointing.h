@@ -22,15 +22,15 @@
 //   the recompute fails loudly (naming the module) when the count or a shape differs.
 // - Replay is exact because Braid's ops keep no random state: ops::Dropout's mask is a function
 //   of (seed, element index, p), so the recompute, called with the same seed, draws the same
-//   mask (core:ops_llama_checkpoint_test). An op that draws from a generator must register it
-//   with SetCheckpointRngState, so the recompute replays the same draws.
+//   mask (ops_llama_checkpoint_test beside this file). An op that draws from a generator must
+//   register it with SetCheckpointRngState, so the recompute replays the same draws.
 // - Blocks of a segment feed each other directly (block k+1's input is block k's output, as in
 //   GPT's layer stack). When they do not (a pipeline stage boundary cuts a segment, or something
 //   runs between the two blocks), the segment splits there by itself.
 // - Checkpoints do not nest: EnableActivationCheckpointing refuses a module inside, or around, one
 //   already checkpointed.
-#ifndef BRAID_CORE_ACTIVATION_CHECKPOINTING_H_
-#define BRAID_CORE_ACTIVATION_CHECKPOINTING_H_
+#ifndef BRAID_LAUNCHER_ACTIVATION_CHECKPOINTING_ACTIVATION_CHECKPOINTING_H_
+#define BRAID_LAUNCHER_ACTIVATION_CHECKPOINTING_ACTIVATION_CHECKPOINTING_H_
 
 #include <cstdint>
 #include <functional>
@@ -146,4 +146,4 @@ void SetCheckpointRngState(CheckpointRngState state);
 
 }  // namespace braid
 
-#endif  // BRAID_CORE_ACTIVATION_CHECKPOINTING_H_
+#endif  // BRAID_LAUNCHER_ACTIVATION_CHECKPOINTING_ACTIVATION_CHECKPOINTING_H_

@@ -1,6 +1,6 @@
 // The step helpers of activation_checkpointing_test_util.h: one training step's results, and
 // bitwise comparisons of two of them.
-#include "core/activation_checkpointing_test_util.h"
+#include "launcher/activation_checkpointing/activation_checkpointing_test_util.h"
 
 #include <cstring>
 
