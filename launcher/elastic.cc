@@ -141,6 +141,15 @@ absl::StatusOr<std::optional<RoundResult>> ElasticRendezvous::Result(int round) 
   return std::optional<RoundResult>(std::move(r));
 }
 
+absl::StatusOr<std::optional<RoundResult>> ElasticRendezvous::Await(int round, const PreviousRound& previous,
+                                                                    const std::function<bool()>& pause) {
+  while (true) {
+    if (node_ == 0) BRAID_RETURN_IF_ERROR(Coordinate(round, previous));
+    BRAID_ASSIGN_OR_RETURN(std::optional<RoundResult> result, Result(round));
+    if (result || pause()) return result;
+  }
+}
+
 absl::StatusOr<std::optional<std::string>> ElasticRendezvous::Waiting(int round,
                                                                       const std::vector<int>& members) {
   BRAID_ASSIGN_OR_RETURN(int64_t n, store_->Add(Key(round, "joined"), 0));

@@ -14,6 +14,7 @@
 #ifndef BRAID_LAUNCHER_ELASTIC_H_
 #define BRAID_LAUNCHER_ELASTIC_H_
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -92,6 +93,11 @@ class ElasticRendezvous {
   // Node 0 only, called repeatedly while waiting: admits the round's arrivals and publishes the
   // result once the round closes (or times out). `previous` describes the round before it.
   absl::Status Coordinate(int round, const PreviousRound& previous);
+
+  // Waits for the round's result, deciding it meanwhile when this is node 0; `pause` waits a
+  // little between looks and returns true to give up (nullopt then).
+  absl::StatusOr<std::optional<RoundResult>> Await(int round, const PreviousRound& previous,
+                                                   const std::function<bool()>& pause);
 
   // The round's result once node 0 published it.
   absl::StatusOr<std::optional<RoundResult>> Result(int round);

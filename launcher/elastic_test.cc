@@ -185,6 +185,26 @@ TEST_F(ElasticRendezvousTest, FailureWithoutLossCountsAgainstMaxRestarts) {
             "time(s) (--max_restarts=1): stopping");
 }
 
+TEST_F(ElasticRendezvousTest, AwaitDecidesAsTheClockMoves) {
+  auto n0 = Node(0), n1 = Node(1);
+  ASSERT_EQ(*n0->Join(0), 0);
+  ASSERT_EQ(*n1->Join(0), 0);
+  int pauses = 0;
+  auto result = n0->Await(0, {}, [&] {
+    ++pauses;
+    fake_now += absl::Seconds(1);  // each pause is a second of the last call
+    return false;
+  });
+  ASSERT_TRUE(result.ok() && result->has_value()) << result.status();
+  EXPECT_THAT((*result)->members, ElementsAre(0, 1));
+  EXPECT_EQ(pauses, 10);  // --rdzv_last_call_s (10 s here) after the second arrival
+  // Giving up (a signal) while nothing is decided returns no result.
+  ASSERT_EQ(*n1->Join(1), 1);
+  auto given_up = n1->Await(1, {}, [] { return true; });
+  ASSERT_TRUE(given_up.ok());
+  EXPECT_FALSE(given_up->has_value());
+}
+
 TEST_F(ElasticRendezvousTest, TooFewNodesTimesOut) {
   auto n0 = Node(0);
   ASSERT_EQ(*n0->Join(0), 0);

@@ -519,6 +519,13 @@ absl::StatusOr<LaunchFlags> ParseLaunchFlags(const std::vector<std::string>& arg
           "--", n, " selects hosts of a --hostfile, but no --hostfile was given"));
     }
   }
+  if (f.Elastic() && !f.hostfile.empty()) {
+    // The hostfile launcher starts a fixed set of nodes and stops them all on a failure.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--nnodes=", f.nnodes_min, ":", f.nnodes, " (elastic) does not go with --hostfile, which "
+        "starts every node itself: start one launcher per node with --node_rank instead "
+        "(docs/LAUNCHING.md, Elastic training), or give --hostfile a fixed --nnodes"));
+  }
   if (f.standalone) {
     // torchrun's --standalone: a one-node job whose store this launcher serves on a free port.
     if (f.Given("nnodes") && f.nnodes != 1) {

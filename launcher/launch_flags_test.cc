@@ -208,6 +208,8 @@ TEST(ParseLaunchFlags, ElasticNodeCounts) {
   EXPECT_THAT(Error({"--nnodes=4:2"}), HasSubstr("--nnodes=4:2: MIN (4) is above MAX (2); write --nnodes=2:4"));
   EXPECT_THAT(Error({"--nnodes=0:2"}), HasSubstr("--nnodes"));
   EXPECT_THAT(Error({"--nnodes=1:2:3"}), HasSubstr("a number of nodes, or MIN:MAX"));
+  EXPECT_THAT(Error({"--nnodes=1:2", "--hostfile=h"}),
+              HasSubstr("--nnodes=1:2 (elastic) does not go with --hostfile"));
 }
 
 TEST(ParseLaunchFlags, TorchrunFlagsWithoutEffectAreAccepted) {

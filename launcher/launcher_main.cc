@@ -30,6 +30,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -85,6 +86,15 @@ class Launcher {
 
   int Run();
   int RunElastic();  // --nnodes=MIN:MAX: rounds of membership (launcher/elastic.h)
+  // Appends "----- braid launcher: <what> -----" to this node's worker logs: where an attempt begins.
+  void MarkLogs(const std::string& what) const {
+    for (const WorkerPlan& w : plan_.workers) {
+      if (FILE* f = std::fopen(absl::StrCat(log_dir_, "/workerlog.", w.rank).c_str(), "a")) {
+        std::fprintf(f, "----- braid launcher: %s -----\n", what.c_str());
+        std::fclose(f);
+      }
+    }
+  }
 
  private:
   std::string Label() const {
@@ -93,6 +103,7 @@ class Launcher {
                ? absl::StrCat("node ", plan_.node_rank)
                : absl::StrCat("rank ", plan_.launcher_id, "'s launcher");
   }
+  LauncherInfo SelfInfo() const;
   void ServeAndConnect();
   void AgreeOnRunFolder();
   std::vector<WorkerSpec> Specs(int attempt) const;
@@ -117,6 +128,22 @@ class Launcher {
   ElasticRendezvous* elastic_ = nullptr;  // an elastic job's rounds
   std::vector<int> round_members_;  // the node ids of the round that runs
 };
+
+// This launcher's view of the job (of the round, in an elastic job), for the check-in.
+LauncherInfo Launcher::SelfInfo() const {
+  LauncherInfo info;
+  info.id = plan_.launcher_id;
+  info.num_launchers = plan_.num_launchers;
+  info.world_size = plan_.world_size;
+  info.local_workers = static_cast<int>(plan_.workers.size());
+  info.uniform = plan_.source == LayoutSource::kFlags || flags_.Given("nproc_per_node");
+  info.max_restarts = flags_.max_restarts;
+  info.label = Label();
+  info.host = host_;
+  info.layout = plan_.describe;
+  info.run_id = plan_.run_id;
+  return info;
+}
 
 void Launcher::ServeAndConnect() {
   if (plan_.launcher_id == 0) {
@@ -169,18 +196,7 @@ void Launcher::ServeAndConnect() {
                      client.status().message()));
   }
   client_ = std::move(*client);
-  LauncherInfo info;
-  info.id = plan_.launcher_id;
-  info.num_launchers = plan_.num_launchers;
-  info.world_size = plan_.world_size;
-  info.local_workers = static_cast<int>(plan_.workers.size());
-  info.uniform = plan_.source == LayoutSource::kFlags || flags_.Given("nproc_per_node");
-  info.max_restarts = flags_.max_restarts;
-  info.label = Label();
-  info.host = host_;
-  info.layout = plan_.describe;
-  info.run_id = plan_.run_id;
-  rdzv_ = std::make_unique<LauncherRendezvous>(client_.get(), info);
+  rdzv_ = std::make_unique<LauncherRendezvous>(client_.get(), SelfInfo());
 }
 
 // Every launcher of the job proposes runs/<config>-<its start time>; the first proposal to reach
@@ -443,14 +459,7 @@ int Launcher::Run() {
     if (!retry) return Finish(o, attempt);
     Say(absl::StrCat(o.message, "\nRestarting the worker group (restart ", attempt + 1, " of --max_restarts=",
                      flags_.max_restarts, ")."));
-    // The logs keep every attempt; mark where the next begins.
-    for (const WorkerPlan& w : plan_.workers) {
-      FILE* f = std::fopen(absl::StrCat(log_dir_, "/workerlog.", w.rank).c_str(), "a");
-      if (f) {
-        std::fprintf(f, "----- braid launcher: restart %d of %d -----\n", attempt + 1, flags_.max_restarts);
-        std::fclose(f);
-      }
-    }
+    MarkLogs(absl::StrFormat("restart %d of %d", attempt + 1, flags_.max_restarts));
   }
 }
 
@@ -472,54 +481,30 @@ int Launcher::RunElastic() {
     absl::StatusOr<int> joined = elastic.Join(round);
     if (!joined.ok()) return lost_store(joined.status());
     round = *joined;
-    std::optional<RoundResult> result;
-    while (!result) {
-      if (flags_.node_rank == 0) {
-        if (absl::Status st = elastic.Coordinate(round, previous); !st.ok()) return lost_store(st);
-      }
-      absl::StatusOr<std::optional<RoundResult>> r = elastic.Result(round);
-      if (!r.ok()) return lost_store(r.status());
-      result = *r;
-      if (result) break;
+    absl::StatusOr<std::optional<RoundResult>> result = elastic.Await(round, previous, [&] {
       pollfd p = {signals_.fd(), POLLIN, 0};
       poll(&p, 1, 50);
-      if (int s = signals_.Poll()) {
-        Say(absl::StrCat("interrupted by ", SigName(s), " while waiting to join round ", round));
-        return 128 + s;
-      }
+      return signals_.Poll() != 0;
+    });
+    if (!result.ok()) return lost_store(result.status());
+    if (!*result) {
+      Say(absl::StrCat("interrupted by ", SigName(signals_.first()), " while waiting to join round ", round));
+      return 128 + signals_.first();
     }
-    if (!result->error.empty()) {
-      Say(result->error);
+    if (!(*result)->error.empty()) {
+      Say((*result)->error);
       return kExitJobFailed;
     }
-    const int rank = result->RankOf(flags_.node_rank);
+    const int rank = (*result)->RankOf(flags_.node_rank);
     if (rank < 0) {
       Say(absl::StrCat(Label(), " came after round ", round, " closed; it waits for the next one"));
       continue;
     }
-    plan_ = PlanForRound(base, flags_, round, rank, static_cast<int>(result->members.size()));
-    round_members_ = result->members;
-    Say(absl::StrCat(result->note, " (world size ", plan_.world_size, ")"));
-    LauncherInfo info;
-    info.id = rank;
-    info.num_launchers = plan_.num_launchers;
-    info.world_size = plan_.world_size;
-    info.local_workers = static_cast<int>(plan_.workers.size());
-    info.max_restarts = flags_.max_restarts;
-    info.label = Label();
-    info.host = host_;
-    info.layout = plan_.describe;
-    info.run_id = plan_.run_id;
-    rdzv_ = std::make_unique<LauncherRendezvous>(client_.get(), info);
-    if (round > 0) {
-      for (const WorkerPlan& w : plan_.workers) {
-        FILE* f = std::fopen(absl::StrCat(log_dir_, "/workerlog.", w.rank).c_str(), "a");
-        if (f) {
-          std::fprintf(f, "----- braid launcher: round %d, %d node(s) -----\n", round, plan_.nnodes);
-          std::fclose(f);
-        }
-      }
-    }
+    plan_ = PlanForRound(base, flags_, round, rank, static_cast<int>((*result)->members.size()));
+    round_members_ = (*result)->members;
+    Say(absl::StrCat((*result)->note, " (world size ", plan_.world_size, ")"));
+    rdzv_ = std::make_unique<LauncherRendezvous>(client_.get(), SelfInfo());
+    if (round > 0) MarkLogs(absl::StrFormat("round %d, %d node(s)", round, plan_.nnodes));
     Outcome o = RunAttempt(round);
     const bool go_on = o.kind == Outcome::kRegroup ||
                        (o.restartable && (o.kind == Outcome::kWorkerFailed || o.kind == Outcome::kRemoteFailed));

@@ -82,12 +82,14 @@ checkpoint { dir: "$2" every_steps: 4 keep_last: 100 }
 EOF
 }
 
-# Starts node N's launcher of job NAME in its namespace, in the background; sets pid[N].
+# Starts node N's launcher of job NAME in its namespace, in the background, under a watchdog
+# (a hung launcher is killed after 240 s and the job fails); sets pid[N], the watchdog's pid,
+# whose one child is the launcher.
 declare -a pid
 start() {  # NAME N program-args...
   local name=$1 n=$2; shift 2
   mkdir -p "$T/$name"
-  ip netns exec "${ns[$n]}" "$L" --nnodes=2:3 --node_rank=$n --nproc_per_node=1 \
+  ip netns exec "${ns[$n]}" timeout -s KILL 240 "$L" --nnodes=2:3 --node_rank=$n --nproc_per_node=1 \
     --master_addr=${addr[0]} --master_port=29500 --rdzv_last_call_s=3 --heartbeat_timeout_s=10 \
     --stop_grace_s=3 --connect_timeout_s=30 --rdzv_timeout_s=60 --log_dir="$T/$name/logs$n" \
     -- "$@" > "$T/$name/stdout$n" 2> "$T/$name/stderr$n" &
@@ -114,7 +116,7 @@ mkdir -p "$d"
 config "$d/cfg.pbtxt" "$d/ckpt"
 for n in 0 1 2; do start loss $n --config="$d/cfg.pbtxt" --save_to="$d/final.safetensors"; done
 if wait_for "^step +10/24" "$d/logs0/workerlog.0"; then
-  kill -KILL "${pid[2]}"  # the launcher; its worker gets SIGKILL too (PR_SET_PDEATHSIG)
+  pkill -KILL -P "${pid[2]}"  # the launcher; its worker gets SIGKILL too (PR_SET_PDEATHSIG)
   ok "loss: node 2's launcher killed at step 10"
 else
   fail "loss: training never reached step 10"
