@@ -138,20 +138,32 @@ void CheckActivationCheckpointing(Checker& c, TrainConfig* cfg) {
   } else {
     c.Error(std::string(policy.status().message()));
   }
-  // DeepSpeed options that would change where kept inputs live: refused rather than ignored, so
+  // DeepSpeed options about where kept inputs live. Where they could change nothing (no
+  // tensor-parallel group to split over; a CPU run, whose inputs are in host memory already)
+  // they are accepted with a note; where they would, they are refused rather than ignored, so
   // that a run does not silently hold more memory than its config promises.
-  const std::pair<const char*, bool> unsupported[] = {
-      {"partition_activations: Braid does not split the kept inputs over the tensor-parallel "
-       "group (each rank keeps its own)",
-       a->partition_activations()},
-      {"cpu_checkpointing: Braid keeps the checkpointed inputs on the training device (no CPU "
-       "offload)",
-       a->cpu_checkpointing()},
-      {"contiguous_memory_optimization: Braid does not copy the kept inputs into one buffer",
-       a->contiguous_memory_optimization()},
-  };
-  for (const auto& [what, on] : unsupported) {
-    if (on) c.Error(absl::StrCat("activation_checkpointing.", what, "; set it false or remove it"));
+  const bool tensor_parallel = cfg->has_parallel() && cfg->parallel().tensor() > 1;
+  if (a->partition_activations()) {
+    if (tensor_parallel) {
+      c.Error("activation_checkpointing.partition_activations: Braid does not split the kept "
+              "inputs over the tensor-parallel group (each rank keeps its own); set it false or "
+              "remove it");
+    } else {
+      cfg->add_ignored_fields("activation_checkpointing.partition_activations");
+    }
+  }
+  if (a->cpu_checkpointing()) {
+    if (absl::StartsWith(cfg->device(), "cpu")) {
+      cfg->add_ignored_fields("activation_checkpointing.cpu_checkpointing");
+    } else {
+      c.Error(absl::StrCat("activation_checkpointing.cpu_checkpointing: Braid keeps the "
+                           "checkpointed inputs on the training device (no CPU offload from ",
+                           cfg->device(), "); set it false or remove it"));
+    }
+  }
+  // It only fights DeepSpeed's own fragmentation: kind 2, a note.
+  if (a->contiguous_memory_optimization()) {
+    cfg->add_ignored_fields("activation_checkpointing.contiguous_memory_optimization");
   }
 }
 

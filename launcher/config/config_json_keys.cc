@@ -395,6 +395,19 @@ std::string IgnoredFieldNote(const std::string& entry) {
     return "zero_optimization.offload_param: the optimizer steps the offloaded shards on the "
            "host, so its state lives there too (as with offload_optimizer \"cpu\")";
   }
+  if (entry == "activation_checkpointing.partition_activations") {
+    return "activation_checkpointing.partition_activations: no effect without tensor parallelism "
+           "(there is no tensor-parallel group to split the kept inputs over)";
+  }
+  if (entry == "activation_checkpointing.cpu_checkpointing") {
+    return "activation_checkpointing.cpu_checkpointing: no effect on a CPU run (the kept inputs "
+           "are in host memory already)";
+  }
+  if (entry == "activation_checkpointing.contiguous_memory_optimization") {
+    return "activation_checkpointing.contiguous_memory_optimization: accepted, no effect in Braid "
+           "(it copies DeepSpeed's kept inputs into one buffer against fragmentation; Braid's "
+           "allocator reuses blocks by size)";
+  }
   if (absl::EndsWith(entry, ".pin_memory")) {
     return absl::StrCat(entry, ": no effect on a CPU run (page-locked memory only speeds copies "
                                "between the host and a GPU)");

@@ -276,15 +276,23 @@ TEST(ConfigValidate, ActivationCheckpointingNeedsNoStrategyFeature) {
                         "\"sqrt\"; remove every_k or set policy: \"every_k\""));
   EXPECT_THAT(ValidationError("activation_checkpointing { number_checkpoints: 0 }"),
               HasSubstr("activation_checkpointing.number_checkpoints (0) must be >= 1"));
-  // DeepSpeed's options Braid does not implement: true is refused, false accepted.
+  // DeepSpeed's options about where kept inputs live: true is refused where it would change
+  // something Braid does not do, and noted where it cannot change anything; false is accepted.
   for (const char* field : {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization"}) {
-    EXPECT_THAT(ValidationError(absl::StrCat("activation_checkpointing { ", field, ": true }")),
-                AllOf(HasSubstr(absl::StrCat("activation_checkpointing.", field, ": Braid")),
-                      HasSubstr("set it false or remove it")))
+    TrainConfig on = Text(absl::StrCat("activation_checkpointing { ", field, ": true }"));
+    ASSERT_TRUE(Validate(&on, 1, {}).ok()) << field;
+    EXPECT_THAT(ConfigNotes(on), ::testing::Contains(HasSubstr(absl::StrCat("activation_checkpointing.", field, ": "))))
         << field;
     EXPECT_EQ(ValidationError(absl::StrCat("activation_checkpointing { ", field, ": false }")), "")
         << field;
   }
+  EXPECT_THAT(ValidationError("parallel { tensor: 2 } activation_checkpointing { partition_activations: true }",
+                              2, {"tensor_parallel"}),
+              HasSubstr("activation_checkpointing.partition_activations: Braid does not split the "
+                        "kept inputs over the tensor-parallel group"));
+  EXPECT_THAT(ValidationError("device: \"cuda\" activation_checkpointing { cpu_checkpointing: true }"),
+              HasSubstr("activation_checkpointing.cpu_checkpointing: Braid keeps the checkpointed "
+                        "inputs on the training device (no CPU offload from cuda:0)"));
 
   // A DeepSpeed JSON's section, as DeepSpeed's documentation writes it, plus Braid's policy.
   auto json = ParseJsonConfig(R"({"activation_checkpointing": {
