@@ -135,6 +135,7 @@ class Run {
   // The MFU's terms (rank 0; 0 = unknown): the model's training FLOPs per token, the device's
   // measured peak per process.
   double flops_per_token_ = 0, peak_flops_ = 0;
+  std::string peak_basis_;  // a CUDA device's (empty on the CPU: the measured ceiling)
   absl::Time start_;
   // The loop's state between Steps.
   int step_ = 0;
@@ -455,10 +456,13 @@ absl::Status Run::BeginLoop() {
     BRAID_ASSIGN_OR_RETURN(ModelSpec spec, Registry::Get().GetModel(cfg_.model().name()));
     if (spec.train_flops_per_token) {
       flops_per_token_ = spec.train_flops_per_token(cfg_.model());
-      peak_flops_ = MeasurePeakFlops(device_);
+      // On CUDA the peak depends on the products' dtype (tensor cores for bf16/f16).
+      std::string basis;
+      peak_flops_ = MeasurePeakFlops(device_, mp_ != nullptr ? mp_->dtype : DType::kF32, &basis);
+      if (device_.type == DeviceType::kCUDA) peak_basis_ = basis;
       rep_->Note(absl::StrFormat("braid: MFU's terms: %.6g FLOP per %s (the model's formula), "
-                                 "peak %.4g FLOP/s per process (f32 matmul ceiling measured now)",
-                                 flops_per_token_, unit_, peak_flops_));
+                                 "peak %.4g FLOP/s per process (%s)",
+                                 flops_per_token_, unit_, peak_flops_, basis));
     }
   }
   // Peaks from here on: the training steps, not model construction.
@@ -612,6 +616,7 @@ absl::StatusOr<TrainResult> Run::Finish() {
   summary.checkpoint_async = cfg_.checkpoint().async();
   summary.flops_per_token = flops_per_token_;
   summary.peak_flops = peak_flops_;
+  summary.peak_basis = peak_basis_;
   summary.processes = env_.world_size;
   summary.threads = cfg_.threads();
   // A run resumed at (or past) its last step trains nothing: it says so, and adds no summary
