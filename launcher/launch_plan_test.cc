@@ -436,9 +436,16 @@ TEST(Kubernetes, PyTorchJobDisagreementsNameBothSources) {
   env = PyTorchJobPod("worker", 0);
   env["JOB_COMPLETION_INDEX"] = "0";
   EXPECT_THAT(Error({}, env), HasSubstr("PET_NODE_RANK=1 disagrees with JOB_COMPLETION_INDEX=0"));
+  // An elastic PyTorchJob (PET_NNODES=MIN:MAX) is an elastic job here too (launcher/elastic.h):
+  // the bounds reach the flags as --nnodes=1:4 would.
   env = PyTorchJobPod("worker", 0);
   env["PET_NNODES"] = "1:4";
-  EXPECT_THAT(Error({}, env), HasSubstr("PET_NNODES=1:4 asks for an elastic job"));
+  absl::StatusOr<LaunchFlags> elastic = FlagsWithEnvironment(Flags({}), env, HostFacts{});
+  ASSERT_TRUE(elastic.ok()) << elastic.status();
+  EXPECT_EQ(elastic->nnodes_min, 1);
+  EXPECT_EQ(elastic->nnodes, 4);
+  EXPECT_TRUE(elastic->Elastic());
+  EXPECT_EQ(elastic->Origin("nnodes"), "PET_NNODES");
 }
 
 // Node 0's address on the command line overrides the environment's, as $MASTER_ADDR always could.
