@@ -1,4 +1,4 @@
-// The strategy side of validation (core/config/config_strategy.cc): feature sections against the
+// The strategy side of validation (launcher/config/config_strategy.cc): feature sections against the
 // strategies that provide them, the parallel layout against the processes, the composer's answer
 // (a double of launcher/compose.h here) as a problem of the config. The rest of validation is in
 // config_validate_test.cc, parsing in config_test.cc.

@@ -14,9 +14,10 @@ namespace braid::config {
 namespace {
 
 // Core knows no model or dataset by name (models/ registers the real ones, tested with their
-// messages in //models:config_test). Validation is tested here on doubles registered the same
-// way: a language model "toy-lm" (the default) and a classifier, a byte dataset "toy-bytes"
-// (the default), an image dataset and a token-file dataset. The optimizers are core's own.
+// messages in //launcher/config:model_config_test). Validation is tested here on doubles
+// registered the same way: a language model "toy-lm" (the default) and a classifier, a byte
+// dataset "toy-bytes" (the default), an image dataset and a token-file dataset. The optimizers
+// are core's own.
 absl::StatusOr<std::unique_ptr<Module>> NoBuild(const ModelConfig&, uint64_t, Device) {
   return absl::UnimplementedError("a test double");
 }

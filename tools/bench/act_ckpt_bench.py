@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Activation checkpointing (core/activation_checkpointing.h): memory and step time against the
-plain model, for gpt-mini-shaped models of several depths, one process.
+"""Activation checkpointing (launcher/activation_checkpointing/activation_checkpointing.h):
+memory and step time against the plain model, for gpt-mini-shaped models of several depths, one
+process.
 
   bazel build //launcher:all //plugins/... && /usr/bin/python3 tools/bench/act_ckpt_bench.py
 
