@@ -33,7 +33,10 @@ command -v clang-14 >/dev/null || { echo "fuzz: clang-14 is missing; run tools/s
 root="${XDG_CACHE_HOME:-$HOME/.cache}/braid-fuzz-bazel"
 fbazel() { bazel --output_user_root="$root" "$@"; }
 if [ "${#targets[@]}" = 0 ]; then
-  mapfile -t targets < <(fbazel query 'filter("_fuzzer$", kind("cc_binary", //...))' 2>/dev/null)
+  # The repository's top folders that hold packages, not //...: the ordinary build's convenience
+  # symlinks (bazel-<folder>) point into another output root, which this Bazel would load.
+  scope=$(git ls-files -- '*/BUILD' '*/BUILD.bazel' | cut -d/ -f1 | sort -u | sed 's|.*|//&/...|' | paste -sd+ -)
+  mapfile -t targets < <(fbazel query "filter(\"_fuzzer\$\", kind(\"cc_binary\", $scope))" 2>/dev/null)
   [ "${#targets[@]}" -gt 0 ] || { echo "fuzz: found no braid_fuzzer targets" >&2; exit 1; }
 fi
 echo "fuzz: building ${targets[*]} with clang-14, libFuzzer, ASan, UBSan"
