@@ -45,8 +45,14 @@ absl::StatusOr<TrainingProgram> FindTrainingProgram(const char* argv0) {
     // Absolute: a worker may start in another folder than ours.
     for (const auto& [k, v] : rf->EnvVars()) out.env.emplace_back(k, Absolute(v));
   } else {
-    // Installed layout: the training program next to the launcher.
+    // Installed layout: the training program next to the launcher. A launcher started through
+    // $PATH has a bare name for argv[0]: its folder is then /proc/self/exe's.
     std::string self = argv0;
+    if (self.find('/') == std::string::npos) {
+      char exe[4096];
+      ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+      if (n > 0) self.assign(exe, n);
+    }
     path = self.substr(0, self.rfind('/') + 1) + "train";
   }
   if (access(path.c_str(), X_OK) != 0) {

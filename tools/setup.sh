@@ -33,7 +33,9 @@ pkgs=(bazel-bootstrap g++ libgloo-dev libabsl-dev libprotobuf-dev protobuf-compi
       # The hostfile launcher starts the other nodes over OpenSSH; its test runs sshd.
       openssh-client openssh-server
       # //tests/twonode:slurm_test runs a two-node Slurm cluster (and munge) in namespaces.
-      slurm-wlm munge)
+      slurm-wlm munge
+      # tools/gpu_bundle.sh points the bundled programs' and libraries' RUNPATH into the bundle.
+      patchelf)
 # Node's npm fetches the data sets; a machine with nodejs from elsewhere already has it.
 command -v npm >/dev/null 2>&1 || pkgs+=(npm)
 [ "$want_torch" = 1 ] && pkgs+=(python3-torch python3-numpy)
