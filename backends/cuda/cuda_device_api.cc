@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
+#include "backends/cuda/convert.h"
 #include "backends/cuda/cuda_status.h"
 #include "backends/cuda/device.h"
 #include "core/check.h"
@@ -106,6 +107,13 @@ class CudaDeviceApi final : public DeviceApi {
     return CudaStatus(cudaMemcpyAsync(dst, src, bytes, k, S(stream)),
                       absl::StrCat("cudaMemcpyAsync (", CopyKindName(kind), ", ", bytes,
                                    " bytes)"));
+  }
+  absl::Status ConvertAsync(void* dst, FloatFormat to, const void* src, FloatFormat from,
+                            size_t n, Stream stream) override {
+    OnDevice on(index_);
+    return CudaStatus(LaunchConvert(dst, int(to), src, int(from), int64_t(n), S(stream)),
+                      absl::StrCat("dtype conversion kernel (", FloatFormatName(from), " -> ",
+                                   FloatFormatName(to), ", ", n, " elements)"));
   }
   absl::Status SynchronizeStream(Stream stream) override {
     return CudaStatus(cudaStreamSynchronize(S(stream)),

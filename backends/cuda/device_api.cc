@@ -11,4 +11,13 @@ const char* CopyKindName(CopyKind kind) {
   return "?";
 }
 
+const char* FloatFormatName(FloatFormat f) {
+  switch (f) {
+    case FloatFormat::kF32: return "f32";
+    case FloatFormat::kBF16: return "bf16";
+    case FloatFormat::kF16: return "f16";
+  }
+  return "?";
+}
+
 }  // namespace braid::cuda

@@ -40,6 +40,11 @@ struct Event {
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 const char* CopyKindName(CopyKind kind);
 
+// The element formats ConvertAsync converts between (core's kF32, kBF16, kF16; this header
+// depends on nothing of core's).
+enum class FloatFormat { kF32, kBF16, kF16 };
+const char* FloatFormatName(FloatFormat f);
+
 // Whether a new stream synchronises with the legacy default stream. The compute stream is
 // blocking on purpose: the NCCL communicator orders its collectives after the caller's work by
 // recording an event on the legacy default stream, which only waits for blocking streams.
@@ -74,6 +79,14 @@ class DeviceApi {
   // until the stream has passed the copy (an event, or a synchronisation, says when).
   virtual absl::Status MemcpyAsync(void* dst, const void* src, size_t bytes, CopyKind kind,
                                    Stream stream) = 0;
+
+  // Enqueues on `stream` the conversion of `n` elements of device memory `src` (format `from`)
+  // into device memory `dst` (format `to`), elementwise on the device, rounding to nearest even
+  // exactly as core's FloatToBF16 / FloatToF16 do (backends/cuda/math/convert.h): a half tensor
+  // up-cast to f32, or an f32 result rounded to half, never goes through host memory. `dst` and
+  // `src` do not overlap; `from` == `to` is a plain copy.
+  virtual absl::Status ConvertAsync(void* dst, FloatFormat to, const void* src, FloatFormat from,
+                                    size_t n, Stream stream) = 0;
 
   // Block the host until the stream / event / whole device has caught up.
   virtual absl::Status SynchronizeStream(Stream stream) = 0;

@@ -5,10 +5,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "backends/cuda/math/convert.h"
 #include "core/check.h"
 
 namespace braid::cuda {
 namespace {
+static_assert(int(FloatFormat::kF32) == int(math::Format::kF32) &&
+              int(FloatFormat::kBF16) == int(math::Format::kBF16) &&
+              int(FloatFormat::kF16) == int(math::Format::kF16));
+
 std::string Ptr(const void* p) { return absl::StrFormat("%p", p); }
 
 // Device memory of every fake device in the process: a device-to-device copy between two of
@@ -71,6 +76,7 @@ absl::Status FakeDeviceApi::Free(void* ptr) {
         absl::StrCat("fake device: Free of ", Ptr(ptr), ", which is not a live device allocation"));
   }
   // cudaFree synchronises the device before it returns the memory; so does the fake.
+  syncs_.push_back("free");
   RunAllLocked();
   device_in_use_ -= it->second;
   device_allocs_.erase(it);
@@ -97,6 +103,9 @@ absl::Status FakeDeviceApi::HostFreePinned(void* ptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("fake device: HostFreePinned of ", Ptr(ptr), ", which is not pinned memory"));
   }
+  // cudaFreeHost synchronises the device too; recorded as such (the fake's callers free pinned
+  // buffers only once their copies completed, so nothing needs to run here).
+  syncs_.push_back("free_pinned");
   pinned_allocs_.erase(it);
   std::free(ptr);
   return absl::OkStatus();
@@ -207,15 +216,45 @@ absl::Status FakeDeviceApi::MemcpyAsync(void* dst, const void* src, size_t bytes
   return absl::OkStatus();
 }
 
+absl::Status FakeDeviceApi::ConvertAsync(void* dst, FloatFormat to, const void* src,
+                                         FloatFormat from, size_t n, Stream stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t dst_bytes = n * size_t(math::FormatSize(math::Format(int(to))));
+  const size_t src_bytes = n * size_t(math::FormatSize(math::Format(int(from))));
+  bool ok;
+  {
+    std::lock_guard<std::mutex> all(AllDevicesMu());
+    ok = Inside(AllDeviceAllocs(), dst, dst_bytes) && Inside(AllDeviceAllocs(), src, src_bytes);
+  }
+  if (n > 0 && !ok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fake device: conversion of ", n, " elements ", FloatFormatName(from), " -> ",
+        FloatFormatName(to), " from ", Ptr(src), " to ", Ptr(dst),
+        ": the pointers are not device memory of that size"));
+  }
+  Op op{Op::kConvert};
+  op.dst = dst;
+  op.src = src;
+  op.bytes = n;
+  op.from = from;
+  op.to = to;
+  StreamLocked(stream)->ops.push_back(op);
+  RunEagerLocked();
+  return absl::OkStatus();
+}
+
 absl::Status FakeDeviceApi::SynchronizeStream(Stream stream) {
   std::lock_guard<std::mutex> lock(mu_);
-  DrainLocked(StreamLocked(stream));
+  StreamState* s = StreamLocked(stream);
+  syncs_.push_back(absl::StrCat("stream:", s->id));
+  DrainLocked(s);
   return absl::OkStatus();
 }
 
 absl::Status FakeDeviceApi::SynchronizeEvent(Event event) {
   std::lock_guard<std::mutex> lock(mu_);
   EventState* e = EventLocked(event);
+  syncs_.push_back("event");
   // Only the streams' progress completes an event; running everything reaches it.
   if (e->completed < e->recorded) RunAllLocked();
   return absl::OkStatus();
@@ -223,6 +262,7 @@ absl::Status FakeDeviceApi::SynchronizeEvent(Event event) {
 
 absl::Status FakeDeviceApi::SynchronizeDevice() {
   std::lock_guard<std::mutex> lock(mu_);
+  syncs_.push_back("device");
   RunAllLocked();
   return absl::OkStatus();
 }
@@ -240,6 +280,17 @@ bool FakeDeviceApi::StepLocked(StreamState* s) {
     case Op::kCopy:
       if (op.bytes > 0) std::memmove(op.dst, op.src, op.bytes);
       log_.push_back(absl::StrCat(s->id, ":", CopyKindName(op.copy_kind), ":", op.bytes));
+      break;
+    case Op::kConvert:
+      math::DispatchFormats(math::Format(int(op.from)), math::Format(int(op.to)),
+                            [&](auto f, auto t) {
+                              for (size_t i = 0; i < op.bytes; ++i) {
+                                math::ConvertOne<decltype(f)::value, decltype(t)::value>(
+                                    op.src, op.dst, int64_t(i));
+                              }
+                            });
+      log_.push_back(absl::StrCat(s->id, ":convert:", FloatFormatName(op.from), "->",
+                                  FloatFormatName(op.to), ":", op.bytes));
       break;
   }
   s->ops.pop_front();
@@ -314,6 +365,16 @@ std::vector<std::string> FakeDeviceApi::log() const {
 void FakeDeviceApi::ClearLog() {
   std::lock_guard<std::mutex> lock(mu_);
   log_.clear();
+}
+
+std::vector<std::string> FakeDeviceApi::syncs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return syncs_;
+}
+
+void FakeDeviceApi::ClearSyncs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  syncs_.clear();
 }
 
 size_t FakeDeviceApi::device_bytes_in_use() const {

@@ -13,11 +13,13 @@
 //   fake.RunAll()   runs everything.
 //
 // Synchronize* calls Drain/RunAll, as a host blocked on the GPU would see; Free runs everything
-// first, as cudaFree synchronises the device. With
+// first, as cudaFree synchronises the device. Each of those is recorded in syncs(). With
 // `eager = true` every operation runs as soon as it is enqueued and its waits allow it: a GPU
 // infinitely faster than the host, for tests that only care about results.
 //
-// Every executed copy is appended to log() as "<stream id>:<kind>:<bytes>", in execution order.
+// Every executed copy is appended to log() as "<stream id>:<kind>:<bytes>", in execution order;
+// a conversion (ConvertAsync, run with the kernels' own math/convert.h) as
+// "<stream id>:convert:<from>-><to>:<elements>".
 // Thread-safe.
 #ifndef BRAID_BACKENDS_CUDA_FAKE_DEVICE_API_H_
 #define BRAID_BACKENDS_CUDA_FAKE_DEVICE_API_H_
@@ -59,6 +61,8 @@ class FakeDeviceApi final : public DeviceApi {
   absl::Status StreamWaitEvent(Stream stream, Event event) override;
   absl::Status MemcpyAsync(void* dst, const void* src, size_t bytes, CopyKind kind,
                            Stream stream) override;
+  absl::Status ConvertAsync(void* dst, FloatFormat to, const void* src, FloatFormat from,
+                            size_t n, Stream stream) override;
   absl::Status SynchronizeStream(Stream stream) override;
   absl::Status SynchronizeEvent(Event event) override;
   absl::Status SynchronizeDevice() override;
@@ -72,6 +76,14 @@ class FakeDeviceApi final : public DeviceApi {
   int StreamId(Stream stream) const;
   std::vector<std::string> log() const;
   void ClearLog();
+  // Every time the host blocked on the device, in order: "stream:<id>" (SynchronizeStream),
+  // "event" (SynchronizeEvent), "device" (SynchronizeDevice), and the calls that synchronise
+  // the device implicitly in CUDA: "free" (cudaFree), "free_pinned" (cudaFreeHost). A
+  // device-to-host copy the host waits for (Tensor::item(), ToFloatVector, a host tensor's
+  // CopyFrom) shows as the SynchronizeStream after it. How a test counts a training step's
+  // host synchronisations (docs/GPU.md, "Synchronisation points").
+  std::vector<std::string> syncs() const;
+  void ClearSyncs();
 
   size_t device_bytes_in_use() const;
   int64_t malloc_calls() const;
@@ -86,11 +98,12 @@ class FakeDeviceApi final : public DeviceApi {
     int64_t completed = 0;  // how many of those records the stream has passed
   };
   struct Op {
-    enum Kind { kCopy, kRecord, kWait } kind;
+    enum Kind { kCopy, kConvert, kRecord, kWait } kind;
     void* dst = nullptr;
     const void* src = nullptr;
-    size_t bytes = 0;
+    size_t bytes = 0;  // kConvert: the element count
     CopyKind copy_kind = CopyKind::kHostToDevice;
+    FloatFormat from = FloatFormat::kF32, to = FloatFormat::kF32;  // kConvert
     EventState* event = nullptr;
     int64_t generation = 0;  // kRecord: the record's number; kWait: the record waited for
   };
@@ -118,6 +131,7 @@ class FakeDeviceApi final : public DeviceApi {
   std::map<void*, std::unique_ptr<StreamState>> streams_;
   std::map<void*, std::unique_ptr<EventState>> events_;
   std::vector<std::string> log_;
+  std::vector<std::string> syncs_;
 };
 
 }  // namespace braid::cuda

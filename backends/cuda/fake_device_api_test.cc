@@ -24,6 +24,42 @@ TEST(FakeDeviceApi, StreamsRunInOrderAndOnlyWhenTold) {
   ASSERT_TRUE(fake.Free(dev).ok());
 }
 
+// What a training step's synchronisation count rests on: every call that blocks the host is
+// recorded, and nothing asynchronous is.
+TEST(FakeDeviceApi, RecordsEveryHostSynchronisationAndNothingElse) {
+  FakeDeviceApi fake;
+  Stream s = *fake.CreateStream(StreamKind::kBlocking);
+  Event e = *fake.CreateEvent();
+  void* a = *fake.Malloc(8);
+  void* b = *fake.Malloc(8);
+  void* pinned = *fake.HostAllocPinned(8);
+  const float in[2] = {1.5f, -2.0f};
+  ASSERT_TRUE(fake.MemcpyAsync(a, in, 8, CopyKind::kHostToDevice, s).ok());
+  ASSERT_TRUE(fake.ConvertAsync(b, FloatFormat::kBF16, a, FloatFormat::kF32, 2, s).ok());
+  ASSERT_TRUE(fake.RecordEvent(e, s).ok());
+  ASSERT_TRUE(fake.StreamWaitEvent(s, e).ok());
+  ASSERT_TRUE(fake.QueryEvent(e).ok());
+  EXPECT_EQ(fake.syncs(), std::vector<std::string>{});
+  ASSERT_TRUE(fake.SynchronizeStream(s).ok());
+  ASSERT_TRUE(fake.SynchronizeEvent(e).ok());
+  ASSERT_TRUE(fake.SynchronizeDevice().ok());
+  ASSERT_TRUE(fake.Free(a).ok());
+  ASSERT_TRUE(fake.HostFreePinned(pinned).ok());
+  EXPECT_EQ(fake.syncs(), (std::vector<std::string>{"stream:1", "event", "device", "free",
+                                                     "free_pinned"}));
+  // The conversion ran with the kernels' rounding: 1.5 and -2 are exact in bf16.
+  uint16_t out[2];
+  std::memcpy(out, b, 4);
+  EXPECT_EQ(out[0], 0x3fc0u);
+  EXPECT_EQ(out[1], 0xc000u);
+  EXPECT_EQ(fake.log(), (std::vector<std::string>{"1:H2D:8", "1:convert:f32->bf16:2"}));
+  fake.ClearSyncs();
+  EXPECT_TRUE(fake.syncs().empty());
+  // A conversion whose pointers are not device memory is refused, as a bad copy is.
+  EXPECT_FALSE(fake.ConvertAsync(out, FloatFormat::kBF16, in, FloatFormat::kF32, 2, s).ok());
+  ASSERT_TRUE(fake.Free(b).ok());
+}
+
 TEST(FakeDeviceApi, EventsCompleteWhenTheirStreamPassesThem) {
   FakeDeviceApi fake;
   Stream s = *fake.CreateStream(StreamKind::kBlocking);

@@ -11,6 +11,14 @@
 namespace braid::cuda {
 namespace {
 
+FloatFormat Format(DType t) {
+  switch (t) {
+    case DType::kBF16: return FloatFormat::kBF16;
+    case DType::kF16: return FloatFormat::kF16;
+    default: return FloatFormat::kF32;
+  }
+}
+
 void CopyBytes(DeviceRuntime& rt, void* dst, const void* src, size_t bytes, CopyKind kind,
                bool sync) {
   if (bytes == 0) return;
@@ -67,9 +75,17 @@ void CopyTensorCuda(const Tensor& src, Tensor& dst) {
     dst.CopyFrom(h);  // converts on the host
     return;
   }
-  if (src.dtype() != dst.dtype()) {  // device -> device, two dtypes: through the host
-    Tensor h = src.To(Device::CPU()).To(dst.dtype());
-    dst.CopyFrom(h);
+  if (src.dtype() != dst.dtype()) {  // device -> device, two dtypes: a conversion kernel
+    BRAID_CHECK(IsFloating(src.dtype()) && IsFloating(dst.dtype()))
+        << "copy from " << src.DescribeForError() << " into " << dst.DescribeForError()
+        << ": the device converts only between f32, bf16 and f16";
+    Tensor from = src;
+    if (src.device() != dst.device()) from = src.To(dst.device());  // same dtype, then convert
+    DeviceRuntime& rt = RuntimeOf(dst.device());
+    if (dst.numel() == 0) return;
+    BRAID_CHECK_OK(rt.api().ConvertAsync(dst.raw_data(), Format(dst.dtype()), from.raw_data(),
+                                         Format(from.dtype()), size_t(dst.numel()),
+                                         rt.current_stream()));
     return;
   }
   if (src.raw_data() == dst.raw_data()) return;

@@ -20,9 +20,11 @@ void InstallCudaBackend(DeviceApiFactory factory);
 //     stream synchronised before returning, because the host tensor may be freed or written the
 //     moment this returns (a pageable buffer the device would still read). Batches take the
 //     asynchronous path instead: pinned buffers and the copy stream (prefetch.h).
-//   - dtype conversion happens on the host side of the copy (host->device: converted before;
-//     device->host: after). Device->device with two dtypes goes through the host: correct,
-//     slow, and not on any training path (a conversion kernel would replace it).
+//   - dtype conversion happens on the host side of a copy with the host on one side
+//     (host->device: converted before; device->host: after). Device->device with two dtypes
+//     (mixed precision's up-casts and roundings, the half fallbacks' conversions) is one
+//     conversion kernel on the destination's current stream (DeviceApi::ConvertAsync): no host
+//     memory, no synchronisation.
 //   - Device->device on two GPUs: the source device's current stream is synchronised first,
 //     then the copy runs on the destination's current stream.
 // CUDA failures here are fatal (the kernel table's functions return nothing), with CUDA's reason.

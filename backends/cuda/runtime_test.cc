@@ -7,6 +7,7 @@
 
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "backends/cuda/fake_device_api.h"
 #include "backends/cuda/install.h"
 #include "core/allocator.h"
@@ -44,7 +45,7 @@ TEST_F(CudaRuntimeTest, RoundTripsThroughTheDeviceInEveryDtypePair) {
     d2.CopyFrom(host);  // H2D, converting on the host first
     EXPECT_EQ(d2.ToFloatVector(), values) << DTypeName(to);
     Tensor d3 = Tensor::Empty({5}, DType::kF32, Device::CUDA(0));
-    d3.CopyFrom(d2);  // D2D, converting through the host
+    d3.CopyFrom(d2);  // D2D, converting on the device
     EXPECT_EQ(d3.ToFloatVector(), values) << DTypeName(to);
     Tensor h2 = Tensor::Empty({5}, DType::kF32);
     h2.CopyFrom(d2);  // D2H, converting on the host after
@@ -52,6 +53,27 @@ TEST_F(CudaRuntimeTest, RoundTripsThroughTheDeviceInEveryDtypePair) {
   }
   std::vector<int32_t> ids = {3, 1, 4, 1, 5, 9};
   EXPECT_EQ(Tensor::FromVector(ids, {6}, Device::CUDA(0)).ToVector<int32_t>(), ids);
+}
+
+// Device-to-device copies between dtypes are one conversion on the device (mixed precision's
+// up-casts run every step): the stream runs it, the host never waits, no host memory is used.
+TEST_F(CudaRuntimeTest, ConvertsBetweenDtypesOnTheDeviceWithoutSynchronising) {
+  FakeDeviceApi& fake = Fake(0);
+  Tensor f32 = Tensor::FromVector(std::vector<float>{1.0f, -3.0f, 0.1f}, {3}, Device::CUDA(0));
+  Tensor bf = Tensor::Empty({3}, DType::kBF16, Device::CUDA(0));
+  Tensor f16 = Tensor::Empty({3}, DType::kF16, Device::CUDA(0));
+  fake.ClearLog();
+  fake.ClearSyncs();
+  bf.CopyFrom(f32);
+  f16.CopyFrom(bf);
+  EXPECT_EQ(fake.syncs(), std::vector<std::string>{});
+  fake.RunAll();
+  const int s = fake.StreamId(RuntimeOf(Device::CUDA(0)).compute_stream());
+  EXPECT_EQ(fake.log(), (std::vector<std::string>{absl::StrCat(s, ":convert:f32->bf16:3"),
+                                                  absl::StrCat(s, ":convert:bf16->f16:3")}));
+  // 0.1 rounds to bf16 0x3dcd (0.10009765625), which f16 holds exactly.
+  EXPECT_EQ(f16.ToFloatVector(), (std::vector<float>{1.0f, -3.0f, 0.10009765625f}));
+  EXPECT_EQ(fake.syncs().size(), 1u);  // the read-back above, and only it
 }
 
 TEST_F(CudaRuntimeTest, CopiesBetweenTwoDevices) {

@@ -55,6 +55,71 @@ BRAID_HD float F16ToFloat(uint16_t h) {
   return BitsToFloat(u);
 }
 
+// ---- Whole-element conversion between the three floating formats ---------------------------
+// The codes are device_api.h's FloatFormat (and core's kF32 / kBF16 / kF16), checked where both
+// are visible. A conversion goes through f32 once: bf16 -> f16 rounds once, as core's does.
+enum class Format : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+template <Format F>
+struct Elem;
+template <>
+struct Elem<Format::kF32> {
+  using T = float;
+  static BRAID_HD float Get(float v) { return v; }
+  static BRAID_HD float Put(float v) { return v; }
+};
+template <>
+struct Elem<Format::kBF16> {
+  using T = uint16_t;
+  static BRAID_HD float Get(uint16_t h) { return BF16ToFloat(h); }
+  static BRAID_HD uint16_t Put(float f) { return FloatToBF16(f); }
+};
+template <>
+struct Elem<Format::kF16> {
+  using T = uint16_t;
+  static BRAID_HD float Get(uint16_t h) { return F16ToFloat(h); }
+  static BRAID_HD uint16_t Put(float f) { return FloatToF16(f); }
+};
+
+// dst[i] = src[i], converted from `From` to `To` (the same format: the bits, NaN payloads
+// included, as core's copy keeps them).
+template <Format From, Format To>
+BRAID_HD void ConvertOne(const void* src, void* dst, int64_t i) {
+  using S = typename Elem<From>::T;
+  using D = typename Elem<To>::T;
+  if constexpr (From == To) {
+    static_cast<D*>(dst)[i] = static_cast<const S*>(src)[i];
+  } else {
+    static_cast<D*>(dst)[i] = Elem<To>::Put(Elem<From>::Get(static_cast<const S*>(src)[i]));
+  }
+}
+
+template <Format F>
+struct FormatTag {
+  static constexpr Format value = F;
+};
+
+// Calls f(FormatTag<from>{}, FormatTag<to>{}) with the formats as compile-time constants (host
+// side: the CUDA launcher picks its kernel with it, the fake device converts with it).
+template <typename Fn>
+void DispatchFormats(Format from, Format to, Fn&& f) {
+  auto with_to = [&](auto from_tag) {
+    switch (to) {
+      case Format::kF32: return f(from_tag, FormatTag<Format::kF32>{});
+      case Format::kBF16: return f(from_tag, FormatTag<Format::kBF16>{});
+      case Format::kF16: return f(from_tag, FormatTag<Format::kF16>{});
+    }
+  };
+  switch (from) {
+    case Format::kF32: return with_to(FormatTag<Format::kF32>{});
+    case Format::kBF16: return with_to(FormatTag<Format::kBF16>{});
+    case Format::kF16: return with_to(FormatTag<Format::kF16>{});
+  }
+}
+
+// Bytes per element of a format.
+BRAID_HD int FormatSize(Format f) { return f == Format::kF32 ? 4 : 2; }
+
 }  // namespace braid::cuda::math
 
 #endif  // BRAID_BACKENDS_CUDA_MATH_CONVERT_H_
