@@ -274,6 +274,31 @@ AttentionDims AttentionBackward(const char* backend, DType dtype, const Tensor& 
   return s;
 }
 
+AttentionDims FlashAttentionForward(const char* backend, DType dtype, const Tensor& qkv,
+                                    int n_head, const Tensor& out, const Tensor& lse) {
+  const char* k = flash_attention_forward.name();
+  DTypesAre(backend, k, dtype, {&qkv, &out});
+  DTypeIs(backend, k, lse, DType::kF32);
+  const AttentionDims s = Attention(backend, k, qkv, n_head);
+  NumelIs(backend, k, out, s.b * s.t * s.c);
+  NumelIs(backend, k, lse, s.b * s.h * s.t);
+  return s;
+}
+
+AttentionDims FlashAttentionBackward(const char* backend, DType dtype, const Tensor& dout,
+                                     const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                     int n_head, const Tensor& dqkv) {
+  const char* k = flash_attention_backward.name();
+  DTypesAre(backend, k, dtype, {&dout, &qkv, &out, &dqkv});
+  DTypeIs(backend, k, lse, DType::kF32);
+  const AttentionDims s = Attention(backend, k, qkv, n_head);
+  NumelIs(backend, k, dout, s.b * s.t * s.c);
+  NumelIs(backend, k, out, s.b * s.t * s.c);
+  NumelIs(backend, k, lse, s.b * s.h * s.t);
+  NumelIs(backend, k, dqkv, qkv.numel());
+  return s;
+}
+
 // ---- Llama-family ops ---------------------------------------------------------------------
 
 RowsDims RmsNormForward(const char* backend, DType dtype, const Tensor& x, const Tensor& weight,

@@ -83,6 +83,12 @@ AttentionDims AttentionForward(const char* backend, DType dtype, const Tensor& q
 AttentionDims AttentionBackward(const char* backend, DType dtype, const Tensor& dout,
                                 const Tensor& qkv, const Tensor& att, int n_head,
                                 const Tensor& dqkv);
+// lse [B, n_head, T] f32 whatever the dtype.
+AttentionDims FlashAttentionForward(const char* backend, DType dtype, const Tensor& qkv,
+                                    int n_head, const Tensor& out, const Tensor& lse);
+AttentionDims FlashAttentionBackward(const char* backend, DType dtype, const Tensor& dout,
+                                     const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                     int n_head, const Tensor& dqkv);
 RowsDims RmsNormForward(const char* backend, DType dtype, const Tensor& x, const Tensor& weight,
                         const Tensor& out, const Tensor& rstd);
 RowsDims RmsNormBackward(const char* backend, DType dtype, const Tensor& dout, const Tensor& x,

@@ -153,6 +153,12 @@ extern KernelSlot<CrossEntropyFwdFn> cross_entropy_forward;
 using CrossEntropyBwdFn = void(const Tensor& probs, const Tensor& targets, const Tensor& dloss,
                                Tensor& dlogits);
 extern KernelSlot<CrossEntropyBwdFn> cross_entropy_backward;
+// ids: i32; out: one f32 element on ids' device = 1 / (the number of ids >= 0), or 0 when there
+// is none: the weight of each counted position in CrossEntropy's mean, which ignores negative
+// targets, computed where the targets are so that the host never reads them. Registered under
+// the f32 key.
+using InverseCountNonnegativeFn = void(const Tensor& ids, Tensor& out);
+extern KernelSlot<InverseCountNonnegativeFn> inverse_count_nonnegative;
 
 // weight: [V, C]; ids: [N] i32; out: [N, C] = weight[ids].
 using EmbeddingFwdFn = void(const Tensor& weight, const Tensor& ids, Tensor& out);
@@ -171,6 +177,18 @@ extern KernelSlot<AttentionFwdFn> attention_forward;
 using AttentionBwdFn = void(const Tensor& dout, const Tensor& qkv, const Tensor& att, int n_head,
                             Tensor& dqkv);
 extern KernelSlot<AttentionBwdFn> attention_backward;
+
+// The same attention, fused (flash-attention style): optional, for backends with such a kernel
+// (CUDA's). Forward writes out and lse [B, n_head, T] f32, the log-sum-exp of each row's scaled
+// scores, instead of the probabilities; backward recomputes them from qkv, out and lse, so the
+// memory kept and taken is linear in T. ops::CausalSelfAttention uses this pair where the
+// device and dtype have a forward registered, else the probability slots above.
+using FlashAttentionFwdFn = void(const Tensor& qkv, int n_head, Tensor& out, Tensor& lse);
+extern KernelSlot<FlashAttentionFwdFn> flash_attention_forward;
+// Writes dqkv.
+using FlashAttentionBwdFn = void(const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                                 const Tensor& lse, int n_head, Tensor& dqkv);
+extern KernelSlot<FlashAttentionBwdFn> flash_attention_backward;
 
 // ---- Llama-family ops (RMSNorm, SiLU/SwiGLU, rotary embedding) ------------------------------
 // x: [N, C]; weight: [C]; out: [N, C] = x * rstd * weight; rstd: [N] f32 whatever x's dtype,

@@ -1,9 +1,13 @@
 // Each CUDA kernel-table slot against the CPU backend on the same inputs. Needs a GPU: Bazel runs
 // it as kernels_gpu_test_gpu, SKIPPED without one; run by hand, every case skips, saying why,
-// when CUDA has no usable device (BRAID_REQUIRE_GPU=1 makes that a failure). Device tensors come from a plain cudaMalloc allocator registered here, so this test
-// does not depend on the runtime's caching allocator.
+// when CUDA has no usable device (BRAID_REQUIRE_GPU=1 makes that a failure). The program links
+// //backends/cuda:backend, as training does: device tensors come from the runtime's caching
+// allocator and the kernels run on its compute stream, so the allocator meets the real device
+// here first, not in training.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <random>
@@ -12,6 +16,7 @@
 
 #include "backends/cpu/test_util.h"
 #include "backends/cuda/gpu_test_env.h"
+#include "backends/cuda/kernels/attention_plan.h"
 #include "core/allocator.h"
 #include "core/kernels.h"
 #include "gtest/gtest.h"
@@ -22,20 +27,6 @@ namespace {
 using cpu::testing::AllClose;
 using cpu::testing::RandomIds;
 using cpu::testing::RandomTensor;
-
-class CudaMallocAllocator : public Allocator {
- public:
-  void* Allocate(size_t bytes) override {
-    void* p = nullptr;
-    BRAID_CHECK(cudaMalloc(&p, bytes == 0 ? 1 : bytes) == cudaSuccess) << "cudaMalloc " << bytes;
-    RecordAlloc(bytes);
-    return p;
-  }
-  void Deallocate(void* p, size_t bytes) override {
-    cudaFree(p);
-    RecordFree(bytes);
-  }
-};
 
 Tensor ToGpu(const Tensor& t) {
   Tensor d = Tensor::Empty(t.shape(), t.dtype(), Device::CUDA(0));
@@ -61,13 +52,6 @@ class CudaKernelsGpuTest : public ::testing::Test {
       if (gpu_test::MustFailWithGpus(1, 0)) FAIL() << why;
       GTEST_SKIP() << why;
     }
-    static bool registered = [] {
-      RegisterAllocatorFactory(DeviceType::kCUDA, [](Device) {
-        return std::unique_ptr<Allocator>(new CudaMallocAllocator);
-      });
-      return true;
-    }();
-    (void)registered;
   }
   std::mt19937 rng_{51};
 };
@@ -211,6 +195,88 @@ TEST_F(CudaKernelsGpuTest, AttentionAndOptimizers) {
     kernels::sgd.Get(Device::CUDA(0))(gw, ToGpu(g), gbuf, p);
   }
   EXPECT_TRUE(AllClose(ToCpu(gw), w, kEwAtol, kEwRtol));
+}
+
+// The fused attention (flash_attention_* slots, attention_flash.cu) against the CPU backend's
+// probability-saving attention on the same inputs: the inputs are rounded to the dtype first and
+// the CPU computes in f32 on the rounded values, so only the kernel's f32 arithmetic order and
+// the rounding of its half outputs differ. lse against a double-precision log-sum-exp.
+// Tolerances: f32, 1e-4 absolute + 1e-4 relative (sums over up to 2048 terms in another order,
+// as the matmul's); f16 outputs round to 11 bits (4.9e-4 relative) and the backward's delta uses
+// the rounded output: 5e-3 + 5e-3; bf16 to 8 bits (3.9e-3): 3e-2 + 3e-2.
+struct FlashTolerance {
+  float atol, rtol;
+};
+FlashTolerance FlashTol(DType dt) {
+  if (dt == DType::kBF16) return {3e-2f, 3e-2f};
+  if (dt == DType::kF16) return {5e-3f, 5e-3f};
+  return {1e-4f, 1e-4f};
+}
+
+void CheckFlash(DType dt, int64_t B, int64_t T, int64_t H, int64_t C, std::mt19937& rng) {
+  SCOPED_TRACE(std::string(DTypeName(dt)) + " B=" + std::to_string(B) + " T=" +
+               std::to_string(T) + " H=" + std::to_string(H) + " C=" + std::to_string(C));
+  const Tensor qkv = RandomTensor({B, T, 3 * C}, rng, -2.f, 2.f).To(dt);
+  const Tensor dout = RandomTensor({B, T, C}, rng).To(dt);
+  const Tensor qkv32 = qkv.To(DType::kF32), dout32 = dout.To(DType::kF32);
+  Tensor o = Tensor::Empty({B, T, C}), att = Tensor::Empty({B, H, T, T});
+  kernels::attention_forward.Get(Device::CPU())(qkv32, int(H), o, att);
+  Tensor d = Tensor::Empty({B, T, 3 * C});
+  kernels::attention_backward.Get(Device::CPU())(dout32, qkv32, att, int(H), d);
+
+  const Tensor gqkv = ToGpu(qkv);
+  Tensor go = ToGpu(Tensor::Zeros({B, T, C}, dt)), glse = ToGpu(Tensor::Zeros({B, H, T}));
+  kernels::flash_attention_forward.Get(Device::CUDA(0), dt)(gqkv, int(H), go, glse);
+  Tensor gd = ToGpu(Tensor::Full({B, T, 3 * C}, 7.f, dt));  // every element must be written
+  kernels::flash_attention_backward.Get(Device::CUDA(0), dt)(ToGpu(dout), gqkv, go, glse, int(H),
+                                                             gd);
+  const FlashTolerance tol = FlashTol(dt);
+  EXPECT_TRUE(AllClose(ToCpu(go).To(DType::kF32), o, tol.atol, tol.rtol)) << "out";
+  EXPECT_TRUE(AllClose(ToCpu(gd).To(DType::kF32), d, tol.atol, tol.rtol)) << "dqkv";
+  // lse_i = log sum_{j <= i} exp(scale q_i . k_j), in double.
+  const int64_t D = C / H;
+  const double scale = 1.0 / std::sqrt(double(D));
+  const float* q = qkv32.data<float>();
+  Tensor want_lse = Tensor::Empty({B, H, T});
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<double> s(size_t(i + 1));
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int64_t e = 0; e < D; ++e) {
+            dot += double(q[(b * T + i) * 3 * C + h * D + e]) * q[(b * T + j) * 3 * C + C + h * D + e];
+          }
+          s[size_t(j)] = dot * scale;
+          mx = std::max(mx, s[size_t(j)]);
+        }
+        for (double x : s) sum += std::exp(x - mx);
+        want_lse.data<float>()[(b * H + h) * T + i] = float(mx + std::log(sum));
+      }
+    }
+  }
+  EXPECT_TRUE(AllClose(ToCpu(glse), want_lse, 1e-4f, 1e-5f)) << "lse";
+}
+
+TEST_F(CudaKernelsGpuTest, FusedAttentionMatchesTheCpuInEveryDtype) {
+  CheckFlash(DType::kF32, 2, 37, 4, 64, rng_);    // D = 16, T not a multiple of the tile
+  CheckFlash(DType::kF32, 1, 300, 2, 256, rng_);  // D = 128
+  CheckFlash(DType::kF32, 1, 70, 1, 200, rng_);   // D = 200: 8 registers, shared memory > 48 KiB
+  CheckFlash(DType::kBF16, 2, 130, 3, 192, rng_); // GPT-2's D = 64
+  CheckFlash(DType::kF16, 2, 130, 3, 192, rng_);
+  CheckFlash(DType::kF32, 1, 1, 2, 64, rng_);     // a single token
+}
+
+TEST_F(CudaKernelsGpuTest, FusedAttentionMemoryIsLinearInT) {
+  // At T = 2048 one head-batch's T x T f32 scores alone are 16 MiB; everything the fused forward
+  // and backward hold here (qkv, dqkv, out, dout, lse, delta) is ~8.4 MB, all from the caching
+  // allocator, whose peak counts every live tensor of the process.
+  const int64_t B = 1, H = 2, T = 2048, C = 128;
+  CheckFlash(DType::kF32, B, T, H, C, rng_);
+  const MemoryStats st = GetMemoryStats(Device::CUDA(0));
+  EXPECT_LT(st.peak_bytes, B * H * T * T * 4) << "peak " << st.peak_bytes;
+  EXPECT_EQ(FlashAttentionMemory(B, H, T).workspace, B * H * T * 4);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Host-side decisions of the CUDA kernels, checked on the CPU: launch geometry, the cuBLASLt
 // matmul plan (executed here by a naive column-major GEMM that reads exactly the plan's
 // layouts, and compared with the CPU backend's matmul), and the attention path choice.
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -173,31 +174,64 @@ TEST(MatmulPlan, EdgeCasesAndErrors) {
   EXPECT_FALSE(PlanMatmul(c)->needs_aside);
 }
 
-TEST(AttentionPlan, FusedSdpaOnlyWhereItApplies) {
-  AttentionQuery q{16, 1024, 12, 64, AttentionDType::kBF16, false, 91900, 90};
-  EXPECT_EQ(ChooseAttention(q).path, AttentionPath::kCudnnSdpa);
+TEST(AttentionPlan, FusedKernelOnlyWhereItApplies) {
+  AttentionQuery q{16, 1024, 12, 64, AttentionDType::kBF16, false};
+  EXPECT_EQ(ChooseAttention(q).path, AttentionPath::kFlashKernel);
   auto reference_because = [&](AttentionQuery v, const std::string& why) {
     const AttentionChoice c = ChooseAttention(v);
     EXPECT_EQ(c.path, AttentionPath::kReferenceKernel) << why;
     EXPECT_NE(c.reason.find(why), std::string::npos) << c.reason;
   };
   AttentionQuery v = q;
-  v.need_probabilities = true;  // what the kernel table's slot asks today
+  v.need_probabilities = true;  // what the kernel table's attention_forward slot asks
   reference_because(v, "probabilities");
-  v = q, v.cudnn_version = 0;
-  reference_because(v, "not available");
-  v = q, v.cudnn_version = 8907;
-  reference_because(v, "older than 9.0");
-  v = q, v.compute_capability = 75;
-  reference_because(v, "below 8.0");
-  v = q, v.dtype = AttentionDType::kF32;
-  reference_because(v, "f32");
-  v = q, v.head_dim = 60;
-  reference_because(v, "head_dim 60");
-  v = q, v.head_dim = 256;
-  reference_because(v, "head_dim 256");
-  v = q, v.dtype = AttentionDType::kF16, v.compute_capability = 80;
-  EXPECT_EQ(ChooseAttention(v).path, AttentionPath::kCudnnSdpa);
+  v = q, v.head_dim = 257;
+  reference_because(v, "head_dim 257");
+  v = q, v.head_dim = 0;
+  reference_because(v, "head_dim 0");
+  v = q, v.seq = int64_t(8) * 65535 + 1;  // one row block past grid y
+  reference_because(v, "grid");
+  for (AttentionDType dt : {AttentionDType::kF32, AttentionDType::kF16}) {
+    for (int64_t d : {1, 37, 64, 128, 256}) {  // any dtype, any head_dim up to 256
+      v = q, v.dtype = dt, v.head_dim = d;
+      EXPECT_EQ(ChooseAttention(v).path, AttentionPath::kFlashKernel) << d;
+    }
+  }
+}
+
+// What the fused kernel keeps (lse) and its backward allocates (delta) is linear in T; the
+// reference kernel's probabilities and dS scratch are quadratic.
+TEST(AttentionPlan, FusedMemoryIsLinearInSequenceLength) {
+  const int64_t B = 16, H = 12, T = 1024;  // GPT-2 124M at B = 16
+  const AttentionBytes flash = FlashAttentionMemory(B, H, T);
+  EXPECT_EQ(flash.saved, B * H * T * 4);
+  EXPECT_EQ(flash.workspace, B * H * T * 4);
+  EXPECT_EQ(flash.workspace, 786432);  // 768 KiB
+  const AttentionBytes ref = ReferenceAttentionMemory(B, H, T, 4);
+  EXPECT_EQ(ref.workspace, int64_t(805306368));  // the 805 MB dS scratch of issue 28
+  EXPECT_EQ(ref.saved, int64_t(805306368));
+  for (int64_t t : {1, 37, 512, 1024, 4096}) {
+    const AttentionBytes a = FlashAttentionMemory(B, H, t), b = FlashAttentionMemory(B, H, 2 * t);
+    EXPECT_EQ(b.saved, 2 * a.saved) << t;
+    EXPECT_EQ(b.workspace, 2 * a.workspace) << t;
+    const AttentionBytes ra = ReferenceAttentionMemory(B, H, t, 2),
+                         rb = ReferenceAttentionMemory(B, H, 2 * t, 2);
+    EXPECT_EQ(rb.workspace, 4 * ra.workspace) << t;
+  }
+}
+
+TEST(AttentionPlan, SharedMemoryFitsTheDevice) {
+  // Up to D = 128 within the default 48 KiB per block; up to 256 within an H100's 227 KiB
+  // (the kernels opt in above 48 KiB).
+  for (int64_t d : {1, 16, 64, 128}) {
+    const FlashSharedBytes s = FlashAttentionSharedBytes(d);
+    EXPECT_LE(std::max({s.forward, s.dq, s.dkdv}), size_t(48) << 10) << d;
+  }
+  const FlashSharedBytes s = FlashAttentionSharedBytes(256);
+  EXPECT_GT(s.dkdv, size_t(48) << 10);
+  EXPECT_LE(std::max({s.forward, s.dq, s.dkdv}), size_t(227) << 10);
+  // GPT-2's D = 64: two padded 32 x 65 tiles and eight 64-float rows (plus dout's for dQ).
+  EXPECT_EQ(FlashAttentionSharedBytes(64).forward, size_t(2 * 32 * 65 * 4 + 8 * 64 * 4));
 }
 
 }  // namespace

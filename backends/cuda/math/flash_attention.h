@@ -20,9 +20,9 @@ namespace braid::cuda::math {
 
 // Keys (forward, dQ) or queries (dK/dV) per tile: one per lane of a warp.
 constexpr int kFlashTile = 32;
-// Head dimensions up to this are kept in registers (kFlashMaxHeadDim / 32 per lane); larger
-// heads take the reference kernel (attention_plan.h).
-constexpr int kFlashMaxHeadDim = 128;
+// Head dimensions up to this are kept in registers (ceil(D / 32) per lane, rounded up to 1, 2,
+// 4 or 8); larger heads take the reference kernel (attention_plan.h).
+constexpr int kFlashMaxHeadDim = 256;
 // Rows (warps) per block: they share each tile of K and V (forward, dQ) or of Q and dout (dK/dV)
 // loaded once into shared memory. The block runs every tile up to its last row's, so a row's
 // later tiles may be fully masked for it (FlashRescale leaves the state unchanged then).
