@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/check.h"
 #include "models/data/sha256.h"
+#include "core/json_syntax_error.h"
 #include "nlohmann/json.hpp"
 
 namespace braid::data {
@@ -24,33 +25,6 @@ using json = nlohmann::json;
 
 constexpr char kPrepareAgain[] =
     "prepare the data again (bazel run //tools:prepare_data, docs/DATA.md)";
-
-// The DOM parser without exceptions only says the text is not JSON; this pass finds where.
-class ErrorFinder : public nlohmann::json_sax<json> {
- public:
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
-  bool start_object(std::size_t) override { return true; }
-  bool key(string_t&) override { return true; }
-  bool end_object() override { return true; }
-  bool start_array(std::size_t) override { return true; }
-  bool end_array() override { return true; }
-  bool parse_error(std::size_t, const std::string&, const json::exception& e) override {
-    what_ = e.what();
-    const size_t tag = what_.find("] ");  // drop "[json.exception.parse_error.101] "
-    if (what_.rfind("[json.exception.", 0) == 0 && tag != std::string::npos) what_.erase(0, tag + 2);
-    return false;
-  }
-  const std::string& what() const { return what_; }
-
- private:
-  std::string what_ = "a syntax error";
-};
 
 // Reads the document, testing each value's JSON type before taking it, so nothing throws.
 class Reader {
@@ -259,9 +233,7 @@ bool operator==(const TokenManifest& a, const TokenManifest& b) {
 absl::StatusOr<TokenManifest> ParseTokenManifest(const std::string& text, const std::string& where) {
   const json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
-    ErrorFinder finder;
-    json::sax_parse(text, &finder);
-    return absl::InvalidArgumentError(absl::StrCat(where, " is not JSON (", finder.what(),
+    return absl::InvalidArgumentError(absl::StrCat(where, " is not JSON (", JsonSyntaxError(text),
                                                    "): it is damaged or cut short; ", kPrepareAgain));
   }
   const json* format = Reader::Member(doc, "format");

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/json_syntax_error.h"
 #include "nlohmann/json.hpp"
 
 namespace braid::checkpoint {
@@ -23,37 +24,6 @@ constexpr char kOldFormat[] = "braid-checkpoint-1";
 // checkpoint reads).
 constexpr char kWhatToDo[] = "; restore the file, or delete the checkpoint's folder to resume "
                              "from an older checkpoint";
-
-// The DOM parser without exceptions says only that the text is not JSON. This second pass, run
-// only then, finds where and why, without exceptions too (a SAX handler that stops at the
-// first error).
-class ErrorFinder : public nlohmann::json_sax<json> {
- public:
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
-  bool start_object(std::size_t) override { return true; }
-  bool key(string_t&) override { return true; }
-  bool end_object() override { return true; }
-  bool start_array(std::size_t) override { return true; }
-  bool end_array() override { return true; }
-  bool parse_error(std::size_t, const std::string&, const json::exception& e) override {
-    what_ = e.what();
-    // "[json.exception.parse_error.101] parse error at line 1, ...": the tag means nothing to
-    // a user.
-    const size_t tag = what_.find("] ");
-    if (what_.rfind("[json.exception.", 0) == 0 && tag != std::string::npos) what_.erase(0, tag + 2);
-    return false;
-  }
-  const std::string& what() const { return what_; }
-
- private:
-  std::string what_ = "a syntax error";
-};
 
 // Reads the parsed document into a CheckpointIndex, checking every value before it is taken:
 // each accessor below tests the JSON type first, so nothing here can throw.
@@ -318,9 +288,7 @@ bool operator==(const CheckpointIndex& a, const CheckpointIndex& b) {
 absl::StatusOr<CheckpointIndex> ParseCheckpointIndex(const std::string& text, const std::string& where) {
   const json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
-    ErrorFinder finder;
-    json::sax_parse(text, &finder);
-    return absl::DataLossError(absl::StrCat(where, " is not JSON (", finder.what(),
+    return absl::DataLossError(absl::StrCat(where, " is not JSON (", JsonSyntaxError(text),
                                             "): it is damaged or cut short", kWhatToDo));
   }
   auto not_index = [&](const std::string& why) {
