@@ -1,8 +1,8 @@
 // The keys of a JSON config checked before protobuf reads it, so that one run reports every
 // unknown key at once (protobuf's reader stops at the first), each with its position and the
-// nearest known name; and DeepSpeed's keys that only tune DeepSpeed's own implementation,
-// accepted with a note (TrainConfig.ignored_fields), or mapped onto Braid's (cpu_offload,
-// steps_per_print).
+// nearest known name; and DeepSpeed's keys without a Braid field (deepspeed_keys.h): noted
+// (TrainConfig.ignored_fields), refused naming the feature, or mapped onto Braid's fields
+// (steps_per_print, cpu_offload, bfloat16, ...).
 #include <algorithm>
 #include <cstdio>
 #include <utility>
@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "launcher/config/config_internal.h"
+#include "launcher/config/deepspeed_keys.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -21,146 +22,39 @@
 namespace braid::config::internal {
 namespace {
 
+using ::braid::config::DeepSpeedKey;
+using ::braid::config::DeepSpeedKeyKind;
+
 namespace pb = google::protobuf;
 
-// A DeepSpeed key with no field here. `neutral`: the only value accepted (a JSON literal,
-// "true"/"false"), or null for any value; `why`: the note, or for a value other than the
-// neutral one, what Braid does instead (the refusal).
-struct DeepSpeedKey {
-  const char* path;
-  const char* neutral;
-  const char* why;
-};
-constexpr DeepSpeedKey kDeepSpeedKeys[] = {
-    {"prescale_gradients", nullptr,
-     "Braid averages gradients in one reduction; where the division happens changes nothing "
-     "in exact arithmetic"},
-    {"gradient_predivide_factor", nullptr,
-     "Braid averages gradients in one reduction; where the division happens changes nothing "
-     "in exact arithmetic"},
-    {"zero_allow_untested_optimizer", nullptr, "Braid's ZeRO steps any registered optimizer"},
-    {"dump_state", nullptr, "Braid prints no engine state"},
-    {"memory_breakdown", nullptr, "Braid's summary reports the peak memory"},
-    {"zero_optimization.reduce_bucket_size", nullptr,
-     "it sizes DeepSpeed's reduction buckets; Braid's ZeRO reduce-scatters one layer (block) at "
-     "a time, and DDP's buckets are its bucket_cap_mb option"},
-    {"zero_optimization.allgather_bucket_size", nullptr,
-     "it sizes DeepSpeed's all-gather buckets; Braid's ZeRO all-gathers one layer (block) at a "
-     "time"},
-    {"zero_optimization.sub_group_size", nullptr,
-     "it sizes DeepSpeed's groups of optimizer steps; Braid steps each shard at once"},
-    {"zero_optimization.stage3_max_live_parameters", nullptr,
-     "it caps DeepSpeed's gathered parameters; Braid's stage 3 gathers per unit with "
-     "stage3_prefetch_bucket_size"},
-    {"zero_optimization.stage3_max_reuse_distance", nullptr,
-     "it tunes DeepSpeed's parameter cache; Braid releases a unit's parameters after use"},
-    {"zero_optimization.round_robin_gradients", nullptr,
-     "it orders DeepSpeed's offloaded gradient copies; no effect on the result"},
-    {"zero_optimization.ignore_unused_parameters", nullptr,
-     "Braid's models use all their parameters"},
-    {"zero_optimization.elastic_checkpoint", nullptr,
-     "Braid's checkpoints are resharded on load whatever the world size"},
-    {"zero_optimization.load_from_fp32_weights", nullptr,
-     "Braid's checkpoints always hold the f32 master weights"},
-    {"zero_optimization.stage3_gather_16bit_weights_on_model_save", nullptr,
-     "save_to writes the full (gathered) weights under every stage"},
-    {"zero_optimization.stage3_gather_fp16_weights_on_model_save", nullptr,
-     "save_to writes the full (gathered) weights under every stage"},
-    {"fp16.fp16_master_weights_and_grads", "false",
-     "Braid keeps f32 master weights and gradients in the optimizer; remove it or set false"},
-    {"fp16.auto_cast", "false",
-     "Braid casts the model's inputs itself under fp16; remove it or set false"},
-};
-
-const DeepSpeedKey* FindDeepSpeedKey(const std::string& path) {
-  for (const DeepSpeedKey& k : kDeepSpeedKeys) {
-    if (path == k.path) return &k;
-  }
-  return nullptr;
-}
-
-// DeepSpeed's monitors that need a web service: the service's name, or null.
-const char* NetworkMonitor(const std::string& path) {
-  if (path == "wandb") return "Weights & Biases (wandb)";
-  if (path == "comet") return "Comet (comet)";
-  return nullptr;
-}
-
-// DeepSpeed's sections for features Braid does not have: refused, naming the feature and the
-// nearest thing Braid has, unless the section says "enabled": false (then noted: DeepSpeed's
-// configs often carry them switched off).
-struct MissingFeature {
-  const char* path;
-  const char* feature;
-  const char* nearest;
-  bool off_unless_enabled = false;  // its "enabled" defaults to false in DeepSpeed
-};
-constexpr MissingFeature kMissingFeatures[] = {
-    {"sparse_attention", "block-sparse attention kernels",
-     "Braid's attention is dense; a shorter model.block_size saves its memory"},
-    {"flops_profiler", "the FLOPs profiler",
-     "the progress line and the summary show the MFU from the model's FLOPs formula", true},
-    {"autotuning", "the autotuner",
-     "set the micro-batch and ZeRO stage yourself; tools/bench measures throughput", true},
-    {"elasticity", "elastic training (batch sizes recomputed for a changing world size)",
-     "the launcher's --max_restarts restarts a failed group from its last checkpoint", true},
-    {"compression_training", "model compression (quantization-aware training, pruning)",
-     "no equivalent; fp16 or bf16 halve the parameters' memory"},
-    {"data_efficiency", "data efficiency (curriculum sampling, random layer-token drop)",
-     "data.sampler chooses how batches are drawn"},
-    {"curriculum_learning", "curriculum learning", "data.sampler chooses how batches are drawn", true},
-    {"progressive_layer_drop", "progressive layer dropping",
-     "no equivalent; activation_checkpointing trades compute for memory instead", true},
-    {"amp", "NVIDIA Apex AMP", "fp16 or bf16 (Braid's own mixed precision)", true},
-    {"aio", "asynchronous NVMe I/O (for NVMe offload)",
-     "offload_optimizer / offload_param with device \"cpu\""},
-    {"comms_logger", "the communication logger",
-     "wall_clock_breakdown, and the summary's overlap line", true},
-    {"pipeline", "the pipeline engine's section",
-     "parallel { pipeline: N } with strategy \"pipeline\" (docs/CONFIG.md)"},
-    {"quantize_training", "quantization-aware training (MoQ)", "no equivalent; fp16 or bf16", true},
-    {"eigenvalue", "the eigenvalue estimate of MoQ", "no equivalent", true},
-    {"nebula", "Nebula checkpointing", "checkpoint { async: true } writes in the background", true},
-    {"hybrid_engine", "DeepSpeed-Chat's hybrid engine", "no equivalent", true},
-    {"weight_quantization", "weight quantization", "no equivalent; fp16 or bf16"},
-    {"sequence_parallel_size", "Ulysses sequence parallelism",
-     "parallel { tensor: N } with the tensor_parallel strategy's sequence_parallel option"},
-    {"zero_optimization.zero_quantized_weights", "ZeRO++'s quantized weight all-gather",
-     "communication_data_type \"bf16\" halves what ZeRO communicates"},
-    {"zero_optimization.zero_quantized_gradients", "ZeRO++'s quantized gradient reduce-scatter",
-     "communication_data_type \"bf16\" halves what ZeRO communicates"},
-    {"zero_optimization.zero_hpz_partition_size", "ZeRO++'s hierarchical partitioning",
-     "zero_optimization.stage 3 over all data-parallel ranks"},
-    {"zero_optimization.mics_shard_size", "MiCS sharding groups",
-     "zero_optimization.stage 3 over all data-parallel ranks"},
-};
-
-const MissingFeature* FindMissingFeature(const std::string& path) {
-  for (const MissingFeature& f : kMissingFeatures) {
-    if (path == f.path) return &f;
-  }
-  return nullptr;
-}
-
-// Whether a DeepSpeed value switches its feature off: "enabled": false (or no "enabled" where
-// DeepSpeed's default is off), false, or a size of at most 1 (ZeRO++'s and MiCS's partition
-// sizes: 1 is no partitioning, -1 DeepSpeed's "off").
-bool SwitchedOff(const MissingFeature& m, const google::protobuf::Value& v) {
-  namespace pb = google::protobuf;
+// Whether `v` is a value `k` (a kRefused key) accepts: kNever none; kSwitchedOff what switches
+// DeepSpeed's feature off: false, null, a number of at most 1 (ZeRO++'s and MiCS's partition
+// sizes: 1 is no partitioning, -1 DeepSpeed's "off"), an empty section, or a section whose
+// "enabled" is false (or absent where DeepSpeed's default is off); otherwise its literal.
+std::string Literal(const pb::Value& v);
+bool Accepted(const DeepSpeedKey& k, const pb::Value& v) {
+  if (k.accepted == nullptr) return true;
+  if (k.accepted == std::string(kNever)) return false;
+  if (k.accepted != std::string(kSwitchedOff)) return Literal(v) == k.accepted;
   switch (v.kind_case()) {
+    case pb::Value::kNullValue:
+      return true;
     case pb::Value::kBoolValue:
       return !v.bool_value();
     case pb::Value::kNumberValue:
       return v.number_value() <= 1;
     case pb::Value::kStructValue: {
+      if (v.struct_value().fields().empty()) return true;
       auto it = v.struct_value().fields().find("enabled");
-      if (it == v.struct_value().fields().end()) return m.off_unless_enabled;
+      if (it == v.struct_value().fields().end()) return k.off_unless_enabled;
       return it->second.kind_case() == pb::Value::kBoolValue && !it->second.bool_value();
     }
     default:
       return false;
   }
 }
+
+bool IsNetworkMonitor(const std::string& path) { return path == "wandb" || path == "comet"; }
 
 const pb::FieldDescriptor* FieldByKey(const pb::Descriptor* d, const std::string& key) {
   const pb::FieldDescriptor* f = d->FindFieldByName(key);
@@ -189,18 +83,28 @@ size_t EditDistance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-// The known name nearest to `key` among `d`'s fields and DeepSpeed's keys under `prefix`, if
-// it is close (a third of the name's letters or fewer changed).
-std::string Nearest(const pb::Descriptor* d, const std::string& prefix, const std::string& key) {
+// The names known under `prefix`: `d`'s fields (when `d` is a message) and DeepSpeed's keys.
+std::vector<std::string> KnownNames(const pb::Descriptor* d, const std::string& prefix) {
   std::vector<std::string> names;
-  for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
-  for (const DeepSpeedKey& k : kDeepSpeedKeys) {
+  for (int i = 0; d != nullptr && i < d->field_count(); ++i) names.push_back(d->field(i)->name());
+  for (const DeepSpeedKey& k : DeepSpeedKeys()) {
     const std::string path = k.path;
     if (path.compare(0, prefix.size(), prefix) == 0 &&
         path.find('.', prefix.size()) == std::string::npos) {
       names.push_back(path.substr(prefix.size()));
     }
   }
+  if (!prefix.empty()) {  // a DeepSpeed section Braid has no message for
+    for (std::string& n : DeepSpeedSectionKeys(prefix.substr(0, prefix.size() - 1))) {
+      if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(std::move(n));
+    }
+  }
+  return names;
+}
+
+// The name in `names` nearest to `key`, if it is close (a third of the name's letters or fewer
+// changed).
+std::string Nearest(const std::vector<std::string>& names, const std::string& key) {
   std::string best;
   size_t best_distance = key.size() / 3 + 1;
   for (const std::string& n : names) {
@@ -216,6 +120,10 @@ std::string Literal(const pb::Value& v) {
       return v.bool_value() ? "true" : "false";
     case pb::Value::kNullValue:
       return "null";
+    case pb::Value::kNumberValue:
+      return Num(v.number_value());
+    case pb::Value::kStringValue:
+      return Quoted(v.string_value());
     default:
       return "";
   }
@@ -226,6 +134,21 @@ struct Walk {
   const std::string& origin;
   JsonKeys* out;
   bool changed = false;
+
+  std::string Where(const std::string& key) const {
+    return absl::StrCat(origin, KeyPosition(text, key), ": ");
+  }
+
+  // `candidates` for "did you mean", `known` listed (Braid's fields, not every DeepSpeed key).
+  void Unknown(const std::string& key, const std::string& prefix,
+               const std::vector<std::string>& candidates, const std::vector<std::string>& known) {
+    const std::string near = Nearest(candidates, key);
+    out->problems.push_back(absl::StrCat(
+        Where(key), "unknown field \"", prefix, key, "\"",
+        near.empty() ? "" : absl::StrCat(" (did you mean \"", prefix, near, "\"?)"),
+        "; known fields", prefix.empty() ? "" : " of " + prefix.substr(0, prefix.size() - 1),
+        ": ", absl::StrJoin(known, ", ")));
+  }
 
   void Object(pb::Struct* object, const pb::Descriptor* d, const std::string& prefix) {
     std::vector<std::string> remove;
@@ -239,68 +162,83 @@ struct Walk {
         }
         continue;
       }
-      const std::string where = absl::StrCat(origin, KeyPosition(text, key), ": ");
-      if (const char* service = NetworkMonitor(path)) {
-        // DeepSpeed's monitors that send the metrics to a web service: refused when enabled
-        // (nothing here reaches the network), accepted when off, as DeepSpeed's own defaults are.
-        const pb::Value* enabled = nullptr;
-        if (value.kind_case() == pb::Value::kStructValue) {
-          auto it = value.struct_value().fields().find("enabled");
-          if (it != value.struct_value().fields().end()) enabled = &it->second;
-        }
-        if (value.kind_case() != pb::Value::kStructValue ||
-            (enabled != nullptr && Literal(*enabled) != "false")) {
-          out->problems.push_back(absl::StrCat(
-              where, path, ": Braid does not log to ", service,
-              " (it sends the metrics over the network, which Braid's runs do not use); set "
-              "\"enabled\": false, or use csv_monitor or tensorboard, which write files"));
-        } else {
-          out->ignored_fields.push_back(path + " (disabled)");
-        }
-        remove.push_back(key);
-        continue;
-      }
-      if (const MissingFeature* m = FindMissingFeature(path)) {
-        if (SwitchedOff(*m, value)) {
-          out->ignored_fields.push_back(path + " (disabled)");
-        } else {
-          out->problems.push_back(absl::StrCat(where, path, ": a DeepSpeed feature Braid does not have (",
-                                               m->feature, "); nearest in Braid: ", m->nearest,
-                                               "; remove it or switch it off"));
-        }
-        remove.push_back(key);
-        continue;
-      }
       if (const DeepSpeedKey* k = FindDeepSpeedKey(path)) {
-        if (k->neutral != nullptr && Literal(value) != k->neutral) {
-          out->problems.push_back(
-              absl::StrCat(where, path, " is accepted only as ", k->neutral, ": ", k->why));
-        } else {
-          out->ignored_fields.push_back(path);
-        }
-        remove.push_back(key);
+        DeepSpeed(*k, key, value);
+        remove.push_back(key);  // kMapped ones are read by Map() below first
         continue;
       }
-      if (path == "zero_optimization.cpu_offload" || path == "steps_per_print") {
-        remove.push_back(key);  // mapped by Map() below
-        continue;
-      }
-      const std::string near = Nearest(d, prefix, key);
-      out->problems.push_back(absl::StrCat(
-          where, "unknown field \"", path, "\"",
-          near.empty() ? "" : absl::StrCat(" (did you mean \"", prefix, near, "\"?)"),
-          "; known fields", prefix.empty() ? "" : " of " + prefix.substr(0, prefix.size() - 1),
-          ": ", absl::StrJoin(FieldNames(d), ", ")));
+      std::vector<std::string> fields;
+      for (int i = 0; i < d->field_count(); ++i) fields.push_back(d->field(i)->name());
+      Unknown(key, prefix, KnownNames(d, prefix), fields);
     }
     Map(object, prefix);
     for (const std::string& key : remove) object->mutable_fields()->erase(key);
     changed |= !remove.empty();
+    // DeepSpeed's checkpoint section holds only DeepSpeed's keys (tag_validation, ...): with
+    // those gone it asks for no Braid checkpointing (which would need a dir).
+    if (prefix.empty()) {
+      auto it = object->mutable_fields()->find("checkpoint");
+      if (it != object->mutable_fields()->end() &&
+          it->second.kind_case() == pb::Value::kStructValue &&
+          it->second.struct_value().fields().empty() &&
+          std::any_of(out->ignored_fields.begin(), out->ignored_fields.end(),
+                      [](const std::string& e) { return absl::StartsWith(e, "checkpoint."); })) {
+        object->mutable_fields()->erase(it);
+        out->ignored_fields.push_back("checkpoint (DeepSpeed's keys only)");
+        changed = true;
+      }
+    }
   }
 
-  static std::vector<std::string> FieldNames(const pb::Descriptor* d) {
-    std::vector<std::string> names;
-    for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
-    return names;
+  // A key of DeepSpeed's table: noted, refused or left for Map().
+  void DeepSpeed(const DeepSpeedKey& k, const std::string& key, const pb::Value& value) {
+    const std::string path = k.path;
+    switch (k.kind) {
+      case DeepSpeedKeyKind::kMapped:
+        break;
+      case DeepSpeedKeyKind::kNoted:
+        if (!Accepted(k, value)) {
+          out->problems.push_back(
+              absl::StrCat(Where(key), path, " is accepted only as ", k.accepted, ": ", k.note));
+        } else {
+          out->ignored_fields.push_back(path);
+        }
+        break;
+      case DeepSpeedKeyKind::kRefused:
+        if (Accepted(k, value)) {
+          out->ignored_fields.push_back(path + " (disabled)");
+        } else if (IsNetworkMonitor(path)) {
+          out->problems.push_back(absl::StrCat(
+              Where(key), path, ": Braid does not log to ", k.note,
+              " (it sends the metrics over the network, which Braid's runs do not use); set "
+              "\"enabled\": false, or use ",
+              k.nearest));
+        } else {
+          const bool never = k.accepted == std::string(kNever);
+          const bool literal = !never && k.accepted != std::string(kSwitchedOff);
+          out->problems.push_back(absl::StrCat(
+              Where(key), path, ": a DeepSpeed feature Braid does not have (", k.note,
+              "); nearest in Braid: ", k.nearest,
+              never     ? "; remove it"
+              : literal ? absl::StrCat("; remove it or set it to ", k.accepted)
+                        : "; remove it or switch it off"));
+        }
+        break;
+    }
+    if (value.kind_case() == pb::Value::kStructValue) Section(path, value.struct_value());
+  }
+
+  // The keys inside a DeepSpeed section Braid has no message for, where the table lists them.
+  void Section(const std::string& path, const pb::Struct& section) {
+    const std::vector<std::string> known = DeepSpeedSectionKeys(path);
+    if (known.empty()) return;
+    for (const auto& [key, value] : section.fields()) {
+      if (std::find(known.begin(), known.end(), key) == known.end()) {
+        Unknown(key, path + ".", known, known);
+      } else if (value.kind_case() == pb::Value::kStructValue) {
+        Section(absl::StrCat(path, ".", key), value.struct_value());
+      }
+    }
   }
 
   // DeepSpeed keys with a Braid field of the same meaning under another name.
@@ -319,29 +257,58 @@ struct Walk {
         out->ignored_fields.push_back("steps_per_print (log.print_every given)");
       }
     }
-    // zero_optimization.cpu_offload (DeepSpeed's legacy spelling): true is
-    // offload_optimizer.device "cpu".
-    if (prefix == "zero_optimization." && fields.count("cpu_offload")) {
-      const pb::Value v = fields["cpu_offload"];
-      if (v.kind_case() != pb::Value::kBoolValue) {
-        out->problems.push_back(absl::StrCat(origin, KeyPosition(text, "cpu_offload"),
-                                             ": zero_optimization.cpu_offload must be true or "
-                                             "false"));
-      } else if (v.bool_value()) {
-        const bool has_offload = fields.count("offload_optimizer") > 0;
-        if (has_offload) {
-          out->problems.push_back(absl::StrCat(
-              origin, KeyPosition(text, "cpu_offload"),
-              ": zero_optimization.cpu_offload and zero_optimization.offload_optimizer are one "
-              "setting (cpu_offload is its old spelling); keep offload_optimizer"));
-        } else {
-          (*fields["offload_optimizer"].mutable_struct_value()->mutable_fields())["device"]
-              .set_string_value("cpu");
-          out->ignored_fields.push_back("zero_optimization.cpu_offload");
-        }
+    // bfloat16: bf16's old spelling.
+    if (prefix.empty() && fields.count("bfloat16")) {
+      if (fields.count("bf16")) {
+        out->problems.push_back(absl::StrCat(Where("bfloat16"),
+                                             "bfloat16 and bf16 are one section (bfloat16 is its "
+                                             "old spelling); keep bf16"));
       } else {
-        out->ignored_fields.push_back("zero_optimization.cpu_offload (false)");
+        fields["bf16"] = fields["bfloat16"];
+        out->ignored_fields.push_back("bfloat16");
       }
+    }
+    if (prefix != "zero_optimization.") return;
+    // DeepSpeed's legacy spellings of the offload sections: cpu_offload (the optimizer's),
+    // cpu_offload_param and cpu_offload_use_pin_memory.
+    OffloadAlias(fields, "cpu_offload", "offload_optimizer");
+    OffloadAlias(fields, "cpu_offload_param", "offload_param");
+    if (fields.count("cpu_offload_use_pin_memory")) {
+      const pb::Value v = fields["cpu_offload_use_pin_memory"];
+      if (v.kind_case() != pb::Value::kBoolValue) {
+        out->problems.push_back(absl::StrCat(Where("cpu_offload_use_pin_memory"),
+                                             "zero_optimization.cpu_offload_use_pin_memory must "
+                                             "be true or false"));
+        return;
+      }
+      for (const char* section : {"offload_optimizer", "offload_param"}) {
+        auto it = fields.find(section);
+        if (it == fields.end() || it->second.kind_case() != pb::Value::kStructValue) continue;
+        auto& sub = *it->second.mutable_struct_value()->mutable_fields();
+        if (!sub.count("pin_memory") && !sub.count("pinMemory")) sub["pin_memory"] = v;
+      }
+      out->ignored_fields.push_back("zero_optimization.cpu_offload_use_pin_memory");
+    }
+  }
+
+  // `alias`: true is `section`.device "cpu"; refused beside `section` itself.
+  void OffloadAlias(google::protobuf::Map<std::string, pb::Value>& fields, const char* alias,
+                    const char* section) {
+    if (!fields.count(alias)) return;
+    const pb::Value v = fields[alias];
+    const std::string path = absl::StrCat("zero_optimization.", alias);
+    if (v.kind_case() != pb::Value::kBoolValue) {
+      out->problems.push_back(absl::StrCat(Where(alias), path, " must be true or false"));
+    } else if (!v.bool_value()) {
+      out->ignored_fields.push_back(path + " (false)");
+    } else if (fields.count(section) > 0) {
+      out->problems.push_back(absl::StrCat(Where(alias), path, " and zero_optimization.",
+                                           section, " are one setting (", alias,
+                                           " is its old spelling); keep ", section));
+    } else {
+      (*fields[section].mutable_struct_value()->mutable_fields())["device"].set_string_value(
+          "cpu");
+      out->ignored_fields.push_back(path);
     }
   }
 };
@@ -387,9 +354,12 @@ std::string IgnoredFieldNote(const std::string& entry) {
   if (absl::EndsWith(entry, " (disabled)")) {  // wandb, comet, DeepSpeed's features Braid lacks
     return absl::StrCat(entry.substr(0, entry.find(' ')), ": not enabled, nothing to do");
   }
-  if (entry == "zero_optimization.cpu_offload") {
-    return "zero_optimization.cpu_offload: read as zero_optimization.offload_optimizer.device "
-           "\"cpu\" (its current spelling)";
+  if (absl::EndsWith(entry, " (false)")) {  // a legacy offload spelling set false
+    return absl::StrCat(entry.substr(0, entry.find(' ')), ": false, nothing to do");
+  }
+  if (entry == "checkpoint (DeepSpeed's keys only)") {
+    return "checkpoint: DeepSpeed's checkpoint options only, so no Braid checkpointing (give "
+           "checkpoint.dir to save checkpoints)";
   }
   if (entry == "zero_optimization.offload_param (without offload_optimizer)") {
     return "zero_optimization.offload_param: the optimizer steps the offloaded shards on the "
@@ -413,8 +383,9 @@ std::string IgnoredFieldNote(const std::string& entry) {
                                "between the host and a GPU)");
   }
   if (const DeepSpeedKey* k = FindDeepSpeedKey(entry)) {
-    if (k->neutral != nullptr) return absl::StrCat(entry, ": ", k->neutral, ", Braid's behaviour");
-    return absl::StrCat(entry, ": accepted, no effect in Braid (", k->why, ")");
+    if (k->kind == DeepSpeedKeyKind::kMapped) return absl::StrCat(entry, ": ", k->note);
+    if (k->accepted != nullptr) return absl::StrCat(entry, ": ", k->accepted, ", Braid's behaviour");
+    return absl::StrCat(entry, ": accepted, no effect in Braid (", k->note, ")");
   }
   return absl::StrCat(entry, ": accepted, no effect in Braid");
 }
