@@ -30,6 +30,19 @@ absl::StatusOr<std::function<Batch()>> PrefetchBatches(Device device,
 // in `basis` where the figure comes from; the error of PrepareCudaDevice without the device.
 absl::StatusOr<double> DevicePeakFlops(Device device, DType dtype, std::string* basis);
 
+// The half-precision dtypes `device` computes in, from its compute capability: bf16 from 8.0
+// (Ampere) on, f16 on every GPU CUDA 13 runs (7.5 and later). `basis` (may be null) names the
+// device and its capability. For "auto" fp16/bf16 in a config. Without the CUDA backend: the
+// error of PrepareCudaDevice.
+struct HalfSupport {
+  bool bf16 = false;
+  bool f16 = false;
+};
+inline HalfSupport HalfSupportOfCapability(int major, int minor) {
+  return HalfSupport{major >= 8, major > 5 || (major == 5 && minor >= 3)};
+}
+absl::StatusOr<HalfSupport> DeviceHalfSupport(Device device, std::string* basis);
+
 }  // namespace braid::cuda
 
 #endif  // BRAID_BACKENDS_CUDA_DEVICE_CHECK_H_

@@ -32,6 +32,18 @@ absl::StatusOr<double> DevicePeakFlops(Device device, DType dtype, std::string* 
   return PeakFlops(gpu, dtype, basis);
 }
 
+absl::StatusOr<HalfSupport> DeviceHalfSupport(Device device, std::string* basis) {
+  BRAID_RETURN_IF_ERROR(PrepareCudaDevice(device));
+  cudaDeviceProp prop;
+  BRAID_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceProperties(&prop, device.index),
+                                   "cudaGetDeviceProperties"));
+  if (basis != nullptr) {
+    *basis = absl::StrCat(device.ToString(), " (", prop.name, ", compute capability ", prop.major,
+                          ".", prop.minor, ")");
+  }
+  return HalfSupportOfCapability(prop.major, prop.minor);
+}
+
 absl::StatusOr<std::function<Batch()>> PrefetchBatches(Device device,
                                                        std::function<Batch()> next_on_host) {
   BRAID_RETURN_IF_ERROR(PrepareCudaDevice(device));

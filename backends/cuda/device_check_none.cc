@@ -12,6 +12,10 @@ absl::StatusOr<double> DevicePeakFlops(Device device, DType, std::string*) {
   return PrepareCudaDevice(device);
 }
 
+absl::StatusOr<HalfSupport> DeviceHalfSupport(Device device, std::string*) {
+  return PrepareCudaDevice(device);
+}
+
 absl::Status PrepareCudaDevice(Device device) {
   return absl::FailedPreconditionError(absl::StrCat(
       "device \"", device.ToString(),

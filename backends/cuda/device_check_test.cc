@@ -24,5 +24,24 @@ TEST(PrepareCudaDevice, SaysWhyTheDeviceCannotBeUsed) {
 #endif
 }
 
+// "auto" fp16/bf16 follows the capability: bf16 from Ampere (8.0), f16 on every GPU CUDA 13 runs.
+TEST(HalfSupport, FollowsTheComputeCapability) {
+  const struct {
+    int major, minor;
+    bool bf16, f16;
+  } cases[] = {{7, 5, false, true}, {8, 0, true, true}, {8, 6, true, true}, {9, 0, true, true},
+               {5, 2, false, false}, {5, 3, false, true}};
+  for (const auto& c : cases) {
+    const HalfSupport s = HalfSupportOfCapability(c.major, c.minor);
+    EXPECT_EQ(s.bf16, c.bf16) << c.major << "." << c.minor;
+    EXPECT_EQ(s.f16, c.f16) << c.major << "." << c.minor;
+  }
+  // A device that cannot be used has no answer, only PrepareCudaDevice's reason.
+  std::string basis;
+  absl::StatusOr<HalfSupport> none = DeviceHalfSupport(Device::CUDA(4096), &basis);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status(), PrepareCudaDevice(Device::CUDA(4096)));
+}
+
 }  // namespace
 }  // namespace braid::cuda

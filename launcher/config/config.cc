@@ -404,7 +404,7 @@ absl::Status ValidateConfigWith(TrainConfig* cfg, int data_parallel_size,
     return absl::InvalidArgumentError(
         absl::StrCat("data-parallel size (", data_parallel_size, ") must be >= 1"));
   }
-  internal::ResolveAutoValues(cfg);
+  internal::ResolveAutoValues(cfg, strategies.half_support);
   // A schedule's peak rate given alone sets the optimizer's rate (they are one number).
   const SchedulerConfig& sched = cfg->scheduler();
   const bool names_peak = absl::EqualsIgnoreCase(sched.type(), "WarmupCosine") ||

@@ -72,7 +72,17 @@ struct FeatureProviders {
   std::vector<std::string> unloadable;
 };
 
-// What validation asks about strategies. features_of and providers_of are called only when the
+// The half-precision dtypes a device computes in, as its backend says; for "auto" in
+// fp16.enabled / bf16.enabled.
+struct HalfSupport {
+  bool bf16 = false;
+  bool fp16 = false;
+  // Where the answer came from ("cuda:0 (NVIDIA H100 80GB HBM3, compute capability 9.0)", or
+  // why there is none), for the note that says what "auto" became.
+  std::string basis;
+};
+
+// What validation asks about strategies (and the device). features_of and providers_of are called only when the
 // config requests a feature section, with strategy.name after compose has filled it in.
 struct StrategyCatalog {
   // The composer (the training program's): given the layout (tensor, pipeline and data sizes,
@@ -93,6 +103,10 @@ struct StrategyCatalog {
   std::function<FeatureProviders(const std::string& feature)> providers_of;
   // Which strategies providers_of looked at, for the message when none provides a feature.
   std::string searched = "registered strategy";
+  // For fp16.enabled / bf16.enabled "auto" (Hugging Face's rule: bf16 where the device computes
+  // in it, else fp16 where it does that, else off): the device's answer, asked with cfg.device
+  // ("cpu" when empty) and only when a config has such an "auto". Null: neither (a CPU).
+  std::function<HalfSupport(const std::string& device)> half_support;
 };
 
 // Fills defaults and derived values into `cfg` and checks it for a job with

@@ -3,9 +3,11 @@
 // field in like an absent one except where Hugging Face's value differs from Braid's default
 // (ResolveAutoValues), and ConfigNotes says what each became and why.
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -130,7 +132,26 @@ std::string SourceOf(const TrainConfig& cfg, const std::string& path) {
   if (path == "scheduler.params.total_num_steps") return "steps";
   if (path == "gradient_clipping") return "1.0, Hugging Face's max_grad_norm default";
   if (path == "fp16.enabled" || path == "bf16.enabled") {
-    return "off: Braid turns half precision on only when a config says true";
+    // Hugging Face's rule (ResolveAutoValues), from the device's backend.
+    const std::string device = cfg.device().empty() ? "cpu" : cfg.device();
+    const bool is_bf16 = path == "bf16.enabled";
+    if (cfg.bf16().enabled()) {
+      return is_bf16 ? absl::StrCat(device, " computes in bf16 (its backend's answer), preferred "
+                                            "as in Hugging Face's integration")
+                     : "off: bf16 is on";
+    }
+    if (cfg.fp16().enabled()) {
+      return is_bf16 ? absl::StrCat("off: fp16 is on")
+                     : absl::StrCat(device, " computes in fp16 but not bf16 (its backend's "
+                                            "answer), as Hugging Face's integration on such a GPU");
+    }
+    if (cfg.has_parallel() && cfg.parallel().tensor() > 1) {
+      return "off: Braid's tensor parallelism runs in full precision";
+    }
+    if (absl::StartsWith(device, "cpu")) {
+      return "off on the CPU, as in Hugging Face's integration (half precision only on a GPU)";
+    }
+    return absl::StrCat("off: ", device, "'s backend reports no half-precision arithmetic");
   }
   return "Braid's default";
 }
@@ -155,7 +176,9 @@ std::string StripAutoValues(const std::string& json, std::vector<std::string>* p
   return out;
 }
 
-void ResolveAutoValues(TrainConfig* cfg) {
+void ResolveAutoValues(TrainConfig* cfg,
+                       const std::function<HalfSupport(const std::string&)>& half_support) {
+  bool auto_fp16 = false, auto_bf16 = false;
   for (const std::string& path : cfg->auto_fields()) {
     if (path == "gradient_clipping") cfg->set_gradient_clipping(1.0);
     if (path == "scheduler.params.warmup_num_steps") {
@@ -164,9 +187,22 @@ void ResolveAutoValues(TrainConfig* cfg) {
     if (path == "scheduler.params.warmup_min_lr") {
       cfg->mutable_scheduler()->mutable_params()->set_warmup_min_lr(0.0);
     }
-    if (path == "fp16.enabled") cfg->mutable_fp16()->set_enabled(false);
-    if (path == "bf16.enabled") cfg->mutable_bf16()->set_enabled(false);
+    auto_fp16 |= path == "fp16.enabled";
+    auto_bf16 |= path == "bf16.enabled";
   }
+  if (!auto_fp16 && !auto_bf16) return;
+  // Hugging Face's rule, from what the device's backend says it computes in: bf16 where it can,
+  // else fp16 where it can (a GPU before Ampere), else full precision (the CPU). A section given
+  // explicitly keeps its value and the "auto" one yields to it (both cannot be on).
+  // Tensor parallelism has no mixed precision in Braid (validation refuses it): "auto" is off.
+  const std::string device = cfg->device().empty() ? "cpu" : cfg->device();
+  const bool tensor_parallel = cfg->has_parallel() && cfg->parallel().tensor() > 1;
+  const HalfSupport support =
+      half_support && !tensor_parallel ? half_support(device) : HalfSupport{};
+  const bool bf16 = auto_bf16 ? support.bf16 && !(!auto_fp16 && cfg->fp16().enabled())
+                              : cfg->bf16().enabled();
+  if (auto_bf16) cfg->mutable_bf16()->set_enabled(bf16);
+  if (auto_fp16) cfg->mutable_fp16()->set_enabled(!bf16 && support.fp16);
 }
 
 }  // namespace internal
@@ -178,6 +214,9 @@ std::vector<std::string> ConfigNotes(const TrainConfig& cfg) {
     const google::protobuf::FieldDescriptor* field = nullptr;
     std::string value;
     if (internal::Resolve(cfg, path, &holder, &field)) value = internal::ValueOf(*holder, field);
+    // fp16/bf16's enabled have no presence: false is a value here, not "unset".
+    if (path == "fp16.enabled") value = cfg.fp16().enabled() ? "true" : "false";
+    if (path == "bf16.enabled") value = cfg.bf16().enabled() ? "true" : "false";
     if (value.empty() || value == "[]") {
       notes.push_back(absl::StrCat(path, ": \"auto\" left unset (not used with this config)"));
     } else {

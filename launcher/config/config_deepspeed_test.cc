@@ -253,6 +253,83 @@ TEST(AutoValues, ResolvedAsHuggingFaceDoesAndEachNoted) {
                                        HasSubstr("total_num_steps: 50")));
 }
 
+// fp16/bf16 "auto": Hugging Face's rule from the device's answer, which the training program
+// gets from the device's backend (backends/cuda/device_check.h) and a test injects.
+struct HalfAuto {
+  TrainConfig cfg;
+  std::string asked;  // the device the answer was asked for
+};
+HalfAuto ResolveHalf(const std::string& json, const HalfSupport* support) {
+  HalfAuto out{Json(json), ""};
+  StrategyCatalog catalog;
+  catalog.features_of = [](const std::string&) {
+    return std::vector<std::string>{kFeatureFp16, kFeatureBf16};
+  };
+  if (support != nullptr) {
+    catalog.half_support = [&out, support](const std::string& device) {
+      out.asked = device;
+      return *support;
+    };
+  }
+  absl::Status st = ValidateConfigWith(&out.cfg, 1, catalog);
+  EXPECT_TRUE(st.ok()) << st;
+  return out;
+}
+
+TEST(AutoValues, HalfPrecisionFollowsTheDevicesBackend) {
+  constexpr char kBoth[] = R"({"fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}})";
+  // The CPU: off, whether or not a backend answers (the program's answer for a CPU is neither).
+  const HalfSupport cpu{false, false, "cpu"};
+  for (const HalfSupport* s : {static_cast<const HalfSupport*>(nullptr), &cpu}) {
+    HalfAuto r = ResolveHalf(kBoth, s);
+    EXPECT_FALSE(r.cfg.fp16().enabled());
+    EXPECT_FALSE(r.cfg.bf16().enabled());
+    EXPECT_THAT(ConfigNotes(r.cfg),
+                testing::IsSupersetOf(
+                    {"bf16.enabled = false (\"auto\": off on the CPU, as in Hugging Face's "
+                     "integration (half precision only on a GPU))",
+                     "fp16.enabled = false (\"auto\": off on the CPU, as in Hugging Face's "
+                     "integration (half precision only on a GPU))"}));
+    if (s != nullptr) {
+      EXPECT_EQ(r.asked, "cpu");
+    }
+  }
+  // A GPU with bf16 (Ampere and later): bf16, and fp16 stays off.
+  const HalfSupport ampere{true, true, "cuda:0 (compute capability 8.0)"};
+  HalfAuto r = ResolveHalf(R"({"device": "cuda:0", "fp16": {"enabled": "auto"},
+                               "bf16": {"enabled": "auto"}})",
+                           &ampere);
+  EXPECT_EQ(r.asked, "cuda:0");
+  EXPECT_TRUE(r.cfg.bf16().enabled());
+  EXPECT_FALSE(r.cfg.fp16().enabled());
+  EXPECT_THAT(ConfigNotes(r.cfg),
+              testing::IsSupersetOf({"bf16.enabled = true (\"auto\": cuda:0 computes in bf16 (its "
+                                     "backend's answer), preferred as in Hugging Face's "
+                                     "integration)",
+                                     "fp16.enabled = false (\"auto\": off: bf16 is on)"}));
+  // --print_config prints the resolved config.
+  EXPECT_THAT(ConfigToText(r.cfg), HasSubstr("bf16 {\n  enabled: true\n}"));
+  // A GPU without bf16 (Turing): fp16 ("cuda" is asked as validation spells it, cuda:0).
+  const HalfSupport turing{false, true, "cuda:0 (compute capability 7.5)"};
+  r = ResolveHalf(R"({"device": "cuda", "fp16": {"enabled": "auto"},
+                      "bf16": {"enabled": "auto"}})",
+                  &turing);
+  EXPECT_TRUE(r.cfg.fp16().enabled());
+  EXPECT_FALSE(r.cfg.bf16().enabled());
+  EXPECT_THAT(ConfigNotes(r.cfg),
+              testing::Contains("fp16.enabled = true (\"auto\": cuda:0 computes in fp16 but not bf16 "
+                                "(its backend's answer), as Hugging Face's integration on such a "
+                                "GPU)"));
+  // A section given explicitly wins: "auto" yields to it.
+  r = ResolveHalf(R"({"device": "cuda:1", "fp16": {"enabled": true},
+                      "bf16": {"enabled": "auto"}})",
+                  &ampere);
+  EXPECT_TRUE(r.cfg.fp16().enabled());
+  EXPECT_FALSE(r.cfg.bf16().enabled());
+  r = ResolveHalf(R"({"device": "cuda:1", "fp16": {"enabled": "auto"}})", &ampere);
+  EXPECT_TRUE(r.cfg.fp16().enabled());  // bf16 is not on offer in this config
+}
+
 TEST(AutoValues, ExplicitValuesWinAndStringsKeepAuto) {
   TrainConfig cfg = Json(R"({"optimizer": {"type": "Adam", "params": {"lr": "auto"}},
                              "scheduler": {"type": "WarmupLR",

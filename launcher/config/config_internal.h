@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -121,9 +122,11 @@ void CheckScheduler(Checker& c, TrainConfig* cfg);
 // "auto" (config_auto.cc). StripAutoValues: `json` without the "auto" values of non-string
 // fields, their paths appended to `paths`; `json` itself when it has none (or does not parse:
 // the reader then reports why). ResolveAutoValues, first in validation: the "auto" fields whose
-// Hugging Face value is not what leaving them out gives (gradient_clipping 1.0, no warm-up).
+// Hugging Face value is not what leaving them out gives (gradient_clipping 1.0, no warm-up,
+// fp16/bf16 from `half_support`'s answer for the device).
 std::string StripAutoValues(const std::string& json, std::vector<std::string>* paths);
-void ResolveAutoValues(TrainConfig* cfg);
+void ResolveAutoValues(TrainConfig* cfg,
+                       const std::function<HalfSupport(const std::string&)>& half_support);
 
 // The keys of a JSON config (config_json_keys.cc), checked all at once before protobuf reads
 // it: `problems` gets every unknown key (position, "did you mean") and every refused DeepSpeed
