@@ -121,6 +121,11 @@ extern KernelSlot<SumRowsFn> sum_rows;
 using MatmulFn = void(const Tensor& a, const Tensor& b, Tensor& out, bool trans_a, bool trans_b,
                       float alpha, float beta);
 extern KernelSlot<MatmulFn> matmul;
+// Linear's forward in one call: out[rows, out] = x[rows, in] @ weight[out, in]ᵀ + bias[out].
+// Optional, for backends whose GEMM adds the bias in its epilogue (CUDA's cuBLASLt): ops::Linear
+// uses it where the device and dtype have one registered, else matmul then binary's add.
+using LinearFwdFn = void(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out);
+extern KernelSlot<LinearFwdFn> linear_forward;
 
 // ---- Fused neural-network ops --------------------------------------------------------------
 // x: [N, C]; weight, bias: [C]; out: [N, C]; mean, rstd: [N] f32 whatever x's dtype (saved
