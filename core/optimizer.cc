@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/kernels.h"
+#include "core/scalar_reads.h"
 
 namespace braid {
 
@@ -348,23 +349,29 @@ float ClipGradNorm(const std::vector<Tensor>& params, float max_norm) {
   return ClipGradNormSharded(params, max_norm, [](double local) { return local; });
 }
 
-namespace {
-
-// This rank's share of the squared norm of `params`' gradients, each in f32 (half gradients are
-// up-cast first: their squares would overflow f16).
-double LocalSquaredGradNorm(const std::vector<Tensor>& params) {
-  double total = 0;
+Tensor SquaredGradNormOnDevice(const std::vector<Tensor>& params) {
+  Tensor total;
   for (const Tensor& p : params) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
+    // f32 squares of half gradients: they would overflow f16 (up-cast on the device).
     if (g.dtype() != DType::kF32) g = g.To(DType::kF32);
     Tensor sq = Tensor::Empty(g.shape(), DType::kF32, g.device());
     kernels::unary.Get(g.device())(kernels::UnaryOp::kSquare, g, 0.0f, sq);
     Tensor s = Tensor::Empty({}, DType::kF32, g.device());
     kernels::sum_all.Get(g.device())(sq, s);
-    total += double(p.grad_norm_share()) * double(s.item());
+    const bool first = !total.defined();
+    if (first) total = Tensor::Empty({}, DType::kF32, g.device());
+    kernels::axpby.Get(g.device())(p.grad_norm_share(), s, first ? 0.0f : 1.0f, total);
   }
   return total;
+}
+
+namespace {
+
+// This rank's share of the squared norm of `params`' gradients, read with one synchronisation.
+double LocalSquaredGradNorm(const std::vector<Tensor>& params) {
+  return double(ReadScalars({SquaredGradNormOnDevice(params)})[0]);
 }
 
 }  // namespace
@@ -393,8 +400,12 @@ float ClipGradNormSharded(const std::vector<Tensor>& params, float max_norm,
 
 float ClipGradNormSharded(Optimizer& optimizer, const std::vector<Tensor>& params, float max_norm,
                           const std::function<double(double)>& global_sum) {
-  const double norm =
-      std::sqrt(global_sum(LocalSquaredGradNorm(params))) / double(optimizer.gradient_scale());
+  return ClipGradNormFromSquared(optimizer, LocalSquaredGradNorm(params), max_norm, global_sum);
+}
+
+float ClipGradNormFromSquared(Optimizer& optimizer, double local_squared, float max_norm,
+                              const std::function<double(double)>& global_sum) {
+  const double norm = std::sqrt(global_sum(local_squared)) / double(optimizer.gradient_scale());
   if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) {
     optimizer.MultiplyGradients(float(max_norm / (norm + 1e-6)));
   }
@@ -409,6 +420,7 @@ float ClipGradNormSharded(Optimizer& optimizer, const std::vector<Tensor>& param
 // (Kept apart, with its own includes, from the optimizers above.)
 
 #include "core/config/train_config.pb.h"
+#include "core/optimizer_params.h"
 #include "core/registry.h"
 
 namespace braid {
@@ -422,32 +434,12 @@ constexpr double kAdamDefaultBeta1 = 0.9, kAdamDefaultBeta2 = 0.999;
 constexpr double kAdamDefaultWeightDecay = 0.0;
 constexpr double kDefaultEps = 1e-8;
 
-void CheckUnitInterval(const std::string& field, double v, ConfigProblems* problems) {  // [0, 1)
-  if (!(v >= 0 && v < 1)) problems->push_back(absl::StrCat(field, " (", v, ") must be in [0, 1)"));
-}
-
 // betas, eps and weight_decay of Adam and AdamW, with the given defaults; DeepSpeed's Adam
 // switches (adam_w_mode, torch_adam, bias_correction).
 void ValidateAdamFamily(config::OptimizerConfig* opt, double beta1, double beta2,
                         double weight_decay, ConfigProblems* problems) {
-  config::OptimizerParams* p = opt->mutable_params();
-  if (!p->has_weight_decay()) p->set_weight_decay(weight_decay);
-  if (p->betas_size() == 0) {
-    p->add_betas(beta1);
-    p->add_betas(beta2);
-  } else if (p->betas_size() != 2) {
-    problems->push_back(absl::StrCat("optimizer.params.betas has ", p->betas_size(),
-                                     " value(s) [", absl::StrJoin(p->betas(), ", "),
-                                     "]; it needs exactly 2 (beta1, beta2)"));
-  } else {
-    CheckUnitInterval("optimizer.params.betas[0]", p->betas(0), problems);
-    CheckUnitInterval("optimizer.params.betas[1]", p->betas(1), problems);
-  }
-  if (!p->has_eps()) p->set_eps(kDefaultEps);
-  if (!(std::isfinite(p->eps()) && p->eps() > 0)) {
-    problems->push_back(
-        absl::StrCat("optimizer.params.eps (", p->eps(), ") must be a finite number > 0"));
-  }
+  CheckAdamLikeParams(opt, {beta1, beta2, kDefaultEps, weight_decay}, problems);
+  const config::OptimizerParams* p = &opt->params();
   if (p->has_bias_correction() && !p->bias_correction()) {
     problems->push_back(
         "optimizer.params.bias_correction false: Braid's Adam and AdamW always correct the "

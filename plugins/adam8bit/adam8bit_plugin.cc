@@ -1,12 +1,10 @@
 // The plugin's entry point: registers optimizer "Adam8bit" (core/registry.h's optimizer table).
 // optimizer.type "Adam8bit" (any case) makes the training program load this plugin by name
 // (EnsureOptimizer in core/plugin.h) before it validates the config.
-#include <cmath>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "core/config/train_config.pb.h"
+#include "core/optimizer_params.h"
 #include "core/plugin_api.h"
 #include "core/registry.h"
 #include "plugins/adam8bit/adam8bit.h"
@@ -20,31 +18,12 @@ constexpr double kDefaultBeta1 = 0.9, kDefaultBeta2 = 0.95;
 constexpr double kDefaultEps = 1e-8;
 constexpr double kDefaultWeightDecay = 0.1;
 
-void CheckUnitInterval(const std::string& field, double v, ConfigProblems* problems) {  // [0, 1)
-  if (!(v >= 0 && v < 1)) problems->push_back(absl::StrCat(field, " (", v, ") must be in [0, 1)"));
-}
-
-// AdamW's checks and defaults, field for field. Block size (2048) and the 8-bit threshold (4096
-// elements) are constants of blockwise.h: OptimizerParams has no fields for them.
+// AdamW's checks and defaults, field for field (core/optimizer_params.h). Block size (2048) and
+// the 8-bit threshold (4096 elements) are constants of blockwise.h: OptimizerParams has no
+// fields for them.
 void Validate(config::OptimizerConfig* opt, ConfigProblems* problems) {
-  config::OptimizerParams* p = opt->mutable_params();
-  if (!p->has_weight_decay()) p->set_weight_decay(kDefaultWeightDecay);
-  if (p->betas_size() == 0) {
-    p->add_betas(kDefaultBeta1);
-    p->add_betas(kDefaultBeta2);
-  } else if (p->betas_size() != 2) {
-    problems->push_back(absl::StrCat("optimizer.params.betas has ", p->betas_size(), " value(s) [",
-                                     absl::StrJoin(p->betas(), ", "),
-                                     "]; it needs exactly 2 (beta1, beta2)"));
-  } else {
-    CheckUnitInterval("optimizer.params.betas[0]", p->betas(0), problems);
-    CheckUnitInterval("optimizer.params.betas[1]", p->betas(1), problems);
-  }
-  if (!p->has_eps()) p->set_eps(kDefaultEps);
-  if (!(std::isfinite(p->eps()) && p->eps() > 0)) {
-    problems->push_back(
-        absl::StrCat("optimizer.params.eps (", p->eps(), ") must be a finite number > 0"));
-  }
+  CheckAdamLikeParams(opt, {kDefaultBeta1, kDefaultBeta2, kDefaultEps, kDefaultWeightDecay},
+                      problems);
 }
 
 std::unique_ptr<Optimizer> Make(std::vector<ParamGroup> groups,

@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "core/config/train_config.pb.h"
+#include "core/optimizer_params.h"
 #include "core/plugin_api.h"
 #include "core/registry.h"
 #include "plugins/lamb/lamb.h"
@@ -24,29 +24,11 @@ struct Defaults {
 constexpr Defaults kDefaults;
 constexpr double kDefaultWeightDecay = 0.0;
 
-void CheckUnitInterval(const std::string& field, double v, ConfigProblems* problems) {  // [0, 1)
-  if (!(v >= 0 && v < 1)) problems->push_back(absl::StrCat(field, " (", v, ") must be in [0, 1)"));
-}
-
 // Fills DeepSpeed's defaults and checks each value; every problem is reported, not the first.
 void Validate(config::OptimizerConfig* opt, ConfigProblems* problems) {
+  CheckAdamLikeParams(opt, {kDefaults.beta1, kDefaults.beta2, kDefaults.eps, kDefaultWeightDecay},
+                      problems);
   config::OptimizerParams* p = opt->mutable_params();
-  if (!p->has_weight_decay()) p->set_weight_decay(kDefaultWeightDecay);
-  if (p->betas_size() == 0) {
-    p->add_betas(kDefaults.beta1);
-    p->add_betas(kDefaults.beta2);
-  } else if (p->betas_size() != 2) {
-    problems->push_back(absl::StrCat("optimizer.params.betas has ", p->betas_size(), " value(s) [",
-                                     absl::StrJoin(p->betas(), ", "),
-                                     "]; it needs exactly 2 (beta1, beta2)"));
-  } else {
-    CheckUnitInterval("optimizer.params.betas[0]", p->betas(0), problems);
-    CheckUnitInterval("optimizer.params.betas[1]", p->betas(1), problems);
-  }
-  if (!p->has_eps()) p->set_eps(kDefaults.eps);
-  if (!(std::isfinite(p->eps()) && p->eps() > 0)) {
-    problems->push_back(absl::StrCat("optimizer.params.eps (", p->eps(), ") must be a finite number > 0"));
-  }
   if (!p->has_bias_correction()) p->set_bias_correction(kDefaults.bias_correction);
   if (!p->has_eps_inside_sqrt()) p->set_eps_inside_sqrt(kDefaults.eps_inside_sqrt);
   if (!p->has_max_coeff()) p->set_max_coeff(kDefaults.max_coeff);
