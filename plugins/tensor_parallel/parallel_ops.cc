@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,26 +14,86 @@
 namespace braid::tensor_parallel {
 namespace {
 
-void AllReduceOrDie(Tensor& t, ReduceOp op, Communicator& group, const char* what) {
-  absl::Status st = group.AllReduce(t, op)->Wait();
-  BRAID_CHECK(st.ok()) << "tensor parallel: " << what << " failed on rank " << group.rank()
-                       << " of the tensor-parallel group: " << st.message();
-}
-
 void Count(std::atomic<int64_t>* c, const Tensor& t) {
   if (c != nullptr) *c += int64_t(t.nbytes());
 }
 
+// Two ranks on the CPU exchange their buffers with point-to-point messages instead of calling
+// the communicator's collectives. Gloo's collectives between processes of one host go over
+// loopback TCP, whose transport thread takes a core from a computing rank, while its Send/Recv
+// between them go through shared-memory rings (backends/gloo/shm_link.h); a perf profile of
+// TP = 2 on gpt-mini put ~15% of the processes' samples in the TCP path and the transport's
+// epoll, for 20 blocking all-reduces per step. A pair's exchange moves what a ring all-reduce on
+// 2 ranks moves (there each rank's half of a buffer, each way, twice; here the whole buffer
+// once), in one round trip. Elsewhere (more ranks, GPU communicators) the communicator's own
+// collectives.
+bool Pair(const Communicator& g, const Tensor& t) {
+  return g.size() == 2 && t.device().type == DeviceType::kCPU;
+}
+
+constexpr int kExchangeTag = 0x7470;  // "tp": this group's only point-to-point traffic
+
+// The peer's `mine` (same shape and dtype). Both ranks call it at the same point.
+Tensor Exchange(const Tensor& mine, Communicator& g, const char* what) {
+  const int peer = 1 - g.rank();
+  Tensor theirs = Tensor::Empty(mine.shape(), mine.dtype(), mine.device());
+  std::shared_ptr<Work> recv = g.Recv(theirs, peer, kExchangeTag);
+  std::shared_ptr<Work> send = g.Send(mine, peer, kExchangeTag);
+  absl::Status st = recv->Wait();
+  if (st.ok()) st = send->Wait();
+  BRAID_CHECK(st.ok()) << "tensor parallel: " << what << " failed on rank " << g.rank()
+                       << " of the tensor-parallel group: " << st.message();
+  return theirs;
+}
+
+Tensor Sum(const Tensor& x, Communicator& g, const char* what) {
+  if (Pair(g, x)) {
+    Tensor sum = Exchange(x, g, what);
+    // x0 + x1 on one rank, x1 + x0 on the other: the same bits (addition commutes).
+    autograd::AccumulateInto(sum, x);
+    return sum;
+  }
+  Tensor sum = x.Clone();
+  absl::Status st = g.AllReduce(sum, ReduceOp::kSum)->Wait();
+  BRAID_CHECK(st.ok()) << "tensor parallel: " << what << " failed on rank " << g.rank()
+                       << " of the tensor-parallel group: " << st.message();
+  return sum;
+}
+
+// In place: `t` summed or maxed over the group.
+void AllReduceOrDie(Tensor& t, ReduceOp op, Communicator& g, const char* what) {
+  if (Pair(g, t) && t.dtype() == DType::kF32 && (op == ReduceOp::kSum || op == ReduceOp::kMax)) {
+    Tensor theirs = Exchange(t, g, what);
+    if (op == ReduceOp::kSum) {
+      autograd::AccumulateInto(t, theirs);
+    } else {
+      float* a = t.data<float>();
+      const float* b = theirs.data<float>();
+      for (int64_t i = 0; i < t.numel(); ++i) a[i] = std::max(a[i], b[i]);
+    }
+    return;
+  }
+  absl::Status st = g.AllReduce(t, op)->Wait();
+  BRAID_CHECK(st.ok()) << "tensor parallel: " << what << " failed on rank " << g.rank()
+                       << " of the tensor-parallel group: " << st.message();
+}
+
 }  // namespace
+
+Tensor SumOverGroup(const Tensor& x, Communicator& group, const char* what) {
+  return group.size() == 1 ? x : Sum(x, group, what);
+}
 
 Tensor CopyToGroup(const Tensor& x, Communicator& group, CommCounters* counters) {
   if (group.size() == 1) return x;
   Communicator* g = &group;
   return autograd::ApplyFunction(
-      "CopyToTensorParallel", {x}, [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0].Clone()}; },
+      "CopyToTensorParallel", {x},
+      // The identity: the input's own memory (a detached alias; activations are never written
+      // in place), not a copy.
+      [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0]}; },
       [g, counters](const std::vector<Tensor>& grads) {
-        Tensor sum = grads[0].Clone();
-        AllReduceOrDie(sum, ReduceOp::kSum, *g, "all-reducing the gradient of a replicated input");
+        Tensor sum = Sum(grads[0], *g, "all-reducing the gradient of a replicated input");
         Count(counters ? &counters->backward_bytes : nullptr, sum);
         return std::vector<Tensor>{sum};
       })[0];
@@ -44,8 +105,7 @@ Tensor ReduceFromGroup(const Tensor& x, Communicator& group, CommCounters* count
   return autograd::ApplyFunction(
       "ReduceFromTensorParallel", {x},
       [g, counters](const std::vector<Tensor>& in) {
-        Tensor sum = in[0].Clone();
-        AllReduceOrDie(sum, ReduceOp::kSum, *g, "all-reducing partial sums of a row-split layer");
+        Tensor sum = Sum(in[0], *g, "all-reducing partial sums of a row-split layer");
         Count(counters ? &counters->forward_bytes : nullptr, sum);
         return std::vector<Tensor>{sum};
       },
@@ -94,13 +154,27 @@ Tensor AllGatherSequence(const Tensor& x, Communicator& g, std::atomic<int64_t>*
   const int64_t b = x.size(0), tl = x.size(1), inner = x.numel() / std::max<int64_t>(b * tl, 1);
   // The collective only reads its input: a view of x, no copy.
   Tensor flat = x.Detach().Reshape({x.numel()});
+  Shape shape = x.shape();
+  shape[1] = tl * t;
+  if (bytes != nullptr) *bytes += int64_t(flat.nbytes()) * t / 2;  // half an all-reduce's volume
+  if (Pair(g, x)) {
+    // The peer's rows, then both ranks' rows interleaved per sequence straight into the result.
+    Tensor theirs = Exchange(flat, g, "all-gathering the sequence");
+    const float* part[2] = {nullptr, nullptr};
+    part[g.rank()] = flat.data<float>();
+    part[1 - g.rank()] = theirs.data<float>();
+    Tensor out = Tensor::Empty(shape, DType::kF32, x.device());
+    float* to = out.data<float>();
+    const int64_t rows = tl * inner;
+    for (int64_t i = 0; i < b; ++i) {
+      for (int r = 0; r < 2; ++r) std::copy(part[r] + i * rows, part[r] + (i + 1) * rows, to + (2 * i + r) * rows);
+    }
+    return out;
+  }
   Tensor all = Tensor::Empty({x.numel() * t}, DType::kF32, x.device());
   absl::Status st = g.AllGather(flat, all)->Wait();
   BRAID_CHECK(st.ok()) << "tensor parallel: all-gathering the sequence failed on rank " << g.rank()
                        << ": " << st.message();
-  if (bytes != nullptr) *bytes += int64_t(all.nbytes()) / 2;  // half an all-reduce's volume
-  Shape shape = x.shape();
-  shape[1] = tl * t;
   // One sequence: rank-major is already [1, t*Tl, I].
   return b == 1 ? all.Reshape(shape) : Permuted(all, shape, b, t, tl, inner, false);
 }
@@ -113,6 +187,30 @@ Tensor ReduceScatterSequence(const Tensor& x, Communicator& g, std::atomic<int64
                              << " is not a multiple of the tensor-parallel size " << t
                              << "; use a context length the tensor size divides";
   const int64_t tl = full / t, inner = x.numel() / std::max<int64_t>(b * full, 1);
+  if (bytes != nullptr) *bytes += int64_t(x.nbytes()) / 2;  // half an all-reduce's
+  Shape shape = x.shape();
+  shape[1] = tl;
+  if (Pair(g, x)) {
+    // The peer's rows of each sequence go to it; its partial sums of ours come back and ours are
+    // added (x0 + x1 or x1 + x0: the same bits).
+    const int me = g.rank();
+    const int64_t rows = tl * inner;
+    const float* from = x.data<float>();
+    Tensor for_peer = Tensor::Empty(shape, DType::kF32, x.device());
+    float* fp = for_peer.data<float>();
+    for (int64_t i = 0; i < b; ++i) {
+      const float* src = from + (2 * i + (1 - me)) * rows;
+      std::copy(src, src + rows, fp + i * rows);
+    }
+    Tensor mine = Exchange(for_peer, g, "reduce-scattering the sequence");
+    float* __restrict m = mine.data<float>();
+    for (int64_t i = 0; i < b; ++i) {
+      const float* __restrict own = from + (2 * i + me) * rows;
+      float* __restrict dst = m + i * rows;
+      for (int64_t j = 0; j < rows; ++j) dst[j] += own[j];
+    }
+    return mine;
+  }
   // The collective only reads its input: with one sequence, x itself is rank-major.
   Tensor rank_major = b == 1 ? x.Detach().Reshape({x.numel()})
                              : Permuted(x.Detach(), {x.numel()}, b, t, tl, inner, true);
@@ -120,9 +218,6 @@ Tensor ReduceScatterSequence(const Tensor& x, Communicator& g, std::atomic<int64
   absl::Status st = g.ReduceScatter(rank_major, mine, ReduceOp::kSum)->Wait();
   BRAID_CHECK(st.ok()) << "tensor parallel: reduce-scattering the sequence failed on rank "
                        << g.rank() << ": " << st.message();
-  if (bytes != nullptr) *bytes += int64_t(rank_major.nbytes()) / 2;  // half an all-reduce's
-  Shape shape = x.shape();
-  shape[1] = tl;
   return mine.Reshape(shape);
 }
 

@@ -26,6 +26,14 @@ struct CommCounters {
   std::atomic<int64_t> backward_bytes{0};
 };
 
+// Every op below communicates through these: on two ranks on the CPU as one exchange of
+// point-to-point messages (the Gloo communicator's Send/Recv between ranks of one host go through
+// shared memory, its collectives over loopback TCP), otherwise with the communicator's
+// collectives. Both give every rank bit-identical sums.
+// The sum of `x` over the group as a new tensor (x itself on a group of one); not differentiable;
+// `what` names it in the fatal error a failure is.
+Tensor SumOverGroup(const Tensor& x, Communicator& group, const char* what);
+
 Tensor CopyToGroup(const Tensor& x, Communicator& group, CommCounters* counters = nullptr);
 Tensor ReduceFromGroup(const Tensor& x, Communicator& group, CommCounters* counters = nullptr);
 

@@ -315,10 +315,7 @@ absl::StatusOr<ShardMap> ApplyPlan(Module& model, const Plan& plan, Communicator
         // It sees only this rank's part of the sequence: its gradient is a partial sum until
         // summed over the group, done as each gradient arrives so that .grad is always whole.
         p.RegisterGradTransform([g, counters](const Tensor& grad) {
-          Tensor sum = grad.Detach().Clone();
-          absl::Status st = g->AllReduce(sum, ReduceOp::kSum)->Wait();
-          BRAID_CHECK(st.ok()) << "tensor parallel: summing a replicated weight's gradient: "
-                               << st.message();
+          Tensor sum = SumOverGroup(grad.Detach(), *g, "summing a replicated weight's gradient");
           if (counters != nullptr) counters->backward_bytes += int64_t(sum.nbytes());
           return sum;
         });

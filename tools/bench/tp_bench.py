@@ -160,7 +160,11 @@ def main():
                    help="leave out TP = 2 with sequence parallelism (parallel.sequence_parallel)")
     p.add_argument("--no_single", action="store_true",
                    help="leave out the one-process run (gpt-mini.pbtxt) that TP's speed-up is against")
+    p.add_argument("--launcher", default=LAUNCHER,
+                   help="the launcher binary (default bazel-bin/launcher/launcher; another output "
+                   "root's, when built with --output_user_root)")
     a = p.parse_args()
+    globals()["LAUNCHER"] = a.launcher
     if not os.access(LAUNCHER, os.X_OK):
         sys.exit(f"{LAUNCHER} not found: run `bazel build //launcher:all //plugins/...` first")
     emit({"bench": "tp_bench", "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -215,6 +219,10 @@ def main():
     if "tp_sp" in res:
         sp = res["tp_sp"][-1]
         summary["ratio_tp_sp_to_tp"] = round(med["tp_sp"] / med["tp"], 3)
+        summary["per_round_ratio_tp_sp_to_tp"] = [round(s_["tokens_per_s"] / t_["tokens_per_s"], 3)
+                                                  for s_, t_ in zip(res["tp_sp"], res["tp"])]
+        summary["per_round_ratio_tp_sp_to_ddp"] = [round(s_["tokens_per_s"] / d_["tokens_per_s"], 3)
+                                                   for s_, d_ in zip(res["tp_sp"], res["ddp"])]
         summary["tp_sp"].update(allreduce_forward_mib=sp["tp_forward_mib"],
                                 allreduce_backward_mib=sp["tp_backward_mib"])
         summary["sp_peak_saving_mib_rank0"] = round(
@@ -253,7 +261,8 @@ def main():
               f"all-gather/reduce-scatter {s['allreduce_forward_mib']:.2f} + {s['allreduce_backward_mib']:.2f} MiB "
               f"(all-reduce equivalent) | as TP |")
         print(f"sequence parallelism: peak tensor memory -{summary['sp_peak_saving_mib_rank0']} MiB on rank 0, "
-              f"tokens/s x{summary['ratio_tp_sp_to_tp']} of TP")
+              f"tokens/s x{summary['ratio_tp_sp_to_tp']} of TP (per round {summary['per_round_ratio_tp_sp_to_tp']}; "
+              f"SP / DDP per round {summary['per_round_ratio_tp_sp_to_ddp']})")
     if "single" in res:
         o = summary["single"]
         print(f"| 1 process | 2,048 | {med['single']:,.0f} | {med['single'] / med['ddp']:.3f} | "
