@@ -77,9 +77,6 @@ struct FeatureProviders {
 struct HalfSupport {
   bool bf16 = false;
   bool fp16 = false;
-  // Where the answer came from ("cuda:0 (NVIDIA H100 80GB HBM3, compute capability 9.0)", or
-  // why there is none), for the note that says what "auto" became.
-  std::string basis;
 };
 
 // What validation asks about strategies (and the device). features_of and providers_of are called only when the

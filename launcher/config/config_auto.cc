@@ -151,7 +151,8 @@ std::string SourceOf(const TrainConfig& cfg, const std::string& path) {
     if (absl::StartsWith(device, "cpu")) {
       return "off on the CPU, as in Hugging Face's integration (half precision only on a GPU)";
     }
-    return absl::StrCat("off: ", device, "'s backend reports no half-precision arithmetic");
+    return absl::StrCat("off: ", device, "'s backend reports neither bf16 nor fp16 (or could not "
+                                         "be asked: the device is checked again before training)");
   }
   return "Braid's default";
 }

@@ -279,7 +279,7 @@ HalfAuto ResolveHalf(const std::string& json, const HalfSupport* support) {
 TEST(AutoValues, HalfPrecisionFollowsTheDevicesBackend) {
   constexpr char kBoth[] = R"({"fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}})";
   // The CPU: off, whether or not a backend answers (the program's answer for a CPU is neither).
-  const HalfSupport cpu{false, false, "cpu"};
+  const HalfSupport cpu{false, false};
   for (const HalfSupport* s : {static_cast<const HalfSupport*>(nullptr), &cpu}) {
     HalfAuto r = ResolveHalf(kBoth, s);
     EXPECT_FALSE(r.cfg.fp16().enabled());
@@ -295,7 +295,7 @@ TEST(AutoValues, HalfPrecisionFollowsTheDevicesBackend) {
     }
   }
   // A GPU with bf16 (Ampere and later): bf16, and fp16 stays off.
-  const HalfSupport ampere{true, true, "cuda:0 (compute capability 8.0)"};
+  const HalfSupport ampere{true, true};  // compute capability 8.0 and later
   HalfAuto r = ResolveHalf(R"({"device": "cuda:0", "fp16": {"enabled": "auto"},
                                "bf16": {"enabled": "auto"}})",
                            &ampere);
@@ -310,7 +310,7 @@ TEST(AutoValues, HalfPrecisionFollowsTheDevicesBackend) {
   // --print_config prints the resolved config.
   EXPECT_THAT(ConfigToText(r.cfg), HasSubstr("bf16 {\n  enabled: true\n}"));
   // A GPU without bf16 (Turing): fp16 ("cuda" is asked as validation spells it, cuda:0).
-  const HalfSupport turing{false, true, "cuda:0 (compute capability 7.5)"};
+  const HalfSupport turing{false, true};  // 7.5
   r = ResolveHalf(R"({"device": "cuda", "fp16": {"enabled": "auto"},
                       "bf16": {"enabled": "auto"}})",
                   &turing);
