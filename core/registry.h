@@ -27,12 +27,14 @@
 #include "core/module.h"
 #include "core/optimizer.h"
 #include "core/strategy.h"
+#include "core/token_decoder.h"
 
 namespace braid {
 
 namespace config {
 class ModelConfig;      // core/config/train_config.proto
 class OptimizerConfig;  // core/config/train_config.proto
+class TrainConfig;      // core/config/train_config.proto
 }  // namespace config
 
 // The mesh axes (core/mesh.h) a strategy can serve as one layer of a composed stack.
@@ -91,6 +93,14 @@ struct DatasetSpec {
   // Non-empty: an eval section does not apply to this dataset; validation refuses one with this
   // reason ("it has no validation split of token data: ...").
   std::string eval_refused;
+  // The held-out batches an eval section evaluates on (`request.config->eval()` says how many;
+  // every rank gets the same), from the dataset's validation split. Unset, or an error (one line
+  // saying what to do) where this data has no validation split.
+  std::function<absl::StatusOr<std::vector<Batch>>(const BatchSourceRequest& request)>
+      validation;
+  // Optional: checks the data against a model's vocabulary of `vocab_size` ids before the model
+  // is built (a prepared data set reads the largest id from its manifest); one line naming both.
+  std::function<absl::Status(const config::TrainConfig& config, int64_t vocab_size)> check_vocab;
 };
 
 // One of a model's own hyper-parameters, set as model.options { key: NAME value: "..." }: the
@@ -145,6 +155,10 @@ struct ModelSpec {
   // training program reports (none is shown without it). Computed from the config, not from a
   // built model, so a model sharded over ranks still counts whole.
   std::function<double(const config::ModelConfig& model)> train_flops_per_token;
+  // Optional: inference with a cache (core/token_decoder.h) over `model`, which this spec's
+  // build made, for `batch` sequences. Unset: a program that generates runs the whole context
+  // through Forward for each new token (tools/sample).
+  std::function<std::unique_ptr<TokenDecoder>(Module& model, int64_t batch)> decoder;
 };
 
 // An optimizer: how to build it from the config's optimizer section.

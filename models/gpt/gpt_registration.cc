@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/autograd.h"
 #include "core/check.h"
 #include "core/config/train_config.pb.h"
 #include "core/registry.h"
@@ -52,6 +53,24 @@ absl::StatusOr<GptConfig> GptConfigOf(const config::ModelConfig& m) {
   return gc;
 }
 
+// Generation with GPT's key/value cache (core/token_decoder.h).
+class GptDecoder : public TokenDecoder {
+ public:
+  GptDecoder(Gpt& gpt, int64_t batch) : gpt_(gpt), cache_(gpt.NewKvCache(batch)) {}
+  Tensor Step(const Tensor& ids) override {
+    autograd::NoGradGuard no_grad;
+    return gpt_.ForwardCached(ids, cache_);
+  }
+  int64_t length() const override { return cache_.length(); }
+  int64_t capacity() const override { return cache_.capacity(); }
+  int64_t vocab_rows() const override { return gpt_.config().padded_vocab_size; }
+  void Clear() override { cache_.Clear(); }
+
+ private:
+  Gpt& gpt_;
+  KvCache cache_;
+};
+
 absl::StatusOr<std::unique_ptr<Module>> BuildGpt(const config::ModelConfig& m, uint64_t seed,
                                                  Device device) {
   BRAID_ASSIGN_OR_RETURN(GptConfig gc, GptConfigOf(m));
@@ -82,6 +101,11 @@ const bool kRegistered = [] {
       absl::StatusOr<GptConfig> gc = GptConfigOf(m);
       BRAID_CHECK(gc.ok()) << gc.status().ToString();  // validated: the preset exists
       return TrainFlopsPerToken(*gc);
+    };
+    spec.decoder = [](Module& model, int64_t batch) -> std::unique_ptr<TokenDecoder> {
+      auto* gpt = dynamic_cast<Gpt*>(&model);
+      BRAID_CHECK(gpt != nullptr) << "a GPT decoder asked for a " << model.type_name();
+      return std::make_unique<GptDecoder>(*gpt, batch);
     };
     BRAID_CHECK_OK(Registry::Get().AddModel(name, std::move(spec), "models/gpt"));
   }

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/autograd.h"
 #include "core/check.h"
 #include "core/config/train_config.pb.h"
 #include "core/registry.h"
@@ -99,6 +100,24 @@ void ValidateLlama(config::ModelConfig* m, const std::string& dataset_name,
   }
 }
 
+// Generation with Llama's key/value cache (core/token_decoder.h).
+class LlamaDecoder : public TokenDecoder {
+ public:
+  LlamaDecoder(Llama& llama, int64_t batch) : llama_(llama), cache_(llama.NewKvCache(batch)) {}
+  Tensor Step(const Tensor& ids) override {
+    autograd::NoGradGuard no_grad;
+    return llama_.ForwardCached(ids, cache_);
+  }
+  int64_t length() const override { return cache_.length(); }
+  int64_t capacity() const override { return cache_.capacity(); }
+  int64_t vocab_rows() const override { return llama_.config().vocab_size; }
+  void Clear() override { cache_.Clear(); }
+
+ private:
+  Llama& llama_;
+  LlamaKvCache cache_;
+};
+
 absl::StatusOr<std::unique_ptr<Module>> BuildLlama(const config::ModelConfig& m, uint64_t seed,
                                                    Device device) {
   BRAID_ASSIGN_OR_RETURN(LlamaConfig c, LlamaFromModelConfig(m));
@@ -131,6 +150,11 @@ const bool kRegistered = [] {
       return TrainFlopsPerToken(*c);
     };
     spec.validate = ValidateLlama;
+    spec.decoder = [](Module& model, int64_t batch) -> std::unique_ptr<TokenDecoder> {
+      auto* llama = dynamic_cast<Llama*>(&model);
+      BRAID_CHECK(llama != nullptr) << "a Llama decoder asked for a " << model.type_name();
+      return std::make_unique<LlamaDecoder>(*llama, batch);
+    };
     BRAID_CHECK_OK(Registry::Get().AddModel(name, std::move(spec), "models/llama"));
   }
   return true;

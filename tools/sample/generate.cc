@@ -65,14 +65,15 @@ int64_t PickToken(const std::vector<float>& logits, const SampleOptions& opts, u
   return order[size_t(k - 1)];  // u within rounding of sum
 }
 
-absl::StatusOr<std::vector<int64_t>> Generate(models::Gpt& gpt, const std::vector<int64_t>& prompt,
+absl::StatusOr<std::vector<int64_t>> Generate(TokenDecoder& decoder,
+                                              const std::vector<int64_t>& prompt,
                                               const SampleOptions& opts) {
-  const models::GptConfig& c = gpt.config();
+  const int64_t rows = decoder.vocab_rows();
   if (prompt.empty()) return absl::InvalidArgumentError("the prompt is empty; give some text to continue");
-  if (opts.vocab_size <= 0 || opts.vocab_size > c.padded_vocab_size) {
+  if (opts.vocab_size <= 0 || opts.vocab_size > rows) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the tokenizer has ", opts.vocab_size, " tokens but the model's embedding has ",
-        c.padded_vocab_size, " rows; use the tokenizer the model was trained with"));
+        "the tokenizer has ", opts.vocab_size, " tokens but the model's embedding has ", rows,
+        " rows; use the tokenizer the model was trained with"));
   }
   for (int64_t id : prompt) {
     if (id < 0 || id >= opts.vocab_size) {
@@ -87,22 +88,22 @@ absl::StatusOr<std::vector<int64_t>> Generate(models::Gpt& gpt, const std::vecto
   }
   std::vector<int64_t> seq = prompt, out;
   uint64_t state = opts.seed;
-  const size_t window = size_t(c.block_size);
-  models::KvCache cache = gpt.NewKvCache(1);
+  const size_t window = size_t(decoder.capacity());
+  decoder.Clear();
   // The prompt's newest `window` tokens go in first (a longer prompt is cut, as in nanoGPT).
   std::vector<float> last =
-      LastRow(gpt.ForwardCached(Ids(seq, seq.size() > window ? seq.size() - window : 0), cache));
+      LastRow(decoder.Step(Ids(seq, seq.size() > window ? seq.size() - window : 0)));
   for (int64_t i = 0; i < opts.max_new_tokens; ++i) {
     const int64_t next = PickToken(last, opts, &state);
     seq.push_back(next);
     out.push_back(next);
     if (i + 1 == opts.max_new_tokens) break;
-    if (cache.length() == int64_t(window)) {
-      // Full: a fresh cache over the newest half, this token included.
-      cache.Clear();
-      last = LastRow(gpt.ForwardCached(Ids(seq, seq.size() - std::max<size_t>(1, window / 2)), cache));
+    if (decoder.length() == int64_t(window)) {
+      // Full: a fresh context over the newest half, this token included.
+      decoder.Clear();
+      last = LastRow(decoder.Step(Ids(seq, seq.size() - std::max<size_t>(1, window / 2))));
     } else {
-      last = LastRow(gpt.ForwardCached(Ids(seq, seq.size() - 1), cache));
+      last = LastRow(decoder.Step(Ids(seq, seq.size() - 1)));
     }
   }
   return out;

@@ -1,5 +1,5 @@
-// Text generation from a GPT with its key/value cache (models/gpt/kv_cache.h): each new token
-// runs through the model once. Greedy at temperature 0; otherwise softmax(logits / temperature)
+// Text generation from any model through its TokenDecoder (core/token_decoder.h): with the
+// model's key/value cache each new token runs through the model once. Greedy at temperature 0; otherwise softmax(logits / temperature)
 // over the top_k most likely tokens (0: all), drawn with a generator seeded by `seed`, so the
 // same seed gives the same tokens on any machine (the draw is ours, not the C++ library's
 // distribution, whose algorithm is implementation-defined).
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "models/gpt/gpt.h"
+#include "core/token_decoder.h"
 
 namespace braid::tools {
 
@@ -28,11 +28,13 @@ struct SampleOptions {
 int64_t PickToken(const std::vector<float>& logits, const SampleOptions& opts, uint64_t* state);
 
 // `prompt` (at least one id) followed by max_new_tokens new ones; returns only the new ones.
-// The context is the model's block_size: when the cache is full, generation goes on from a fresh
-// cache over the newest half of the context (one prefill per block_size / 2 tokens), so the cost
-// stays linear in the number of tokens generated. Errors: an empty prompt, an id or vocab_size
-// outside the model's vocabulary, bad options.
-absl::StatusOr<std::vector<int64_t>> Generate(models::Gpt& gpt, const std::vector<int64_t>& prompt,
+// The context is the decoder's capacity (the model's block_size): when it is full, generation
+// goes on from a cleared decoder over the newest half of the context (one prefill per
+// capacity / 2 tokens), so the cost stays linear in the number of tokens generated. `decoder`
+// is cleared first. Errors: an empty prompt, an id or vocab_size outside the model's
+// vocabulary, bad options.
+absl::StatusOr<std::vector<int64_t>> Generate(TokenDecoder& decoder,
+                                              const std::vector<int64_t>& prompt,
                                               const SampleOptions& opts);
 
 }  // namespace braid::tools

@@ -1,7 +1,5 @@
-// A trained GPT read back for inference: from a save_to .safetensors file, or from a training
-// checkpoint folder (plugins/checkpoint's sharded format: a step_<N> folder, or the folder
-// holding them, whose newest complete step is taken), assembled into full tensors in one
-// process whatever layout wrote it.
+// A trained GPT read back for inference from its weights alone (load_weights.h), when no config
+// says which model they are (load_model.h reads any model by its config).
 //
 // The shape comes from the weights themselves (layers, width, context, vocabulary rows,
 // stable_embedding); only the head count is not in any tensor's shape: it is read from the
@@ -10,29 +8,20 @@
 #ifndef BRAID_TOOLS_SAMPLE_LOAD_GPT_H_
 #define BRAID_TOOLS_SAMPLE_LOAD_GPT_H_
 
-#include <map>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "core/tensor.h"
 #include "models/gpt/gpt.h"
+#include "tools/sample/load_weights.h"
 
 namespace braid::tools {
-
-struct LoadedWeights {
-  std::map<std::string, Tensor> tensors;  // full tensors, on the CPU, optimizer state left out
-  std::map<std::string, std::string> metadata;
-  std::string source;  // the file or step folder actually read, for messages
-};
-
-// `path` is a .safetensors file or a checkpoint folder. Errors are one line naming the path.
-absl::StatusOr<LoadedWeights> LoadWeights(const std::string& path);
 
 // The GptConfig these weights fit. n_head: > 0 to force it; 0 for the metadata or the preset.
 absl::StatusOr<models::GptConfig> GptConfigFromWeights(const LoadedWeights& w, int n_head);
 
-// Builds the model and loads the weights into it (strict: every name, every shape).
+// Builds the model and loads the weights into it (strict: every name, every shape; a nanoGPT
+// state dict's copy of the tied head, lm_head.weight, is dropped).
 absl::StatusOr<std::unique_ptr<models::Gpt>> LoadGpt(const std::string& path, int n_head);
 
 }  // namespace braid::tools
