@@ -2,7 +2,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/kernels.h"
 #include "core/ops.h"
+#include "core/scalar_reads.h"
 
 namespace braid {
 
@@ -21,7 +23,9 @@ absl::Status RunMicroBatches(const std::string& who, Module& model,
   if (k == 0) {
     return absl::InvalidArgumentError(absl::StrCat("strategy '", who, "': TrainStep got no micro-batches"));
   }
-  double loss_sum = 0;
+  // The losses are summed where they are (on a GPU: no host synchronisation per micro-batch)
+  // and read once, here or, when the strategy asks, with the step's other scalars.
+  Tensor loss_sum;
   for (int i = 0; i < k; ++i) {
     const bool last = i == k - 1;
     if (events.before_forward) events.before_forward(i, last);
@@ -32,7 +36,9 @@ absl::Status RunMicroBatches(const std::string& who, Module& model,
       if (events.on_bad_loss) events.on_bad_loss(i);
       return st;
     }
-    loss_sum += loss.item();
+    if (i == 0) loss_sum = Tensor::Empty({}, DType::kF32, loss.device());
+    kernels::axpby.Get(loss.device(), kernels::AxpbyKey(loss, loss_sum))(
+        1.0f, loss.Detach(), i == 0 ? 0.0f : 1.0f, loss_sum);
     if (events.before_backward) events.before_backward(i, last, loss);
     start = absl::Now();
     // Exactly the loss when k = 1: no extra node, and bit-identical to an unscaled backward.
@@ -40,8 +46,27 @@ absl::Status RunMicroBatches(const std::string& who, Module& model,
     stats->backward_s += absl::ToDoubleSeconds(absl::Now() - start);
     if (events.after_backward) events.after_backward(i, last);
   }
-  stats->loss = float(loss_sum / double(k));
+  if (k > 1) {
+    kernels::unary.Get(loss_sum.device())(kernels::UnaryOp::kScale, loss_sum, 1.0f / float(k),
+                                         loss_sum);
+  }
+  stats->device_loss = loss_sum;
+  if (!events.read_loss_later) stats->loss = ReadScalars({loss_sum})[0];
   return absl::OkStatus();
+}
+
+void ReadStepScalarsAndClip(Optimizer& optimizer, const std::vector<Tensor>& params,
+                            float max_norm, const std::function<double(double)>& global_sum,
+                            StepStats* stats) {
+  // Everything the host needs from the device this step, in one read: the mean loss, this
+  // rank's squared gradient norm, the optimizer's own checks (mixed precision's inf/NaN).
+  std::vector<Tensor> scalars = {stats->device_loss, SquaredGradNormOnDevice(params)};
+  const std::vector<Tensor> checks = optimizer.PreStepChecks();
+  scalars.insert(scalars.end(), checks.begin(), checks.end());
+  const std::vector<float> values = ReadScalars(scalars);
+  if (stats->device_loss.defined()) stats->loss = values[0];
+  optimizer.SetPreStepCheckResults(std::vector<float>(values.begin() + 2, values.end()));
+  stats->grad_norm = ClipGradNormFromSquared(optimizer, double(values[1]), max_norm, global_sum);
 }
 
 }  // namespace braid

@@ -27,6 +27,10 @@ struct MicroBatchEvents {
   // Its loss failed the check: a strategy whose ranks must stay in step (collectives inside
   // backward) takes part in them here, flagged as abandoned, before the error is returned.
   std::function<void(int i)> on_bad_loss;
+  // Not an event: true leaves stats->loss unset and the mean loss on the device only
+  // (stats->device_loss), for the strategy to read with the step's other scalars
+  // (ReadStepScalarsAndClip); false reads it at the end of the loop (one host synchronisation).
+  bool read_loss_later = false;
 };
 
 // "strategy '<who>': the loss of micro-batch i is ..." unless `loss` is a defined scalar that
@@ -35,11 +39,23 @@ absl::Status CheckLoss(const std::string& who, int i, const Tensor& loss);
 
 // For each of the k micro-batches: forward and loss through `loss_fn`, CheckLoss, backward of
 // loss / k, so the gradients accumulated in .grad are those of the mean loss over their
-// concatenation (equal micro-batches). Adds the time in forward and backward to `stats` and sets
-// stats->loss to the mean loss. Does not zero gradients, reduce, clip or step.
+// concatenation (equal micro-batches). Adds the time in forward and backward to `stats`, sets
+// stats->device_loss to the mean loss (summed in f32 on the loss's device: no host
+// synchronisation per micro-batch) and stats->loss to its value unless
+// events.read_loss_later. Does not zero gradients, reduce, clip or step.
 absl::Status RunMicroBatches(const std::string& who, Module& model,
                              const std::vector<Batch>& micro_batches, const LossFn& loss_fn,
                              StepStats* stats, const MicroBatchEvents& events = {});
+
+// The step's one host synchronisation, for a strategy whose gradients are complete on this
+// rank's device (after its reduction) and whose optimizer is about to Step: reads
+// stats->device_loss (RunMicroBatches with read_loss_later), this rank's squared gradient norm
+// (SquaredGradNormOnDevice) and the optimizer's PreStepChecks with one device-to-host transfer
+// (ReadScalars), then clips as ClipGradNormSharded(optimizer, ...) does. Sets stats->loss and
+// stats->grad_norm. `global_sum` runs on the host, on the value read.
+void ReadStepScalarsAndClip(Optimizer& optimizer, const std::vector<Tensor>& params,
+                            float max_norm, const std::function<double(double)>& global_sum,
+                            StepStats* stats);
 
 }  // namespace braid
 

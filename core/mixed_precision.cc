@@ -10,6 +10,7 @@
 #include "core/check.h"
 #include "core/kernels.h"
 #include "core/ops.h"
+#include "core/scalar_reads.h"
 
 namespace braid {
 namespace {
@@ -32,11 +33,26 @@ class MixedPrecisionOptimizer : public Optimizer {
   float gradient_scale() const override { return mp_->scaler.scale(); }
   void MultiplyGradients(float factor) override { pending_factor_ *= factor; }
 
+  // The up-cast f32 gradients' sum, a device scalar: inf or NaN anywhere makes it non-finite
+  // (finite gradients cannot overflow an f32 sum of this size: half values are at most 65504).
+  std::vector<Tensor> PreStepChecks() override {
+    checked_ = false;
+    return {UpCastGradients()};
+  }
+  void SetPreStepCheckResults(const std::vector<float>& values) override {
+    BRAID_CHECK(values.size() == 1) << "mixed precision: expected one pre-step check value";
+    checked_ = true;
+    checked_bad_ = !std::isfinite(values[0]);
+  }
+
   void Step() override {
     const float scale = mp_->scaler.scale();
     const float multiplier = pending_factor_ / scale;
     pending_factor_ = 1.0f;
-    bool local_bad = false;
+    // Asked before (PreStepChecks): the gradients are up-cast and the check's value is known.
+    // Otherwise up-cast and check now, with one host synchronisation.
+    const bool local_bad = checked_ ? checked_bad_ : !std::isfinite(ReadScalars({UpCastGradients()})[0]);
+    checked_ = false;
     for (size_t g = 0; g < groups_.size(); ++g) {
       ParamGroup& inner_group = inner_->param_groups()[g];
       inner_group.lr = groups_[g].lr;  // schedules set the rate on this optimizer's groups
@@ -44,24 +60,15 @@ class MixedPrecisionOptimizer : public Optimizer {
       inner_group.beta2 = groups_[g].beta2;
       inner_group.weight_decay = groups_[g].weight_decay;
       for (size_t i = 0; i < groups_[g].params.size(); ++i) {
-        const Tensor& p = groups_[g].params[i];
         Tensor& master = masters_[g][i];
-        Tensor grad = p.grad();
-        if (!grad.defined()) {
+        if (!groups_[g].params[i].grad().defined()) {
           master.ZeroGrad();  // the inner optimizer skips it, as it would the parameter
           continue;
         }
         Tensor& mg = master_grads_[g][i];
-        if (!mg.defined()) mg = Tensor::Empty(master.shape(), DType::kF32, master.device());
-        mg.CopyFrom(grad);  // up-cast: the one rounding already happened in backward
         if (multiplier != 1.0f) {
           kernels::unary.Get(mg.device())(kernels::UnaryOp::kScale, mg, multiplier, mg);
         }
-        // inf or NaN anywhere makes the sum non-finite; finite f32 gradients cannot overflow
-        // an f32 sum of this size once the scale is divided out.
-        Tensor sum = Tensor::Empty({}, DType::kF32, mg.device());
-        kernels::sum_all.Get(mg.device())(mg, sum);
-        if (!std::isfinite(sum.item())) local_bad = true;
         master.set_grad(mg);
       }
     }
@@ -148,6 +155,31 @@ class MixedPrecisionOptimizer : public Optimizer {
   std::unique_ptr<Optimizer> inner_;
   MixedPrecision* mp_;
   float pending_factor_ = 1.0f;  // clipping's factor for the next Step
+  bool checked_ = false;      // PreStepChecks' value was handed in for the next Step
+  bool checked_bad_ = false;  // ... and it was not finite
+
+  // Each gradient up-cast into its f32 master gradient (the one rounding already happened in
+  // backward; on a GPU a conversion kernel), and the sum of all of them as a device scalar
+  // (undefined when no parameter has a gradient): no host synchronisation.
+  Tensor UpCastGradients() {
+    Tensor total;
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+        Tensor grad = groups_[g].params[i].grad();
+        if (!grad.defined()) continue;
+        const Tensor& master = masters_[g][i];
+        Tensor& mg = master_grads_[g][i];
+        if (!mg.defined()) mg = Tensor::Empty(master.shape(), DType::kF32, master.device());
+        mg.CopyFrom(grad);
+        Tensor sum = Tensor::Empty({}, DType::kF32, mg.device());
+        kernels::sum_all.Get(mg.device())(mg, sum);
+        const bool first = !total.defined();
+        if (first) total = Tensor::Empty({}, DType::kF32, mg.device());
+        kernels::axpby.Get(mg.device())(1.0f, sum, first ? 0.0f : 1.0f, total);
+      }
+    }
+    return total;
+  }
 };
 
 }  // namespace

@@ -327,25 +327,23 @@ Tensor CrossEntropy(const Tensor& logits, const Tensor& targets) {
   Tensor probs = Tensor::Empty({n, v}, DType::kF32, logits.device());
   Tensor t = targets.Detach().Reshape({n});
   kernels::cross_entropy_forward.Get(logits.device(), dt)(logits.Detach().Reshape({n, v}), t, losses, probs);
-  // Mean over the positions that count (target >= 0).
-  int64_t counted = 0;
-  {
-    std::vector<int32_t> tv = t.ToVector<int32_t>();
-    for (int32_t x : tv) counted += x >= 0;
-  }
-  float inv = counted > 0 ? 1.0f / float(counted) : 0.0f;
+  // Mean over the positions that count (target >= 0). 1 / count stays where the targets are
+  // (on a GPU the host never reads them), and so does every factor below.
+  Tensor inv = Tensor::Empty({}, DType::kF32, logits.device());
+  kernels::inverse_count_nonnegative.Get(logits.device())(t, inv);
   Tensor out = Tensor::Empty({}, DType::kF32, logits.device());
   kernels::sum_all.Get(logits.device())(losses, out);
-  kernels::unary.Get(logits.device())(UnaryOp::kScale, out, inv, out);
+  kernels::binary.Get(logits.device())(BinaryOp::kMul, out, inv, out);
   Shape lshape = logits.shape();
   SavedTensor sp(probs);
   RecordFunction("CrossEntropy", {logits}, {&out},
                  [sp, t, inv, n, v, lshape, dt](const std::vector<Tensor>& g) {
                    Tensor P = sp.Get();
-                   // Every row's loss gets d(mean)/d(loss_n) = g / counted.
-                   Tensor dloss = Tensor::Empty({n}, DType::kF32, P.device());
-                   float gs = g[0].item() * inv;
-                   dloss.Fill(gs);
+                   // Every row's loss gets d(mean)/d(loss_n) = g / counted, on the device.
+                   Tensor gs = Tensor::Empty({}, DType::kF32, P.device());
+                   kernels::binary.Get(P.device())(BinaryOp::kMul, g[0], inv, gs);
+                   Tensor dloss = Tensor::Zeros({n}, DType::kF32, P.device());
+                   kernels::binary.Get(P.device())(BinaryOp::kAdd, dloss, gs, dloss);
                    Tensor dl = Tensor::Empty(lshape, dt, P.device());
                    Tensor dl2 = dl.Reshape({n, v});
                    kernels::cross_entropy_backward.Get(P.device(), dt)(P, t, dloss, dl2);

@@ -61,6 +61,15 @@ class Optimizer {
   // half-precision gradients are not rounded a second time.
   virtual void MultiplyGradients(float factor);
 
+  // Checks this optimizer makes on the gradients before its next Step that the host must see
+  // (mixed precision: whether any is inf/NaN), as one-element tensors computed where the
+  // gradients are, without synchronising: the step reads them together with its loss and
+  // gradient norm (ReadStepScalarsAndClip, core/micro_batches.h), then hands their values to
+  // SetPreStepCheckResults before Step. An optimizer not asked computes them in Step. Default:
+  // none.
+  virtual std::vector<Tensor> PreStepChecks() { return {}; }
+  virtual void SetPreStepCheckResults(const std::vector<float>& values) {}
+
  protected:
   explicit Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {}
   // Each parameter's state-dict key, [group][index]: its name when that names it alone among
@@ -113,10 +122,20 @@ float ClipGradNormSharded(const std::vector<Tensor>& params, float max_norm,
                           const std::function<double(double)>& global_sum);
 // What strategies call: the same for the gradients `optimizer` is about to step, which carry its
 // gradient_scale() (the loss scale). Returns the norm of the unscaled gradients; clipping goes
-// through optimizer.MultiplyGradients. Gradients of any floating dtype; sums are in f64 of f32
-// squares. A non-finite norm (an overflow the optimizer will skip) clips nothing.
+// through optimizer.MultiplyGradients. Gradients of any floating dtype; f32 squares, summed per
+// parameter by sum_all and across parameters in f32 on the device, read with one host
+// synchronisation. A non-finite norm (an overflow the optimizer will skip) clips nothing.
 float ClipGradNormSharded(Optimizer& optimizer, const std::vector<Tensor>& params, float max_norm,
                           const std::function<double(double)>& global_sum);
+// This rank's share of the squared gradient norm of `params` (each with its grad_norm_share()),
+// as a one-element f32 tensor on the gradients' device (undefined when none has a gradient),
+// enqueued there with no host synchronisation: per parameter, f32 squares summed (sum_all), the
+// sums added into one f32 scalar. ClipGradNormSharded reads it; a step that reads several
+// scalars at once passes it to ReadScalars (core/scalar_reads.h).
+Tensor SquaredGradNormOnDevice(const std::vector<Tensor>& params);
+// ClipGradNormSharded(optimizer, ...) once this rank's squared norm has been read.
+float ClipGradNormFromSquared(Optimizer& optimizer, double local_squared, float max_norm,
+                              const std::function<double(double)>& global_sum);
 
 }  // namespace braid
 

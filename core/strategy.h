@@ -81,6 +81,9 @@ inline double SumOverModelParallel(const StrategyContext& ctx, double local) {
 
 struct StepStats {
   float loss = 0;           // mean over micro-batches (this rank)
+  // The same mean, still on the device (RunMicroBatches): a strategy reads it with the step's
+  // other scalars, once (core/micro_batches.h). Undefined when the strategy does not set it.
+  Tensor device_loss;
   double forward_s = 0;     // time in forward + loss
   double backward_s = 0;    // time in backward (including overlapped communication)
   double comm_exposed_s = 0;  // communication the step waited for after backward

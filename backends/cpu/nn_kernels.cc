@@ -347,6 +347,18 @@ void CrossEntropyBackward(const Tensor& probs, const Tensor& targets, const Tens
 
 // ---- Embedding -------------------------------------------------------------------------------
 
+// Counted on the CPU like the rest of cross-entropy; on a GPU the same count runs there, which is
+// the point of the slot (core/kernels.h).
+void InverseCountNonnegative(const Tensor& ids, Tensor& out) {
+  BRAID_CHECK(ids.dtype() == DType::kI32 && out.dtype() == kF32 && out.numel() == 1)
+      << "cpu kernel 'inverse_count_nonnegative': wants i32 ids and one f32 output, got "
+      << ids.DescribeForError() << " and " << out.DescribeForError();
+  const int32_t* p = ids.data<int32_t>();
+  int64_t counted = 0;
+  for (int64_t i = 0, n = ids.numel(); i < n; ++i) counted += p[i] >= 0;
+  out.data<float>()[0] = counted > 0 ? 1.0f / float(counted) : 0.0f;
+}
+
 void CheckIds(const char* kernel, const int32_t* ids, int64_t n, int64_t v) {
   for (int64_t r = 0; r < n; ++r) {
     BRAID_CHECK(ids[r] >= 0 && ids[r] < v) << "cpu " << kernel << ": id " << ids[r]
@@ -415,6 +427,7 @@ BRAID_REGISTER_KERNEL(kernels::softmax_forward, DeviceType::kCPU, &SoftmaxForwar
 BRAID_REGISTER_KERNEL(kernels::softmax_backward, DeviceType::kCPU, &SoftmaxBackward);
 BRAID_REGISTER_KERNEL(kernels::cross_entropy_forward, DeviceType::kCPU, &CrossEntropyForward);
 BRAID_REGISTER_KERNEL(kernels::cross_entropy_backward, DeviceType::kCPU, &CrossEntropyBackward);
+BRAID_REGISTER_KERNEL(kernels::inverse_count_nonnegative, DeviceType::kCPU, &InverseCountNonnegative);
 BRAID_REGISTER_KERNEL(kernels::embedding_forward, DeviceType::kCPU, &EmbeddingForward);
 BRAID_REGISTER_KERNEL(kernels::embedding_backward, DeviceType::kCPU, &EmbeddingBackward);
 

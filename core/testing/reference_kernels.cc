@@ -361,6 +361,16 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
   }
 }
 
+void inverse_count_nonnegative(const Tensor& ids, Tensor& out) {
+  CheckCpu("inverse_count_nonnegative", ids);
+  BRAID_CHECK(ids.dtype() == DType::kI32 && out.dtype() == kF32 && out.numel() == 1)
+      << "reference inverse_count_nonnegative wants i32 ids and one f32 output, got "
+      << ids.DescribeForError() << " and " << out.DescribeForError();
+  int64_t counted = 0;
+  for (int64_t i = 0; i < ids.numel(); ++i) counted += ids.data<int32_t>()[i] >= 0;
+  out.data<float>()[0] = counted > 0 ? 1.0f / float(counted) : 0.0f;
+}
+
 void cross_entropy_backward(const Tensor& probs, const Tensor& targets, const Tensor& dloss,
                             Tensor& dlogits) {
   CheckCpu("cross_entropy_backward", probs);
@@ -565,6 +575,7 @@ void RegisterReferenceKernels() {
   RegisterIfEmpty(kernels::softmax_backward, &softmax_backward);
   RegisterIfEmpty(kernels::cross_entropy_forward, &cross_entropy_forward);
   RegisterIfEmpty(kernels::cross_entropy_backward, &cross_entropy_backward);
+  RegisterIfEmpty(kernels::inverse_count_nonnegative, &inverse_count_nonnegative);
   RegisterIfEmpty(kernels::embedding_forward, &embedding_forward);
   RegisterIfEmpty(kernels::embedding_backward, &embedding_backward);
   RegisterIfEmpty(kernels::attention_forward, &attention_forward);

@@ -44,6 +44,7 @@ void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx);
 
 void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& losses,
                            Tensor& probs);
+void inverse_count_nonnegative(const Tensor& ids, Tensor& out);
 void cross_entropy_backward(const Tensor& probs, const Tensor& targets, const Tensor& dloss,
                             Tensor& dlogits);
 

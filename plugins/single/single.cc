@@ -64,12 +64,16 @@ class SingleStrategy final : public ReplicatedStrategy {
     }
     StepStats stats;
     optimizer_->ZeroGrad();
-    BRAID_RETURN_IF_ERROR(RunMicroBatches(name(), *model_, micro_batches, loss_fn, &stats));
+    MicroBatchEvents events;
+    events.read_loss_later = true;
+    BRAID_RETURN_IF_ERROR(RunMicroBatches(name(), *model_, micro_batches, loss_fn, &stats, events));
     absl::Time start = absl::Now();
-    // Always measured (max_grad_norm_ <= 0 only measures); clipped when clipping is on.
-    stats.grad_norm = ClipGradNormSharded(*optimizer_, model_->Parameters(), max_grad_norm_, [this](double local) {
+    // The step's one host synchronisation: the loss, the gradient norm (always measured;
+    // max_grad_norm_ <= 0 only measures) and the optimizer's checks, read together; then clipped
+    // when clipping is on.
+    ReadStepScalarsAndClip(*optimizer_, model_->Parameters(), max_grad_norm_, [this](double local) {
       return model_parallel_sum_ ? model_parallel_sum_(local) : local;
-    });
+    }, &stats);
     optimizer_->Step();
     stats.optimizer_s = Seconds(start);
     RecordPeaks();  // gradients are still held; the optimizer's state exists after its first step

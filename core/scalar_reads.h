@@ -1,0 +1,23 @@
+// Reading scalars a computation left on its device. On a GPU every read blocks the host until the
+// device has caught up (a synchronisation), and the device then idles while the host enqueues
+// the next work; a training step keeps its scalars (the loss, the gradient's squared norm,
+// mixed precision's inf/NaN check) on the device and reads them together, once per step
+// (docs/GPU.md, "Synchronisation points").
+#ifndef BRAID_CORE_SCALAR_READS_H_
+#define BRAID_CORE_SCALAR_READS_H_
+
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace braid {
+
+// The values of `scalars` (each one element, floating, all on one device; an undefined tensor
+// reads as 0), as floats, with one device-to-host transfer: on a device they are first gathered
+// into one f32 buffer there (device-to-device copies, which do not block), then read at once.
+// On the CPU they are read in place.
+std::vector<float> ReadScalars(const std::vector<Tensor>& scalars);
+
+}  // namespace braid
+
+#endif  // BRAID_CORE_SCALAR_READS_H_
