@@ -55,7 +55,97 @@ __global__ void SgdKernel(math::SgdConsts k, float* w, const float* g, float* bu
   }
 }
 
+// Half storage, f32 arithmetic (math/unary.h's *Half): one load and one rounding per element.
+template <math::Format F>
+__global__ void BinaryHalfKernel(math::Binary op, const math::Stored<F>* a,
+                                 const math::Stored<F>* b, int64_t nb, math::Stored<F>* out,
+                                 int64_t n) {
+  BRAID_GRID_STRIDE(i, n) out[i] = math::BinaryHalf<F>(op, a[i], b[nb == n ? i : i % nb]);
+}
+
+template <math::Format F>
+__global__ void UnaryHalfKernel(math::Unary op, const math::Stored<F>* a, float scalar,
+                                math::Stored<F>* out, int64_t n) {
+  BRAID_GRID_STRIDE(i, n) out[i] = math::UnaryHalf<F>(op, a[i], scalar);
+}
+
+template <math::Format F>
+__global__ void UnaryGradHalfKernel(math::Unary op, const math::Stored<F>* a,
+                                    const math::Stored<F>* g, math::Stored<F>* out, int64_t n) {
+  BRAID_GRID_STRIDE(i, n) out[i] = math::UnaryGradHalf<F>(op, a[i], g[i]);
+}
+
+template <math::Format X, math::Format Y>
+__global__ void AxpbyMixedKernel(float alpha, const math::Stored<X>* x, float beta,
+                                 math::Stored<Y>* y, int64_t n) {
+  BRAID_GRID_STRIDE(i, n) {
+    y[i] = math::AxpbyMixed<X, Y>(alpha, x[i], beta, beta == 0.0f ? math::Stored<Y>(0) : y[i]);
+  }
+}
+
+// The half kernels for a runtime format code: bf16 or f16 only (f32 has its own kernels).
+template <typename Fn>
+cudaError_t WithHalfFormat(int fmt, Fn&& launch) {
+  switch (math::Format(fmt)) {
+    case math::Format::kBF16: launch(math::FormatTag<math::Format::kBF16>{}); break;
+    case math::Format::kF16: launch(math::FormatTag<math::Format::kF16>{}); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace
+
+cudaError_t LaunchBinaryHalf(int fmt, math::Binary op, const void* a, const void* b, int64_t nb,
+                             void* out, int64_t n, cudaStream_t s) {
+  const Launch1D g = ElementwiseGeometry(n);
+  if (g.grid == 0) return cudaSuccess;
+  return WithHalfFormat(fmt, [&](auto f) {
+    constexpr math::Format F = decltype(f)::value;
+    using T = math::Stored<F>;
+    BinaryHalfKernel<F><<<g.grid, g.block, 0, s>>>(op, static_cast<const T*>(a),
+                                                   static_cast<const T*>(b), nb,
+                                                   static_cast<T*>(out), n);
+  });
+}
+
+cudaError_t LaunchUnaryHalf(int fmt, math::Unary op, const void* a, float scalar, void* out,
+                            int64_t n, cudaStream_t s) {
+  const Launch1D g = ElementwiseGeometry(n);
+  if (g.grid == 0) return cudaSuccess;
+  return WithHalfFormat(fmt, [&](auto f) {
+    constexpr math::Format F = decltype(f)::value;
+    using T = math::Stored<F>;
+    UnaryHalfKernel<F><<<g.grid, g.block, 0, s>>>(op, static_cast<const T*>(a), scalar,
+                                                  static_cast<T*>(out), n);
+  });
+}
+
+cudaError_t LaunchUnaryGradHalf(int fmt, math::Unary op, const void* a, const void* gr,
+                                void* out, int64_t n, cudaStream_t s) {
+  const Launch1D g = ElementwiseGeometry(n);
+  if (g.grid == 0) return cudaSuccess;
+  return WithHalfFormat(fmt, [&](auto f) {
+    constexpr math::Format F = decltype(f)::value;
+    using T = math::Stored<F>;
+    UnaryGradHalfKernel<F><<<g.grid, g.block, 0, s>>>(op, static_cast<const T*>(a),
+                                                      static_cast<const T*>(gr),
+                                                      static_cast<T*>(out), n);
+  });
+}
+
+cudaError_t LaunchAxpbyMixed(int x_fmt, int y_fmt, float alpha, const void* x, float beta,
+                             void* y, int64_t n, cudaStream_t s) {
+  const Launch1D g = ElementwiseGeometry(n);
+  if (g.grid == 0) return cudaSuccess;
+  if (x_fmt < 0 || x_fmt > 2 || y_fmt < 0 || y_fmt > 2) return cudaErrorInvalidValue;
+  math::DispatchFormats(math::Format(x_fmt), math::Format(y_fmt), [&](auto xf, auto yf) {
+    constexpr math::Format X = decltype(xf)::value, Y = decltype(yf)::value;
+    AxpbyMixedKernel<X, Y><<<g.grid, g.block, 0, s>>>(
+        alpha, static_cast<const math::Stored<X>*>(x), beta, static_cast<math::Stored<Y>*>(y), n);
+  });
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchFill(void* dst, int64_t n, int elem_size, uint64_t bits, cudaStream_t s) {
   const Launch1D g = ElementwiseGeometry(n);

@@ -30,6 +30,22 @@ cudaError_t LaunchAdamW(const math::AdamWConsts& k, float* w, const float* g, fl
 cudaError_t LaunchSgd(const math::SgdConsts& k, float* w, const float* g, float* buf, int64_t n,
                       cudaStream_t s);
 
+// Native half kernels: storage in bf16 or f16 (`fmt`, math::Format's code: 1 bf16, 2 f16),
+// arithmetic in f32, each output rounded once (math/unary.h's *Half). cudaErrorInvalidValue for
+// another code.
+cudaError_t LaunchBinaryHalf(int fmt, math::Binary op, const void* a, const void* b, int64_t nb,
+                             void* out, int64_t n, cudaStream_t s);
+cudaError_t LaunchUnaryHalf(int fmt, math::Unary op, const void* a, float scalar, void* out,
+                            int64_t n, cudaStream_t s);
+cudaError_t LaunchUnaryGradHalf(int fmt, math::Unary op, const void* a, const void* g, void* out,
+                                int64_t n, cudaStream_t s);
+// y = alpha x + beta y with x and y each in any of the three formats (codes 0 f32, 1 bf16, 2 f16).
+cudaError_t LaunchAxpbyMixed(int x_fmt, int y_fmt, float alpha, const void* x, float beta,
+                             void* y, int64_t n, cudaStream_t s);
+// out[0] (in a's format) = the sum of a, accumulated as LaunchSumAll's (double partials, block
+// order), rounded once.
+cudaError_t LaunchSumAllHalf(int fmt, const void* a, int64_t n, void* out, cudaStream_t s);
+
 // out[0] = sum of a (deterministic: fixed grid, per-block partials in double, summed in order).
 cudaError_t LaunchSumAll(const float* a, int64_t n, float* out, cudaStream_t s);
 // out[c] = beta out[c] + sum over rows of a[r, c], rows in order (one thread per column).
@@ -52,6 +68,9 @@ cudaError_t LaunchCrossEntropyForward(const float* logits, const int32_t* target
 cudaError_t LaunchCrossEntropyBackward(const float* probs, const int32_t* targets,
                                        const float* dloss, int64_t rows, int64_t vocab,
                                        float* dlogits, cudaStream_t s);
+// out[0] = 1 / (number of ids >= 0), 0 when none (one block; an exact integer count).
+cudaError_t LaunchInverseCountNonnegative(const int32_t* ids, int64_t n, float* out,
+                                          cudaStream_t s);
 cudaError_t LaunchEmbeddingForward(const float* weight, const int32_t* ids, int64_t n,
                                    int64_t cols, float* out, cudaStream_t s);
 cudaError_t LaunchEmbeddingBackward(const float* dout, const int32_t* ids, int64_t n,

@@ -140,7 +140,26 @@ __global__ void EmbeddingBackwardKernel(const float* dout, const int32_t* ids, i
 
 dim3 Block(const RowGeometry& g) { return dim3(unsigned(g.threads_per_row), unsigned(g.rows_per_block)); }
 
+// One block: each thread counts a strided share, the block adds the counts (integers: exact in
+// any order), thread 0 writes 1 / count.
+__global__ void InverseCountNonnegativeKernel(const int32_t* ids, int64_t n, float* out) {
+  __shared__ unsigned long long total;
+  if (threadIdx.x == 0) total = 0;
+  __syncthreads();
+  unsigned long long mine = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) mine += ids[i] >= 0;
+  atomicAdd(&total, mine);
+  __syncthreads();
+  if (threadIdx.x == 0) out[0] = total > 0 ? 1.0f / float(total) : 0.0f;
+}
+
 }  // namespace
+
+cudaError_t LaunchInverseCountNonnegative(const int32_t* ids, int64_t n, float* out,
+                                          cudaStream_t s) {
+  InverseCountNonnegativeKernel<<<1, 1024, 0, s>>>(ids, n, out);
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchLayerNormForward(const float* x, const float* w, const float* b, float eps,
                                    int64_t rows, int64_t cols, float* out, float* mean,

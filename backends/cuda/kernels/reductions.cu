@@ -19,22 +19,41 @@ __device__ double BlockSumDouble(double v) {
   return v;
 }
 
-__global__ void PartialSumsKernel(const float* a, int64_t n, double* partial) {
+// F: the storage format of a and out (f32, or half: loaded to f32, the total rounded once).
+template <math::Format F>
+__global__ void PartialSumsKernel(const math::Stored<F>* a, int64_t n, double* partial) {
   double s = 0;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    s += a[i];
+    s += math::Elem<F>::Get(a[i]);
   }
   s = BlockSumDouble(s);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-// One block: thread 0 adds the partials in block order (at most kMaxReduceGrid of them).
-__global__ void FinishSumKernel(const double* partial, int64_t blocks, float* out) {
+// One block: thread 0 adds the partials in block order (at most kMaxReduceGrid of them). The
+// total is rounded to f32 first, as the f32 kernel's, then (half) to the output's format: the
+// fallback's result (f32 sum, rounded once) exactly.
+template <math::Format F>
+__global__ void FinishSumKernel(const double* partial, int64_t blocks, math::Stored<F>* out) {
   if (threadIdx.x != 0) return;
   double s = 0;
   for (int64_t b = 0; b < blocks; ++b) s += partial[b];
-  out[0] = float(s);
+  out[0] = math::Elem<F>::Put(float(s));
+}
+
+template <math::Format F>
+cudaError_t SumAllAs(const void* a, int64_t n, void* out, cudaStream_t s) {
+  using T = math::Stored<F>;
+  const Launch1D g = ReductionGeometry(n);
+  double* partial = nullptr;
+  cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&partial), g.grid * sizeof(double), s);
+  if (e != cudaSuccess) return e;
+  PartialSumsKernel<F><<<g.grid, g.block, 0, s>>>(static_cast<const T*>(a), n, partial);
+  FinishSumKernel<F><<<1, 32, 0, s>>>(partial, g.grid, static_cast<T*>(out));
+  e = cudaGetLastError();
+  const cudaError_t f = cudaFreeAsync(partial, s);
+  return e != cudaSuccess ? e : f;
 }
 
 __global__ void SumRowsKernel(const float* a, int64_t rows, int64_t cols, float* out, float beta) {
@@ -48,15 +67,15 @@ __global__ void SumRowsKernel(const float* a, int64_t rows, int64_t cols, float*
 }  // namespace
 
 cudaError_t LaunchSumAll(const float* a, int64_t n, float* out, cudaStream_t s) {
-  const Launch1D g = ReductionGeometry(n);
-  double* partial = nullptr;
-  cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&partial), g.grid * sizeof(double), s);
-  if (e != cudaSuccess) return e;
-  PartialSumsKernel<<<g.grid, g.block, 0, s>>>(a, n, partial);
-  FinishSumKernel<<<1, 32, 0, s>>>(partial, g.grid, out);
-  e = cudaGetLastError();
-  const cudaError_t f = cudaFreeAsync(partial, s);
-  return e != cudaSuccess ? e : f;
+  return SumAllAs<math::Format::kF32>(a, n, out, s);
+}
+
+cudaError_t LaunchSumAllHalf(int fmt, const void* a, int64_t n, void* out, cudaStream_t s) {
+  switch (math::Format(fmt)) {
+    case math::Format::kBF16: return SumAllAs<math::Format::kBF16>(a, n, out, s);
+    case math::Format::kF16: return SumAllAs<math::Format::kF16>(a, n, out, s);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 cudaError_t LaunchSumRows(const float* a, int64_t rows, int64_t cols, float* out, float beta,

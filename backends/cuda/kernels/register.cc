@@ -101,6 +101,76 @@ void SumAll(const Tensor& a, Tensor& out) {
             "sum_all");
 }
 
+// ---- Native half kernels (bf16, f16): half storage, f32 arithmetic, one rounding per output,
+// as the up-cast fallbacks compute, without their conversion passes. The slots they do not
+// cover keep RegisterHalfFallbacks' wrappers (backend_registration.cc), whose conversions are
+// device kernels too.
+int FormatCode(DType t) {
+  switch (t) {
+    case DType::kBF16: return int(math::Format::kBF16);
+    case DType::kF16: return int(math::Format::kF16);
+    default: return int(math::Format::kF32);
+  }
+}
+
+template <DType D>
+void BinaryHalf(BinaryOp op, const Tensor& a, const Tensor& b, Tensor& out) {
+  CheckCudaTensors("binary", {&a, &b, &out});
+  checks::Binary("cuda", D, a, b, out);
+  DeviceGuard g(Dev(a));
+  CheckCuda(LaunchBinaryHalf(FormatCode(D), math::Binary(int(op)), a.raw_data(), b.raw_data(),
+                             b.numel(), out.raw_data(), a.numel(), KernelStream(Dev(a))),
+            "binary");
+}
+
+template <DType D>
+void UnaryHalf(UnaryOp op, const Tensor& a, float scalar, Tensor& out) {
+  CheckCudaTensors("unary", {&a, &out});
+  checks::Unary("cuda", D, a, out);
+  DeviceGuard g(Dev(a));
+  CheckCuda(LaunchUnaryHalf(FormatCode(D), math::Unary(int(op)), a.raw_data(), scalar,
+                            out.raw_data(), a.numel(), KernelStream(Dev(a))),
+            "unary");
+}
+
+template <DType D>
+void UnaryBackwardHalf(UnaryOp op, const Tensor& a, const Tensor& grad_out, Tensor& grad_in) {
+  CheckCudaTensors("unary_backward", {&a, &grad_out, &grad_in});
+  checks::UnaryBackward("cuda", D, op, a, grad_out, grad_in);
+  DeviceGuard g(Dev(a));
+  CheckCuda(LaunchUnaryGradHalf(FormatCode(D), math::Unary(int(op)), a.raw_data(),
+                                grad_out.raw_data(), grad_in.raw_data(), a.numel(),
+                                KernelStream(Dev(a))),
+            "unary_backward");
+}
+
+// x and y each D or f32 (the slot's key is whichever is not f32: kernels::AxpbyKey).
+template <DType D>
+void AxpbyHalf(float alpha, const Tensor& x, float beta, Tensor& y) {
+  CheckCudaTensors("axpby", {&x, &y});
+  for (const Tensor* t : {&x, static_cast<const Tensor*>(&y)}) {
+    BRAID_CHECK(t->dtype() == D || t->dtype() == kF32)
+        << "cuda kernel 'axpby' (" << DTypeName(D) << "): " << t->DescribeForError()
+        << " is neither " << DTypeName(D) << " nor f32";
+  }
+  BRAID_CHECK(x.numel() == y.numel()) << "cuda kernel 'axpby': " << x.DescribeForError()
+                                      << " and " << y.DescribeForError() << " differ in size";
+  DeviceGuard g(Dev(x));
+  CheckCuda(LaunchAxpbyMixed(FormatCode(x.dtype()), FormatCode(y.dtype()), alpha, x.raw_data(),
+                             beta, y.raw_data(), x.numel(), KernelStream(Dev(x))),
+            "axpby");
+}
+
+template <DType D>
+void SumAllHalf(const Tensor& a, Tensor& out) {
+  CheckCudaTensors("sum_all", {&a, &out});
+  checks::SumAll("cuda", D, a, out);
+  DeviceGuard g(Dev(a));
+  CheckCuda(LaunchSumAllHalf(FormatCode(D), a.raw_data(), a.numel(), out.raw_data(),
+                             KernelStream(Dev(a))),
+            "sum_all");
+}
+
 void SumRows(const Tensor& a, Tensor& out, float beta) {
   CheckCudaTensors("sum_rows", {&a, &out});
   const checks::RowsDims dims = checks::SumRows("cuda", kF32, a, out);
@@ -181,6 +251,17 @@ void CrossEntropyBackward(const Tensor& probs, const Tensor& targets, const Tens
                                        dloss.data<float>(), n, v, dlogits.data<float>(),
                                        KernelStream(Dev(probs))),
             "cross_entropy_backward");
+}
+
+void InverseCountNonnegative(const Tensor& ids, Tensor& out) {
+  CheckCudaTensors("inverse_count_nonnegative", {&ids, &out});
+  BRAID_CHECK(ids.dtype() == DType::kI32 && out.dtype() == kF32 && out.numel() == 1)
+      << "cuda kernel 'inverse_count_nonnegative': wants i32 ids and one f32 output, got "
+      << ids.DescribeForError() << " and " << out.DescribeForError();
+  DeviceGuard g(Dev(ids));
+  CheckCuda(LaunchInverseCountNonnegative(ids.data<int32_t>(), ids.numel(), out.data<float>(),
+                                          KernelStream(Dev(ids))),
+            "inverse_count_nonnegative");
 }
 
 void EmbeddingForward(const Tensor& weight, const Tensor& ids, Tensor& out) {
@@ -266,12 +347,24 @@ BRAID_REGISTER_KERNEL(kernels::unary_backward, DeviceType::kCUDA, &UnaryBackward
 BRAID_REGISTER_KERNEL(kernels::axpby, DeviceType::kCUDA, &Axpby);
 BRAID_REGISTER_KERNEL(kernels::sum_all, DeviceType::kCUDA, &SumAll);
 BRAID_REGISTER_KERNEL(kernels::sum_rows, DeviceType::kCUDA, &SumRows);
+// Native half kernels: registered under their dtype, they take the place of the fallbacks.
+#define BRAID_REGISTER_CUDA_HALF(slot, fn)                                                  \
+  BRAID_REGISTER_KERNEL_FOR_DTYPE(slot, DeviceType::kCUDA, DType::kBF16, &fn<DType::kBF16>); \
+  BRAID_REGISTER_KERNEL_FOR_DTYPE(slot, DeviceType::kCUDA, DType::kF16, &fn<DType::kF16>)
+BRAID_REGISTER_CUDA_HALF(kernels::binary, BinaryHalf);
+BRAID_REGISTER_CUDA_HALF(kernels::unary, UnaryHalf);
+BRAID_REGISTER_CUDA_HALF(kernels::unary_backward, UnaryBackwardHalf);
+BRAID_REGISTER_CUDA_HALF(kernels::axpby, AxpbyHalf);
+BRAID_REGISTER_CUDA_HALF(kernels::sum_all, SumAllHalf);
+#undef BRAID_REGISTER_CUDA_HALF
 BRAID_REGISTER_KERNEL(kernels::layernorm_forward, DeviceType::kCUDA, &LayerNormForward);
 BRAID_REGISTER_KERNEL(kernels::layernorm_backward, DeviceType::kCUDA, &LayerNormBackward);
 BRAID_REGISTER_KERNEL(kernels::softmax_forward, DeviceType::kCUDA, &SoftmaxForward);
 BRAID_REGISTER_KERNEL(kernels::softmax_backward, DeviceType::kCUDA, &SoftmaxBackward);
 BRAID_REGISTER_KERNEL(kernels::cross_entropy_forward, DeviceType::kCUDA, &CrossEntropyForward);
 BRAID_REGISTER_KERNEL(kernels::cross_entropy_backward, DeviceType::kCUDA, &CrossEntropyBackward);
+BRAID_REGISTER_KERNEL(kernels::inverse_count_nonnegative, DeviceType::kCUDA,
+                      &InverseCountNonnegative);
 BRAID_REGISTER_KERNEL(kernels::embedding_forward, DeviceType::kCUDA, &EmbeddingForward);
 BRAID_REGISTER_KERNEL(kernels::embedding_backward, DeviceType::kCUDA, &EmbeddingBackward);
 BRAID_REGISTER_KERNEL(kernels::attention_forward, DeviceType::kCUDA, &AttentionForward);

@@ -191,6 +191,68 @@ TEST_F(SimdOff, BinaryAndAxpbyAreBitIdenticalToCpu) {
   }
 }
 
+// The native half kernels' per-element math (UnaryHalf, UnaryGradHalf, BinaryHalf, AxpbyMixed)
+// against the CPU backend's bf16 and f16 kernels on the same half inputs: bit-identical (NaN
+// matching NaN). Both load to f32, do the f32 operation and round once.
+template <Format F>
+void CheckHalfMathAgainstCpu(DType dt) {
+  const std::vector<float> x = Inputs();
+  const Tensor a = FromFloats(x).To(dt);  // rounded to the format: the kernels' real inputs
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> dist(-2.f, 2.f);
+  std::vector<float> gv(x.size());
+  for (float& f : gv) f = dist(rng);
+  const Tensor g = FromFloats(gv).To(dt);
+  const auto* pa = static_cast<const Stored<F>*>(a.raw_data());
+  const auto* pg = static_cast<const Stored<F>*>(g.raw_data());
+  auto same = [](Stored<F> got, Stored<F> want) {
+    return SameBits(Elem<F>::Get(got), Elem<F>::Get(want));
+  };
+  for (UnaryOp op : kAllUnary) {
+    Tensor out = Tensor::Empty({a.numel()}, dt);
+    kernels::unary.Get(Device::CPU(), dt)(op, a, 0.37f, out);
+    const auto* po = static_cast<const Stored<F>*>(out.raw_data());
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      ASSERT_TRUE(same(UnaryHalf<F>(Unary(int(op)), pa[i], 0.37f), po[i]))
+          << DTypeName(dt) << " unary " << int(op) << " x=" << x[size_t(i)];
+    }
+    if (op == UnaryOp::kScale) continue;
+    kernels::unary_backward.Get(Device::CPU(), dt)(op, a, g, out);
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      ASSERT_TRUE(same(UnaryGradHalf<F>(Unary(int(op)), pa[i], pg[i]), po[i]))
+          << DTypeName(dt) << " unary grad " << int(op) << " x=" << x[size_t(i)];
+    }
+  }
+  for (BinaryOp op : {BinaryOp::kAdd, BinaryOp::kSub, BinaryOp::kMul, BinaryOp::kDiv}) {
+    Tensor out = Tensor::Empty({a.numel()}, dt);
+    kernels::binary.Get(Device::CPU(), dt)(op, a, g, out);
+    const auto* po = static_cast<const Stored<F>*>(out.raw_data());
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      ASSERT_TRUE(same(BinaryHalf<F>(Binary(int(op)), pa[i], pg[i]), po[i]))
+          << DTypeName(dt) << " binary " << int(op) << " i=" << i;
+    }
+  }
+  // A half gradient into an f32 accumulator, and an f32 value into a half one.
+  const Tensor acc = FromFloats(gv);
+  Tensor y32 = acc.Clone();
+  kernels::axpby.Get(Device::CPU(), dt)(0.5f, g, 1.0f, y32);
+  Tensor y16 = g.Clone();
+  kernels::axpby.Get(Device::CPU(), dt)(-1.5f, acc, 0.25f, y16);
+  const auto* p16 = static_cast<const Stored<F>*>(y16.raw_data());
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    ASSERT_TRUE(SameBits(AxpbyMixed<F, Format::kF32>(0.5f, pg[i], 1.0f, gv[size_t(i)]),
+                         y32.data<float>()[i]))
+        << DTypeName(dt) << " axpby into f32, i=" << i;
+    ASSERT_TRUE(same(AxpbyMixed<Format::kF32, F>(-1.5f, gv[size_t(i)], 0.25f, pg[i]), p16[i]))
+        << DTypeName(dt) << " axpby into half, i=" << i;
+  }
+}
+
+TEST_F(SimdOff, HalfElementwiseMathIsBitIdenticalToCpuHalfKernels) {
+  CheckHalfMathAgainstCpu<Format::kBF16>(DType::kBF16);
+  CheckHalfMathAgainstCpu<Format::kF16>(DType::kF16);
+}
+
 // Conversions: bit-identical to core's for every bf16/f16 pattern (to f32) and, to half, for
 // every upper-16-bit pattern of an f32 combined with low halves at and around the rounding
 // ties, plus every 4099th f32 (a stride prime to everything, so all exponents and a spread of

@@ -6,6 +6,7 @@
 #ifndef BRAID_BACKENDS_CUDA_MATH_UNARY_H_
 #define BRAID_BACKENDS_CUDA_MATH_UNARY_H_
 
+#include "backends/cuda/math/convert.h"
 #include "backends/cuda/math/hd.h"
 
 namespace braid::cuda::math {
@@ -110,6 +111,34 @@ BRAID_HD float ApplyBinary(Binary op, float a, float b) {
 // y = alpha x + beta y, BLAS style: beta == 0 never reads y (it may hold garbage or NaN).
 BRAID_HD float Axpby(float alpha, float x, float beta, float y) {
   return beta == 0.0f ? x * alpha : alpha * x + beta * y;
+}
+
+// ---- Half storage (bf16, f16; math::Format), f32 arithmetic ----------------------------------
+// The native half kernels: each operand loaded to f32, the f32 math above, the result rounded
+// once to the output's format. The same result as the up-cast fallback around the f32 kernel
+// (core/kernels.h, RegisterHalfFallbacks), without its conversion passes.
+template <Format F>
+using Stored = typename Elem<F>::T;
+
+template <Format F>
+BRAID_HD Stored<F> UnaryHalf(Unary op, Stored<F> x, float scalar) {
+  return Elem<F>::Put(ApplyUnary(op, Elem<F>::Get(x), scalar));
+}
+
+template <Format F>
+BRAID_HD Stored<F> UnaryGradHalf(Unary op, Stored<F> x, Stored<F> g) {
+  return Elem<F>::Put(ApplyUnaryGrad(op, Elem<F>::Get(x), Elem<F>::Get(g)));
+}
+
+template <Format F>
+BRAID_HD Stored<F> BinaryHalf(Binary op, Stored<F> a, Stored<F> b) {
+  return Elem<F>::Put(ApplyBinary(op, Elem<F>::Get(a), Elem<F>::Get(b)));
+}
+
+// x and y in their own formats (a half gradient into an f32 accumulator, or the reverse).
+template <Format X, Format Y>
+BRAID_HD Stored<Y> AxpbyMixed(float alpha, Stored<X> x, float beta, Stored<Y> y) {
+  return Elem<Y>::Put(Axpby(alpha, Elem<X>::Get(x), beta, beta == 0.0f ? 0.0f : Elem<Y>::Get(y)));
 }
 
 }  // namespace braid::cuda::math
