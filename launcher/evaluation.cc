@@ -4,32 +4,33 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/check.h"
 #include "core/mixed_precision.h"
 #include "core/ops.h"
-#include "models/data/token_manifest.h"
-#include "models/data/validation_batches.h"
+#include "core/registry.h"
 
 namespace braid::launcher {
 
 absl::StatusOr<std::unique_ptr<Evaluation>> Evaluation::Create(const config::TrainConfig& cfg,
                                                                Device device, DType input_dtype) {
   if (!cfg.has_eval()) return std::unique_ptr<Evaluation>();
-  const std::string& path = cfg.data().path();
-  if (cfg.data().dataset() != "tokens" || !data::IsTokenDatasetPath(path)) {
+  // The dataset brings its validation split (DatasetSpec::validation), windows as long as the
+  // model's context.
+  BRAID_ASSIGN_OR_RETURN(DatasetSpec data, Registry::Get().GetDataset(cfg.data().dataset()));
+  BRAID_ASSIGN_OR_RETURN(ModelSpec model, Registry::Get().GetModel(cfg.model().name()));
+  if (!data.validation) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "eval needs a validation split: set data { dataset: \"tokens\" path: \"<folder>\" } to a "
-        "data set prepared with bazel run //tools:prepare_data -- --val_fraction=0.1 ... (data.path is \"",
-        path, "\")"));
+        "eval needs a validation split, which data.dataset \"", cfg.data().dataset(),
+        "\" does not provide: remove the eval section"));
   }
-  BRAID_ASSIGN_OR_RETURN(data::TokenDataset set, data::TokenDataset::Open(path));
-  BRAID_ASSIGN_OR_RETURN(std::shared_ptr<const data::TokenFile> tokens,
-                         set.Tokens(data::Split::kValidation));
+  BatchSourceRequest request;
+  request.config = &cfg;
+  request.batch = cfg.train_micro_batch_size_per_gpu();
+  request.context = model.context ? model.context(cfg.model()) : 1;
+  request.device = device;
+  BRAID_ASSIGN_OR_RETURN(std::vector<Batch> batches, data.validation(request));
   auto e = std::unique_ptr<Evaluation>(new Evaluation());
   e->every_steps_ = cfg.eval().every_steps();
-  BRAID_ASSIGN_OR_RETURN(
-      std::vector<Batch> batches,
-      data::ValidationBatches(*tokens, cfg.eval().batches(), cfg.train_micro_batch_size_per_gpu(),
-                              cfg.model().block_size(), device));
   for (Batch& b : batches) e->batches_.push_back(input_dtype == DType::kF32 ? b : CastInputs(b, input_dtype));
   return e;
 }

@@ -1,7 +1,8 @@
 // Held-out evaluation of a language model during training (the config's `eval` section): the
-// validation loss and perplexity on fixed batches of the prepared data set's validation split
-// (models/data/validation_batches.h), through the strategy's EvaluateLoss, so it runs under
-// every strategy and layout on the model as that strategy holds it. Split from trainer.cc.
+// validation loss and perplexity on fixed batches of the dataset's validation split, which the
+// dataset supplies (DatasetSpec::validation; a prepared token data set's, models/data), through
+// the strategy's EvaluateLoss, so it runs under every strategy and layout on the model as that
+// strategy holds it. Split from trainer.cc.
 #ifndef BRAID_LAUNCHER_EVALUATION_H_
 #define BRAID_LAUNCHER_EVALUATION_H_
 
@@ -24,8 +25,8 @@ struct EvalResult {
 
 class Evaluation {
  public:
-  // Null when the config has no eval section. Reads the validation split of data.path (a
-  // prepared data set); one-line errors when there is none, naming what to do. Every rank
+  // Null when the config has no eval section. Reads the dataset's validation split; one-line
+  // errors when there is none, naming what to do. Every rank
   // evaluates the same batches (so the figure needs no reduction and equals one process's);
   // `input_dtype`: the dtype floating inputs are cast to (mixed precision), or f32.
   static absl::StatusOr<std::unique_ptr<Evaluation>> Create(const config::TrainConfig& cfg,

@@ -2,7 +2,7 @@
 # Training on a prepared token data set (//tools:prepare_data, byte tokenizer: no data files
 # needed): a few steps on one process and on two (the train split sharded over DDP's ranks), and
 # the one-line refusals at start of a vocabulary the model lacks and of a damaged shard. A flat
-# token file still trains as before.
+# token file still trains as before, and an eval section on it is refused.
 source "$TEST_SRCDIR/braid/tests/distributed/lib.sh" train_tokens
 prep="$TEST_SRCDIR/braid/tools/prepare_data/prepare_data"
 tmp="$T"
@@ -59,5 +59,11 @@ grep -q "^braid train: data.path '$tmp/never-prepared' does not exist: prepare t
 head -c 20000 "$tmp/ds/train-00000.bin" >"$tmp/flat.u16"
 cfg "$tmp/flat.pbtxt" "dataset: \"tokens\" path: \"$tmp/flat.u16\" token_dtype: \"u16\""
 out=$(bounded "$TR" --config="$tmp/flat.pbtxt" --log_dir="$tmp/l5" 2>&1) || fail "flat token file: $(tail -5 <<<"$out")"
+# ... which has no validation split: an eval section is refused at start, in one line saying how
+# to make one (the dataset says so: DatasetSpec::validation).
+printf 'eval { batches: 1 }\n' >>"$tmp/flat.pbtxt"
+out=$(bounded "$TR" --config="$tmp/flat.pbtxt" --log_dir="$tmp/l7" 2>&1); rc=$?
+grep -q "^braid train: eval needs a validation split: set data { dataset: \"tokens\" path: \"<folder>\" } to a data set prepared with bazel run //tools:prepare_data -- --val_fraction=0.1 ... (data.path is \"$tmp/flat.u16\", a flat token file)" <<<"$out" &&
+  [ "$rc" = 1 ] || fail "eval on a flat token file (exit $rc): $(tail -3 <<<"$out")"
 
 [ "$fails" = 0 ] && echo PASS || { echo "$fails failure(s)"; exit 1; }
