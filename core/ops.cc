@@ -187,8 +187,13 @@ Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor out = Tensor::Empty(os, x.dtype(), x.device());
   Tensor x2 = x.Detach().Reshape({rows, in_f});
   Tensor o2 = out.Detach().Reshape({rows, out_f});
-  kernels::matmul.Get(x.device(), x.dtype())(x2, weight, o2, false, true, 1.0f, 0.0f);
-  if (bias.defined()) kernels::binary.Get(x.device(), x.dtype())(BinaryOp::kAdd, o2, bias, o2);
+  if (auto* fused = bias.defined() ? kernels::linear_forward.Find(x.device().type, x.dtype())
+                                   : nullptr) {
+    fused(x2, weight, bias, o2);  // the bias added in the GEMM's epilogue
+  } else {
+    kernels::matmul.Get(x.device(), x.dtype())(x2, weight, o2, false, true, 1.0f, 0.0f);
+    if (bias.defined()) kernels::binary.Get(x.device(), x.dtype())(BinaryOp::kAdd, o2, bias, o2);
+  }
   SavedTensor sx(x), sw(weight);
   bool has_bias = bias.defined();
   std::vector<Tensor> inputs = {x, weight};
@@ -361,6 +366,22 @@ Tensor CausalSelfAttention(const Tensor& qkv, int n_head) {
   // The saved probabilities take qkv's dtype: half the memory of f32 for half inputs (see
   // kernels.h for why their rounding is harmless).
   Tensor out = Tensor::Empty({b, t, c}, qkv.dtype(), qkv.device());
+  if (auto* fused = kernels::flash_attention_forward.Find(qkv.device().type, qkv.dtype())) {
+    // The fused kernel keeps one f32 statistic per row instead of the T x T probabilities, and
+    // its backward recomputes them from q, k and the output.
+    Tensor lse = Tensor::Empty({b, n_head, t}, DType::kF32, qkv.device());
+    fused(qkv.Detach(), n_head, out, lse);
+    SavedTensor sq(qkv), so(out), sl(lse);
+    RecordFunction("CausalSelfAttention", {qkv}, {&out},
+                   [sq, so, sl, n_head](const std::vector<Tensor>& g) {
+                     Tensor Q = sq.Get();
+                     Tensor dq = EmptyLike(Q);
+                     kernels::flash_attention_backward.Get(Q.device(), Q.dtype())(
+                         g[0], Q, so.Get(), sl.Get(), n_head, dq);
+                     return std::vector<Tensor>{dq};
+                   });
+    return out;
+  }
   Tensor att = Tensor::Empty({b, n_head, t, t}, qkv.dtype(), qkv.device());
   kernels::attention_forward.Get(qkv.device(), qkv.dtype())(qkv.Detach(), n_head, out, att);
   SavedTensor sq(qkv), sa(att);

@@ -279,5 +279,46 @@ TEST_F(CudaKernelsGpuTest, FusedAttentionMemoryIsLinearInT) {
   EXPECT_EQ(FlashAttentionMemory(B, H, T).workspace, B * H * T * 4);
 }
 
+// cuBLASLt (matmul.cc): native bf16/f16 GEMMs against the CPU's half matmul on the same
+// rounded inputs (both accumulate in f32 and round once: 2 ulp of the output's type, 2e-2 for
+// bf16 and 2e-3 for f16, relative and absolute); an operand that is a view 1 float into a flat
+// buffer (4-byte aligned, as ZeRO's shards can be), run twice so the cached plan is reused;
+// Linear's forward with the BIAS epilogue against matmul + add on the CPU.
+TEST_F(CudaKernelsGpuTest, MatmulHalfMisalignedViewsAndBiasEpilogue) {
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    const float tol = dt == DType::kBF16 ? 2e-2f : 2e-3f;
+    const Tensor x = RandomTensor({3, 17, 64}, rng_).To(dt), w = RandomTensor({3, 64, 9}, rng_).To(dt);
+    Tensor o = RandomTensor({3, 17, 9}, rng_).To(dt), go = ToGpu(o);
+    kernels::matmul.Get(Device::CPU(), dt)(x, w, o, false, false, 0.5f, 1.f);
+    kernels::matmul.Get(Device::CUDA(0), dt)(ToGpu(x), ToGpu(w), go, false, false, 0.5f, 1.f);
+    EXPECT_TRUE(AllClose(ToCpu(go).To(DType::kF32), o.To(DType::kF32), tol, tol)) << DTypeName(dt);
+  }
+  const int64_t rows = 33, k = 64, n = 40;
+  const Tensor flat = RandomTensor({1 + rows * k}, rng_), w = RandomTensor({k, n}, rng_);
+  const Tensor a = flat.FlatRange(1, rows * k, {rows, k});
+  Tensor want = Tensor::Empty({rows, n});
+  kernels::matmul.Get(Device::CPU())(a, w, want, false, false, 1.f, 0.f);
+  const Tensor gflat = ToGpu(flat), gw = ToGpu(w);
+  const Tensor ga = gflat.FlatRange(1, rows * k, {rows, k});
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(ga.raw_data()) % 8, 4u);  // really misaligned
+  for (int rep = 0; rep < 2; ++rep) {
+    Tensor got = ToGpu(Tensor::Zeros({rows, n}));
+    kernels::matmul.Get(Device::CUDA(0))(ga, gw, got, false, false, 1.f, 0.f);
+    EXPECT_TRUE(AllClose(ToCpu(got), want, 1e-4f, 1e-4f)) << "offset view, call " << rep;
+  }
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const float tol = dt == DType::kBF16 ? 2e-2f : 1e-4f;
+    const Tensor x = RandomTensor({50, 64}, rng_).To(dt), wt = RandomTensor({96, 64}, rng_).To(dt);
+    const Tensor b = RandomTensor({96}, rng_).To(dt);
+    Tensor ref = Tensor::Empty({50, 96}, dt);
+    kernels::matmul.Get(Device::CPU(), dt)(x, wt, ref, false, true, 1.f, 0.f);
+    kernels::binary.Get(Device::CPU(), dt)(kernels::BinaryOp::kAdd, ref, b, ref);
+    Tensor got = ToGpu(Tensor::Zeros({50, 96}, dt));
+    kernels::linear_forward.Get(Device::CUDA(0), dt)(ToGpu(x), ToGpu(wt), ToGpu(b), got);
+    EXPECT_TRUE(AllClose(ToCpu(got).To(DType::kF32), ref.To(DType::kF32), tol, tol))
+        << "linear_forward " << DTypeName(dt);
+  }
+}
+
 }  // namespace
 }  // namespace braid::cuda
