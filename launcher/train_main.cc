@@ -24,6 +24,7 @@
 #include "launcher/run_folder.h"
 #include "launcher/train_setup.h"
 #include "launcher/trainer.h"
+#include "launcher/worker_group.h"
 
 ABSL_FLAG(std::string, config, "",
           "training config (.pbtxt/.textproto/.txt text format, or .json); empty = the reference "
@@ -107,8 +108,10 @@ absl::Status Run(const char* argv0) {
     log_dir = absl::StrCat(base, "/runs/",
                            braid::launcher::RunFolderName(path, cfg.model().name(), absl::Now()));
   }
-  if (std::system(absl::StrCat("mkdir -p '", log_dir, "'").c_str()) != 0) {
-    return absl::PermissionDeniedError(absl::StrCat("cannot create log folder '", log_dir, "'"));
+  // Made here, not by a shell: a bundle's program may run where there is none (docs/GPU.md).
+  if (absl::Status st = braid::launcher::MakeDirs(log_dir); !st.ok()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create log folder '", log_dir, "': ", st.message()));
   }
   env.log_dir = log_dir;
   const std::string& mf = cfg.log().metrics_file();

