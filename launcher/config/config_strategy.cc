@@ -225,11 +225,6 @@ int CheckParallel(Checker& c, TrainConfig* cfg, int world, bool* layout_ok) {
                            "tensor-parallel layers compute in f32; turn one of them off"));
     }
   }
-  if (p->pipeline() > 1 && (cfg->fp16().enabled() || cfg->bf16().enabled())) {
-    c.Error(absl::StrCat(cfg->fp16().enabled() ? "fp16" : "bf16",
-                         ".enabled with parallel.pipeline > 1 is not supported yet: the stages "
-                         "exchange f32 activations; turn one of them off"));
-  }
   return p->data();
 }
 

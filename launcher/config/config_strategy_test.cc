@@ -205,11 +205,11 @@ TEST(ConfigValidate, ParallelLayout) {
             "");
   EXPECT_THAT(ValidationError("parallel { tensor: 2 } bf16 { enabled: true }", 2, {kFeatureBf16}),
               HasSubstr("bf16.enabled with parallel.tensor > 1 is not supported yet"));
-  // ZeRO-3 under the pipeline (its data axis is the zero layer's), but not half precision yet.
+  // ZeRO-3 under the pipeline (its data axis is the zero layer's), and half precision: the
+  // stages exchange activations in the model's dtype.
   EXPECT_EQ(ValidationError("parallel { pipeline: 2 } zero_optimization { stage: 3 }", 4, {"zero3"}), "");
-  EXPECT_THAT(ValidationError("parallel { pipeline: 2 } fp16 { enabled: true }", 2, {kFeatureFp16}),
-              HasSubstr("fp16.enabled with parallel.pipeline > 1 is not supported yet: the stages "
-                        "exchange f32 activations"));
+  EXPECT_EQ(ValidationError("parallel { pipeline: 2 } fp16 { enabled: true }", 2, {kFeatureFp16}), "");
+  EXPECT_EQ(ValidationError("parallel { pipeline: 2 } bf16 { enabled: true }", 2, {kFeatureBf16}), "");
 }
 
 // DeepSpeed's communication_data_type: "fp32" or the precision's own name, under fp16/bf16, and

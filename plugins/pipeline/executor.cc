@@ -20,6 +20,9 @@
 namespace braid::pipeline {
 namespace {
 
+// The first activation across a boundary is preceded by a header: [ndim, dtype, dims...].
+constexpr int64_t kHeaderLength = 9;
+
 // "3", or "3.1" for chunk 1 when the stage holds several: how the trace names a micro-batch.
 std::string MicroBatchName(const Action& a, int chunks) {
   return chunks > 1 ? absl::StrCat(a.micro_batch, ".", a.chunk) : absl::StrCat(a.micro_batch);
@@ -41,14 +44,15 @@ absl::StatusOr<bool> PipelineStrategy::PostReceive(const Action& a, bool may_blo
   if (a.op == Op::kRecvActivation) {
     if (f.act_work) return true;
     Shape& shape = act_shape_[size_t(vs)];
-    if (shape.empty()) {  // the first time: the sender says the shape
+    if (shape.empty()) {  // the first time: the sender says the shape and the dtype
       if (!may_block) return false;
-      Tensor header = Tensor::Empty({8}, DType::kI64, Device::CPU());
+      Tensor header = Tensor::Empty({kHeaderLength}, DType::kI64, Device::CPU());
       BRAID_RETURN_IF_ERROR(pipe_->Recv(header, RankOfVirtualStage(vs - 1), Tag(2, vs, a.micro_batch))->Wait());
       std::vector<int64_t> h = header.ToVector<int64_t>();
-      shape.assign(h.begin() + 1, h.begin() + 1 + h[0]);
+      act_dtype_[size_t(vs)] = DType(h[1]);
+      shape.assign(h.begin() + 2, h.begin() + 2 + h[0]);
     }
-    f.recv_act = Tensor::Empty(shape, DType::kF32, device_);
+    f.recv_act = Tensor::Empty(shape, act_dtype_[size_t(vs)], device_);
     f.act_work = pipe_->Recv(f.recv_act, RankOfVirtualStage(vs - 1), Tag(0, vs, a.micro_batch));
     return true;
   }
@@ -60,7 +64,9 @@ absl::StatusOr<bool> PipelineStrategy::PostReceive(const Action& a, bool may_blo
     if (!f.output.defined()) return false;  // before the first forward: only posted in order
     shape = f.output.shape();
   }
-  f.recv_grad = Tensor::Empty(shape, DType::kF32, device_);
+  // ... and its dtype: the one this rank's output has (bf16/f16 under mixed precision).
+  const DType dtype = f.output.defined() ? f.output.dtype() : act_dtype_[size_t(vs) + 1];
+  f.recv_grad = Tensor::Empty(shape, dtype, device_);
   f.grad_work = pipe_->Recv(f.recv_grad, RankOfVirtualStage(vs + 1), Tag(1, vs, a.micro_batch));
   return true;
 }
@@ -123,16 +129,24 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
       Tensor out = f.output.Detach();
       Shape& shape = act_shape_[size_t(vs) + 1];
       if (shape.empty()) {
+        if (out.shape().size() > size_t(kHeaderLength - 2)) {
+          return Invalid(absl::StrCat("virtual stage ", vs, "'s output is ", ShapeToString(out.shape()),
+                                      ": at most ", kHeaderLength - 2, " dimensions cross a stage boundary"));
+        }
         shape = out.shape();
-        std::vector<int64_t> h(8, 0);
+        act_dtype_[size_t(vs) + 1] = out.dtype();
+        std::vector<int64_t> h(kHeaderLength, 0);  // [ndim, dtype, dims...]
         h[0] = int64_t(shape.size());
-        for (size_t i = 0; i < shape.size() && i < 7; ++i) h[i + 1] = shape[i];
-        Tensor header = Tensor::FromVector(h, {8});
+        h[1] = int64_t(out.dtype());
+        for (size_t i = 0; i < shape.size(); ++i) h[i + 2] = shape[i];
+        Tensor header = Tensor::FromVector(h, {kHeaderLength});
         sends_.push_back(pipe_->Send(header, RankOfVirtualStage(vs + 1), Tag(2, vs + 1, a.micro_batch)));
-      } else if (shape != out.shape()) {
+      } else if (shape != out.shape() || act_dtype_[size_t(vs) + 1] != out.dtype()) {
         return Invalid(absl::StrCat("micro-batch ", a.micro_batch, "'s activation at virtual stage ", vs,
-                                    " is ", ShapeToString(out.shape()), ", the first was ", ShapeToString(shape),
-                                    "; every micro-batch must have the same shape"));
+                                    " is ", ShapeToString(out.shape()), " ", DTypeName(out.dtype()),
+                                    ", the first was ", ShapeToString(shape), " ",
+                                    DTypeName(act_dtype_[size_t(vs) + 1]),
+                                    "; every micro-batch must have the same shape and dtype"));
       }
       sends_.push_back(pipe_->Send(out, RankOfVirtualStage(vs + 1), Tag(0, vs + 1, a.micro_batch)));
       return absl::OkStatus();

@@ -91,13 +91,6 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
   dp_size_ = w / stages_;
   stage_ = world_->rank() % stages_;
   dp_ = world_->rank() / stages_;
-  for (auto& [n, p] : model.NamedParameters()) {
-    if (p.dtype() != DType::kF32) {
-      return Invalid(absl::StrCat("parameter '", n, "' is ", DTypeName(p.dtype()),
-                                  ": half precision under the pipeline is not supported yet (the "
-                                  "stages exchange f32 activations); turn fp16/bf16 off"));
-    }
-  }
   std::vector<PipelineLayer> layers = model.PipelineLayers();
   if (layers.empty()) {
     return Invalid(absl::StrCat("model ", model.type_name(), " lists no pipeline layers (Module::",
@@ -259,6 +252,7 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
     if (tie_send_) SendTieValues();
   });
   act_shape_.assign(size_t(parts), Shape());
+  act_dtype_.assign(size_t(parts), DType::kF32);
   return absl::OkStatus();
 }
 

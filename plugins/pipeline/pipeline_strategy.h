@@ -173,6 +173,9 @@ class PipelineStrategy final : public Strategy {
   uint64_t end_of_backward_hook_ = 0;
   bool hook_installed_ = false;
   std::vector<Shape> act_shape_;  // per virtual stage boundary, agreed in the first step
+  // The activations' dtype at each boundary (the model's: f32, or bf16/f16 under mixed
+  // precision), said by the sender with the shape; a gradient has its output's dtype.
+  std::vector<DType> act_dtype_;
   std::map<std::pair<int, int>, InFlight> flight_;
   std::vector<std::shared_ptr<Work>> sends_;
   std::vector<std::string> layer_names_;
