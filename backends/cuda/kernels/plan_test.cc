@@ -210,6 +210,7 @@ TEST(AttentionPlan, FusedMemoryIsLinearInSequenceLength) {
   const AttentionBytes ref = ReferenceAttentionMemory(B, H, T, 4);
   EXPECT_EQ(ref.workspace, int64_t(805306368));  // the 805 MB dS scratch of issue 28
   EXPECT_EQ(ref.saved, int64_t(805306368));
+  EXPECT_EQ(ReferenceAttentionMemory(B, H, T, 2).saved, int64_t(402653184));  // bf16 probabilities
   for (int64_t t : {1, 37, 512, 1024, 4096}) {
     const AttentionBytes a = FlashAttentionMemory(B, H, t), b = FlashAttentionMemory(B, H, 2 * t);
     EXPECT_EQ(b.saved, 2 * a.saved) << t;
