@@ -300,15 +300,13 @@ void AttentionBackward(const Tensor& dout, const Tensor& qkv, const Tensor& att,
       checks::AttentionBackward("cuda", kF32, dout, qkv, att, n_head, dqkv);
   DeviceGuard g(Dev(qkv));
   cudaStream_t stream = KernelStream(Dev(qkv));
-  // dS scratch, as big as att; stream-ordered so it is reused without a sync. (The runtime's
-  // caching allocator should provide it once it exists.)
-  float* ds = nullptr;
-  CheckCuda(cudaMallocAsync(reinterpret_cast<void**>(&ds), att.nbytes(), stream),
-            "attention_backward scratch");
+  // dS scratch, as big as att (this probability-saving path is quadratic in T; training takes
+  // the fused kernel, attention_flash.cu): a tensor from the device's allocator (the caching
+  // allocator), freed on return and reused in the kernel stream's order.
+  Tensor ds = Tensor::Empty(att.shape(), kF32, qkv.device());
   CheckCuda(LaunchAttentionBackward(dout.data<float>(), qkv.data<float>(), att.data<float>(), s.b,
-                                    s.t, s.c, s.h, ds, dqkv.data<float>(), stream),
+                                    s.t, s.c, s.h, ds.data<float>(), dqkv.data<float>(), stream),
             "attention_backward");
-  CheckCuda(cudaFreeAsync(ds, stream), "attention_backward scratch");
 }
 
 void AdamW(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const kernels::AdamWParams& p) {
