@@ -69,6 +69,20 @@ TEST(KernelChecksTest, MessagesNameBackendSlotAndTensor) {
   EXPECT_DEATH(AttentionForward("cpu", kF32, Named({1, 2, 9}, "qkv"), 2, Tensor::Zeros({1, 2, 3}),
                                 Tensor::Zeros({1, 2, 2, 2})),
                AllOf(HasSubstr("n_head=2"), HasSubstr("'qkv' f32[1,2,9]")));
+  // The fused attention keeps lse [B, H, T] in f32 whatever the slot's dtype.
+  const DType half = DType::kBF16;
+  EXPECT_DEATH(FlashAttentionForward("cuda", half, Tensor::Zeros({1, 3, 12}, half), 2,
+                                     Tensor::Zeros({1, 3, 4}, half), Named({1, 2, 3}, "lse", half)),
+               HasSubstr("cuda kernel 'flash_attention_forward' wants f32, got 'lse' bf16[1,2,3]"));
+  EXPECT_DEATH(FlashAttentionBackward("cuda", kF32, Tensor::Zeros({1, 3, 4}),
+                                      Tensor::Zeros({1, 3, 12}), Tensor::Zeros({1, 3, 4}),
+                                      Named({1, 2, 9}, "lse"), 2, Tensor::Zeros({1, 3, 12})),
+               AllOf(HasSubstr("cuda kernel 'flash_attention_backward'"),
+                     HasSubstr("'lse' f32[1,2,9]"), HasSubstr("should have 6 elements")));
+  const AttentionDims fa = FlashAttentionForward("cuda", kF32, Tensor::Zeros({2, 3, 12}), 2,
+                                                 Tensor::Zeros({2, 3, 4}), Tensor::Zeros({2, 2, 3}));
+  EXPECT_EQ(fa.d, 2);
+  EXPECT_EQ(fa.h, 2);
 }
 
 TEST(KernelChecksTest, OptimizerSlotsAreF32Only) {
