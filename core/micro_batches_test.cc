@@ -1,9 +1,12 @@
 #include "core/micro_batches.h"
 
+#include <cmath>
 #include <string>
 #include <vector>
 
 #include "core/ops.h"
+#include "core/optimizer.h"
+#include "core/scalar_reads.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -57,6 +60,39 @@ TEST(RunMicroBatches, GradientIsTheMeanOverMicroBatches) {
               1e-5);
   EXPECT_GE(stats.forward_s, 0);
   EXPECT_GE(stats.backward_s, 0);
+}
+
+// read_loss_later leaves the mean loss on the device (stats.loss untouched) and
+// ReadStepScalarsAndClip reads it with the gradient norm: the same loss as the immediate read,
+// the same norm as ClipGradNorm, and clipping applied (the CPU side of the one-read step that
+// tests/device_sync counts on the fake GPU).
+TEST(ReadStepScalarsAndClip, ReadsTheDeferredLossAndTheNormAndClips) {
+  std::vector<Batch> mbs = {Make({1, 2}, {0, 0}), Make({3, 4}, {1, 1})};
+  Scalar now, later;
+  StepStats read_now, deferred;
+  ASSERT_TRUE(RunMicroBatches("test", now, mbs, Mse(), &read_now).ok());
+  MicroBatchEvents ev;
+  ev.read_loss_later = true;
+  deferred.loss = -1.0f;
+  ASSERT_TRUE(RunMicroBatches("test", later, mbs, Mse(), &deferred, ev).ok());
+  EXPECT_EQ(deferred.loss, -1.0f);  // not read yet
+  ASSERT_TRUE(deferred.device_loss.defined());
+  const float want_norm = ClipGradNorm(now.Parameters(), 0.0f);  // measures only
+  ASSERT_GT(want_norm, 1.0f);
+  auto opt = MakeSgd({ParamGroup{later.Parameters(), 0.1f, 0.0f}});
+  ReadStepScalarsAndClip(*opt, later.Parameters(), /*max_norm=*/1.0f,
+                         [](double local) { return local; }, &deferred);
+  EXPECT_EQ(deferred.loss, read_now.loss);
+  EXPECT_EQ(deferred.grad_norm, want_norm);
+  // Clipped to norm 1 (within the 1e-6 PyTorch's rule adds to the norm).
+  EXPECT_NEAR(std::abs(later.w_.grad().item()), 1.0f, 1e-5f);
+}
+
+TEST(ReadScalars, ReadsEachScalarAndUndefinedAsZero) {
+  Tensor a = Tensor::Full({}, 2.5f), b = Tensor::Full({1}, -0.75f).To(DType::kBF16);
+  EXPECT_THAT(ReadScalars({a, Tensor(), b}), ElementsAre(2.5f, 0.0f, -0.75f));
+  EXPECT_TRUE(ReadScalars({}).empty());
+  EXPECT_DEATH(ReadScalars({Tensor::Full({2}, 1.0f)}), "not a one-element floating tensor");
 }
 
 TEST(RunMicroBatches, EventsRunInOrderWithLastMarked) {
