@@ -11,6 +11,14 @@ medians, and the per-round ratios.
 
   bazel build //launcher:train && /usr/bin/python3 tools/bench/llama_bench.py --rounds 3
 
+With --kernel_sum, each round also times every kernel of one training step alone
+(tools/bench/llama_kernel_bench for llama-mini, gemm_bench's step_estimate for gpt-mini: no
+autograd, allocation or bookkeeping) and reports each model's measured tokens/s as a share of that
+limit, both measured in the same round (--no_torch leaves the twin out):
+
+  bazel build //launcher:train //tools/bench:gemm_bench //tools/bench:llama_kernel_bench && \
+    /usr/bin/python3 tools/bench/llama_bench.py --rounds 3 --steps 20 --kernel_sum --no_torch
+
 Prints one JSON object per run and a summary object.
 """
 import argparse
@@ -24,11 +32,27 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run(model, threads, steps, tmp, i):
+def kernel_limit(bin_dir, model, threads):
+    """The step's kernel-sum limit in tokens/s (medians of the kernels' timed runs), and the ms."""
+    cmd = ([os.path.join(bin_dir, "tools/bench/llama_kernel_bench"), f"--threads={threads}"]
+           if model == "llama-mini" else
+           [os.path.join(bin_dir, "tools/bench/gemm_bench"), f"--threads={threads}"])
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"{cmd[0]} failed: {r.stderr}")
+    for line in r.stdout.splitlines():
+        x = json.loads(line)
+        if x.get("bench") in ("step_estimate", "llama_step_estimate") and x["of"] == "median":
+            return x["tokens_per_s"], x["total_ms"]
+    sys.exit(f"{cmd[0]} printed no step estimate")
+
+
+def run(model, threads, steps, tmp, i, bin_dir):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
                BRAID_DATA_DIR=os.path.join(ROOT, "data"))
     out = os.path.join(tmp, f"{model}-{i}")
-    cmd = [os.path.join(ROOT, "bazel-bin/launcher/train"),
+    cmd = [os.path.join(bin_dir, "launcher/train"),
            f"--config={os.path.join(ROOT, 'launcher/configs', model + '.pbtxt')}",
            f"--steps={steps}", f"--threads={threads}", f"--log_dir={out}"]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -57,16 +81,38 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--kernel_sum", action="store_true",
+                   help="also each model's share of its step's kernel-sum limit, per round")
+    p.add_argument("--no_torch", action="store_true", help="leave the PyTorch twin out")
+    p.add_argument("--bin_dir", default=os.path.join(ROOT, "bazel-bin"),
+                   help="where the built programs are")
     a = p.parse_args()
     got = {"gpt-mini": [], "llama-mini": [], "torch-llama-mini": []}
+    if a.no_torch:
+        del got["torch-llama-mini"]
+    share = {"gpt-mini": [], "llama-mini": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(a.rounds):
             for model in got:
                 r = (run_torch(a.threads, a.steps) if model.startswith("torch")
-                     else run(model, a.threads, a.steps, tmp, i))
+                     else run(model, a.threads, a.steps, tmp, i, a.bin_dir))
+                if a.kernel_sum and model in share:
+                    limit, ms = kernel_limit(a.bin_dir, model, a.threads)
+                    r.update(kernel_sum_tokens_per_s=limit, kernel_sum_ms=ms,
+                             share_of_limit=round(r["tokens_per_s"] / limit, 3))
+                    share[model].append(r["share_of_limit"])
                 print(json.dumps(dict(r, round=i, threads=a.threads)), flush=True)
                 got[model].append(r["tokens_per_s"])
     g, l = statistics.median(got["gpt-mini"]), statistics.median(got["llama-mini"])
+    if a.no_torch:
+        summary = {"summary": True, "threads": a.threads, "gpt_mini_tokens_per_s": g,
+                   "llama_mini_tokens_per_s": l, "llama_over_gpt": round(l / g, 3)}
+        if a.kernel_sum:
+            summary.update({f"{m.replace('-', '_')}_share_of_limit": statistics.median(v)
+                            for m, v in share.items()},
+                           per_round_share=share)
+        print(json.dumps(summary))
+        return
     t = statistics.median(got["torch-llama-mini"])
     print(json.dumps({"summary": True, "threads": a.threads, "gpt_mini_tokens_per_s": g,
                       "llama_mini_tokens_per_s": l, "torch_llama_mini_tokens_per_s": t,
