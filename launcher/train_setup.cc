@@ -8,13 +8,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "backends/cuda/device_check.h"
 #include "core/check.h"
 #include "core/plugin.h"
 #include "core/registry.h"
 #include "launcher/compose.h"
 #include "launcher/config/config.h"
 #include "launcher/programs.h"
-#include "models/data/token_manifest.h"
 #include "tools/cpp/runfiles/runfiles.h"
 
 namespace braid::launcher {
@@ -92,6 +92,17 @@ absl::Status PrepareConfig(config::TrainConfig* cfg, int world_size, int rank,
     return found;
   };
   catalog.searched = "strategy in the plugins on the search path";
+  // fp16/bf16 "auto": what the device's backend says it computes in (a CPU: neither).
+  catalog.half_support = [](const std::string& device) {
+    config::HalfSupport out;
+    absl::StatusOr<Device> d = Device::Parse(device);
+    if (!d.ok() || d->type != DeviceType::kCUDA) return out;
+    // No answer (no usable device): off here; preparing the device reports why, later.
+    absl::StatusOr<cuda::HalfSupport> s = cuda::DeviceHalfSupport(*d, nullptr);
+    out.bf16 = s.ok() && s->bf16;
+    out.fp16 = s.ok() && s->f16;
+    return out;
+  };
   // The stack of layers for the layout (launcher/compose.h): fills in the strategy of a config
   // that names none, and refuses a layout no stack serves before any process trains.
   const LayerCatalog layers = PluginLayerCatalog(search_path, cfg->strategy().path());
@@ -129,12 +140,12 @@ absl::Status PrepareConfig(config::TrainConfig* cfg, int world_size, int rank,
     }
   }
   BRAID_RETURN_IF_ERROR(config::ValidateConfigWith(cfg, world_size, catalog));
-  // A prepared data set's ids against the model's vocabulary, from its manifest, before the model
-  // is built (the shards' checksums are checked when the data is opened).
-  if (cfg->data().dataset() == "tokens" && cfg->model().vocab_size() > 0 &&
-      data::IsTokenDatasetPath(cfg->data().path())) {
-    BRAID_RETURN_IF_ERROR(
-        data::CheckTokenDatasetVocab(cfg->data().path(), cfg->model().vocab_size()));
+  // The data's ids against the model's vocabulary, before the model is built, where the dataset
+  // can tell (a prepared data set from its manifest; its shards' checksums are checked when it is
+  // opened).
+  absl::StatusOr<DatasetSpec> data = Registry::Get().GetDataset(cfg->data().dataset());
+  if (data.ok() && data->check_vocab && cfg->model().vocab_size() > 0) {
+    BRAID_RETURN_IF_ERROR(data->check_vocab(*cfg, cfg->model().vocab_size()));
   }
   // What validation resolved or accepted without effect ("auto" values, DeepSpeed's own tuning
   // keys), once per job.
