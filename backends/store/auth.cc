@@ -49,6 +49,8 @@ absl::StatusOr<Nonce> RandomNonce() {
   return n;
 }
 
+void ReleaseThreadCryptoState() { OPENSSL_thread_stop(); }
+
 absl::StatusOr<Mac> ClientProof(absl::string_view token, const Nonce& server_nonce,
                                 const Nonce& client_nonce) {
   return Proof(token, kClientLabel, server_nonce, client_nonce);

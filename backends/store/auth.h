@@ -17,6 +17,12 @@ namespace braid::store_wire {
 absl::Status RandomBytes(uint8_t* out, size_t n);
 absl::StatusOr<Nonce> RandomNonce();
 
+// Frees what OpenSSL keeps per thread (the thread's random generator, made by the first
+// RandomBytes on it). A thread that drew random bytes calls it just before it ends: OpenSSL's
+// own clean-up at thread exit is not guaranteed to have run when the process ends, which
+// LeakSanitizer reported as an intermittent leak of the store's connection threads.
+void ReleaseThreadCryptoState();
+
 // The two proofs of the handshake. Each side's proof covers both nonces in its own order and a
 // distinct label, so that neither can be replayed as the other (a server cannot echo a client's
 // proof back to it) nor reused on another connection (the peer's nonce is fresh each time).

@@ -439,6 +439,7 @@ void TcpStoreServer::Impl::Serve(Connection* c) {
       break;
     }
   }
+  store_wire::ReleaseThreadCryptoState();  // the handshake drew this thread's nonce
   std::lock_guard<std::mutex> lock(conns_mu_);
   close(fd);
   c->fd = -1;
