@@ -25,6 +25,7 @@
 #include "backends/cpu/thread_pool.h"
 #include "core/kernels.h"
 #include "core/tensor.h"
+#include "tools/bench/kernel_timing.h"
 
 ABSL_FLAG(std::string, threads, "1,2", "comma-separated thread counts to measure");
 ABSL_FLAG(int, reps, 15, "timed repetitions per measurement (the median is reported)");
@@ -44,24 +45,8 @@ Tensor Random(const Shape& shape, std::mt19937& rng, float lo = -1.0f, float hi 
   return t;
 }
 
-struct Timing {
-  double median, best;  // seconds
-};
-
-// Median and fastest of reps timed runs, after two warm-up runs. On a shared machine the
-// fastest run is the better estimate of what the code can do; the median is what it did.
-Timing Time(const std::function<void()>& fn, int reps) {
-  fn();
-  fn();
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return {t[t.size() / 2], t[0]};
-}
+using bench::Time;
+using bench::Timing;
 
 struct GemmCase {
   const char* name;

@@ -25,6 +25,7 @@
 #include "backends/cpu/thread_pool.h"
 #include "core/kernels.h"
 #include "core/tensor.h"
+#include "tools/bench/kernel_timing.h"
 
 ABSL_FLAG(int, threads, 1, "threads of the CPU backend (and OpenBLAS)");
 ABSL_FLAG(int, reps, 15, "timed repetitions per kernel (the median and the fastest are reported)");
@@ -46,23 +47,8 @@ std::shared_ptr<Tensor> Empty(const Shape& shape) {
   return std::make_shared<Tensor>(Tensor::Zeros(shape));
 }
 
-struct Timing {
-  double median, best;  // seconds
-};
-
-// Median and fastest of reps runs after two warm-up runs.
-Timing Time(const std::function<void()>& fn, int reps) {
-  fn();
-  fn();
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    fn();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return {t[t.size() / 2], t[0]};
-}
+using bench::Time;
+using bench::Timing;
 
 struct Case {
   std::string name;
