@@ -35,6 +35,7 @@
 #include "absl/strings/str_split.h"
 #include "backends/store/auth.h"
 #include "backends/store/frame.h"
+#include "backends/store/server_handshake.h"
 #include "backends/store/store_io.h"
 #include "core/check.h"
 
@@ -338,67 +339,11 @@ void TcpStoreServer::Impl::Reject(const std::string& peer, const std::string& wh
 }
 
 bool TcpStoreServer::Impl::Handshake(int fd, const std::string& peer) {
-  Deadline deadline = After(options_.handshake_timeout);
-  auto nonce = wire::RandomNonce();
-  if (!nonce.ok()) {
-    Reject(peer, nonce.status().ToString());
-    return false;
-  }
-  wire::Hello hello;
-  hello.nonce = *nonce;
-  absl::Status st = SendAll(fd, wire::EncodeHello(hello), deadline);
-  if (!st.ok()) {
-    Reject(peer, absl::StrCat("could not send the greeting: ", st.message()));
-    return false;
-  }
-  auto body = ReadFrame(fd, wire::kMaxHandshakeFrameBytes, deadline);
-  if (!body.ok()) {
-    if (stopping_.load()) return false;
-    switch (body.status().code()) {
-      case absl::StatusCode::kDeadlineExceeded:
-        Reject(peer, absl::StrCat("did not authenticate within ",
-                                  absl::FormatDuration(options_.handshake_timeout)));
-        break;
-      case absl::StatusCode::kOutOfRange:
-        Reject(peer, "closed the connection without authenticating");
-        break;
-      case absl::StatusCode::kInvalidArgument:
-        Reject(peer, absl::StrCat("malformed handshake frame: ", body.status().message()));
-        break;
-      default:
-        Reject(peer, absl::StrCat("handshake failed: ", body.status().message()));
-    }
-    return false;
-  }
-  auto auth = wire::ParseAuth(*body);
-  if (!auth.ok()) {
-    Reject(peer, absl::StrCat("malformed handshake frame: ", auth.status().message()));
-    return false;
-  }
-  auto expected = wire::ClientProof(options_.token, *nonce, auth->nonce);
-  if (!expected.ok()) {
-    Reject(peer, expected.status().ToString());
-    return false;
-  }
-  if (!wire::MacEquals(*expected, auth->mac)) {
-    wire::AuthResult fail;
-    fail.reason = "job token rejected";
-    SendAll(fd, wire::EncodeAuthResult(fail), deadline).IgnoreError();
-    Reject(peer, absl::StrCat("wrong job token (its proof does not match this job's ", kJobTokenEnv,
-                              ")"));
-    return false;
-  }
-  wire::AuthResult ok;
-  ok.ok = true;
-  auto proof = wire::ServerProof(options_.token, *nonce, auth->nonce);
-  if (!proof.ok()) {
-    Reject(peer, proof.status().ToString());
-    return false;
-  }
-  ok.mac = *proof;
-  st = SendAll(fd, wire::EncodeAuthResult(ok), deadline);
-  if (!st.ok()) {
-    Reject(peer, absl::StrCat("could not send the handshake's answer: ", st.message()));
+  store_server::HandshakeOutcome o =
+      store_server::ServeHandshake(fd, options_.token, options_.handshake_timeout);
+  if (!o.authenticated) {
+    // A stopping server closes its clients' sockets: their failed reads are not news.
+    if (!(o.read_failed && stopping_.load())) Reject(peer, o.refusal);
     return false;
   }
   std::lock_guard<std::mutex> lock(conns_mu_);
