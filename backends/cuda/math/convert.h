@@ -81,6 +81,10 @@ struct Elem<Format::kF16> {
   static BRAID_HD uint16_t Put(float f) { return FloatToF16(f); }
 };
 
+// The element type a format is stored as (float, or the 16 bits of a bf16/f16).
+template <Format F>
+using Stored = typename Elem<F>::T;
+
 // dst[i] = src[i], converted from `From` to `To` (the same format: the bits, NaN payloads
 // included, as core's copy keeps them).
 template <Format From, Format To>

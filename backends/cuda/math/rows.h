@@ -1,11 +1,12 @@
 // Row-wise pieces: LayerNorm forward/backward per element, the online softmax's (max, sum)
-// state and its merge, cross-entropy per row, the softmax backward element and the attention
-// softmax step. A kernel owns the reduction order (a warp or block tree); these functions are
+// state and its merge, cross-entropy per row, the softmax backward element, the attention
+// softmax step, and the same on bf16/f16 storage (the end of this file). A kernel owns the reduction order (a warp or block tree); these functions are
 // what each thread computes between reductions, so the CPU tests can run them in the CPU
 // backend's order (exact) and in the GPU's tree order (within a stated tolerance).
 #ifndef BRAID_BACKENDS_CUDA_MATH_ROWS_H_
 #define BRAID_BACKENDS_CUDA_MATH_ROWS_H_
 
+#include "backends/cuda/math/convert.h"
 #include "backends/cuda/math/hd.h"
 
 namespace braid::cuda::math {
@@ -43,11 +44,15 @@ struct MaxSum {
 
 BRAID_HD MaxSum MaxSumEmpty() { return MaxSum{-INFINITY, 0.0f}; }
 
+// Non-finite values give what the CPU's two passes give (s = sum exp(x - max)): a +inf makes
+// s NaN (its own term is exp(inf - inf)), so every probability is NaN; a -inf adds exp(-inf - m)
+// = 0 (skipped: pushed first, exp(-inf - -inf) would be NaN); a NaN makes s NaN.
 BRAID_HD MaxSum MaxSumPush(MaxSum a, float x) {
   if (x > a.m) {
-    // exp(-inf - x) = 0 when the state was empty.
-    return MaxSum{x, a.s * expf(a.m - x) + 1.0f};
+    // exp(-inf - x) = 0 when the state was empty; exp(x - x) is 1, or NaN for x = +inf.
+    return MaxSum{x, a.s * expf(a.m - x) + expf(x - x)};
   }
+  if (x == -INFINITY) return a;
   return MaxSum{a.m, a.s + expf(x - a.m)};
 }
 
@@ -87,6 +92,102 @@ BRAID_HD bool AttentionVisible(int64_t i, int64_t j) { return j <= i; }
 BRAID_HD float AttentionScore(float qk_dot, float scale) { return scale * qk_dot; }
 BRAID_HD float AttentionDScore(float p, float dp, float dot, float scale) {
   return p * (dp - dot) * scale;
+}
+
+// ---- Storage in any of the three formats (f32, bf16, f16) -----------------------------------
+// The row kernels are templates on the storage format F (convert.h). Each stored operand is
+// loaded to f32, every sum and row statistic is formed in f32, and each stored output is rounded
+// once: what the CPU backend's half kernels do (backends/cpu/half_kernels.cc up-casts the
+// operands, runs the f32 kernel and rounds each output once; embedding works on the half rows
+// with an f32 accumulator per row). Composed in the CPU's order these give its bits
+// (rows_half_math_test.cc). LayerNorm's mean and rstd and cross-entropy's losses, probabilities
+// and dloss are f32 whatever F is (core/kernel_checks.h). For f32, LoadF32 and StoreAs are the
+// identity.
+template <Format F>
+BRAID_HD float LoadF32(Stored<F> v) { return Elem<F>::Get(v); }
+template <Format F>
+BRAID_HD Stored<F> StoreAs(float v) { return Elem<F>::Put(v); }
+
+template <Format F>
+BRAID_HD Stored<F> LayerNormOutStored(Stored<F> x, float mean, float rstd, Stored<F> w,
+                                      Stored<F> b) {
+  return StoreAs<F>(LayerNormOut(LoadF32<F>(x), mean, rstd, LoadF32<F>(w), LoadF32<F>(b)));
+}
+
+// The backward's row terms: dn = dout w (summed into mean_dn) and dn xhat (into mean_dnx).
+template <Format F>
+BRAID_HD float LayerNormDn(Stored<F> dout, Stored<F> w) {
+  return LoadF32<F>(dout) * LoadF32<F>(w);
+}
+template <Format F>
+BRAID_HD float LayerNormDnXhat(Stored<F> dout, Stored<F> w, Stored<F> x, float mean, float rstd) {
+  return LayerNormDn<F>(dout, w) * LayerNormXhat(LoadF32<F>(x), mean, rstd);
+}
+template <Format F>
+BRAID_HD Stored<F> LayerNormDxStored(Stored<F> dout, Stored<F> w, Stored<F> x, float mean,
+                                     float rstd, float mean_dn, float mean_dnx) {
+  return StoreAs<F>(LayerNormDx(LoadF32<F>(dout), LoadF32<F>(w),
+                                LayerNormXhat(LoadF32<F>(x), mean, rstd), mean_dn, mean_dnx, rstd));
+}
+
+// dweight[i] += sum_r dout[r, i] xhat[r, i] and dbias[i] += sum_r dout[r, i], column i, in the
+// CPU backend's order (backends/cpu/nn_kernels.cc, kLayerNormSlices): min(16, rows) row slices,
+// each summed in row order from 0, the slice sums added in order to the stored value's f32,
+// rounded once. One thread per column runs this on the GPU: the same bits as the CPU's portable
+// path wherever a * b + c is not contracted into an FMA (nvcc contracts; the host compiler here
+// does not).
+inline constexpr int64_t kLayerNormSlices = 16;
+
+template <Format F>
+BRAID_HD void LayerNormDwDbColumn(const Stored<F>* dout, const Stored<F>* x, const float* mean,
+                                  const float* rstd, int64_t rows, int64_t c, int64_t i,
+                                  Stored<F>* dw, Stored<F>* db) {
+  const int64_t slices = rows < kLayerNormSlices ? rows : kLayerNormSlices;
+  float acc_w = LoadF32<F>(dw[i]), acc_b = LoadF32<F>(db[i]);
+  for (int64_t s = 0; s < slices; ++s) {
+    float pw = 0.0f, pb = 0.0f;
+    for (int64_t r = rows * s / slices; r < rows * (s + 1) / slices; ++r) {
+      const float g = LoadF32<F>(dout[r * c + i]);
+      pw += g * LayerNormXhat(LoadF32<F>(x[r * c + i]), mean[r], rstd[r]);
+      pb += g;
+    }
+    acc_w += pw;
+    acc_b += pb;
+  }
+  dw[i] = StoreAs<F>(acc_w);
+  db[i] = StoreAs<F>(acc_b);
+}
+
+template <Format F>
+BRAID_HD Stored<F> SoftmaxProbStored(Stored<F> x, MaxSum st, float inv_s) {
+  return StoreAs<F>(SoftmaxProb(LoadF32<F>(x), st, inv_s));
+}
+// The softmax backward's dot product term dy y, and the element from the row's dot.
+template <Format F>
+BRAID_HD float SoftmaxDotTerm(Stored<F> y, Stored<F> dy) {
+  return LoadF32<F>(dy) * LoadF32<F>(y);
+}
+template <Format F>
+BRAID_HD Stored<F> SoftmaxGradStored(Stored<F> y, Stored<F> dy, float dot) {
+  return StoreAs<F>(SoftmaxGrad(LoadF32<F>(y), LoadF32<F>(dy), dot));
+}
+
+// dlogits in F from the f32 probabilities and dloss.
+template <Format F>
+BRAID_HD Stored<F> CrossEntropyGradStored(float p, int64_t i, int32_t target, float dloss) {
+  return StoreAs<F>(CrossEntropyGrad(p, i, target, dloss));
+}
+
+// Embedding backward for one table row `id` and column i: the stored value's f32 plus the
+// gradient rows of every position holding that id, in position order, rounded once (the CPU
+// half kernel's order: positions stably sorted by id, one f32 accumulator per row). `order`
+// lists positions sorted by id; [begin, end) is the id's run in it.
+template <Format F>
+BRAID_HD Stored<F> EmbeddingGradColumn(Stored<F> w, const Stored<F>* dout, const int32_t* order,
+                                       int64_t begin, int64_t end, int64_t c, int64_t i) {
+  float acc = LoadF32<F>(w);
+  for (int64_t k = begin; k < end; ++k) acc += LoadF32<F>(dout[int64_t(order[k]) * c + i]);
+  return StoreAs<F>(acc);
 }
 
 }  // namespace braid::cuda::math

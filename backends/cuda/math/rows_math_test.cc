@@ -2,9 +2,9 @@
 // backend's kernels through the kernel table on the same inputs:
 //  - in the CPU backend's portable order (sequential sums): bit-identical, proving the
 //    per-element formulas are the CPU's;
-//  - in the order the CUDA kernels use (TreeSum below: per-thread strided partial sums, warp
-//    xor-butterflies, then warp 0 over the warp sums, as kernels/reduce.h), within a quoted
-//    tolerance: only the summation order differs.
+//  - in the order the CUDA kernels use (reduction_order.h's TreeSum: per-thread strided partial
+//    sums, warp xor-butterflies, then warp 0 over the warp sums, as kernels/reduce.h), within a
+//    quoted tolerance: only the summation order differs.
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -13,6 +13,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/test_util.h"
+#include "backends/cuda/math/reduction_order.h"
 #include "backends/cuda/math/rows.h"
 #include "core/kernels.h"
 #include "gtest/gtest.h"
@@ -25,60 +26,12 @@ using cpu::testing::BitEqual;
 using cpu::testing::RandomIds;
 using cpu::testing::RandomTensor;
 
-using Term = std::function<float(int64_t)>;
+using order::SeqSum;
+using order::Term;
+using order::TreeSum;
 
-float SeqSum(int64_t n, const Term& f) {
-  float s = 0;
-  for (int64_t i = 0; i < n; ++i) s += f(i);
-  return s;
-}
-
-// 32 lanes, each adding its xor partner's value, offsets 16, 8, 4, 2, 1: every lane ends with
-// the same sum (float addition commutes).
-float Butterfly(std::vector<float> v) {
-  for (int off = 16; off >= 1; off /= 2) {
-    std::vector<float> w(32);
-    for (int l = 0; l < 32; ++l) w[size_t(l)] = v[size_t(l)] + v[size_t(l ^ off)];
-    v = w;
-  }
-  return v[0];
-}
-
-// The CUDA kernels' block reduction (kernels/reduce.h) with `threads` threads (a multiple of
-// 32, at most 1024).
-float TreeSum(int64_t n, int threads, const Term& f) {
-  std::vector<float> part(size_t(threads), 0.f);
-  for (int t = 0; t < threads; ++t) {
-    for (int64_t i = t; i < n; i += threads) part[size_t(t)] += f(i);
-  }
-  std::vector<float> warp_sums(32, 0.f);
-  for (int w = 0; w < threads / 32; ++w) {
-    warp_sums[size_t(w)] =
-        Butterfly(std::vector<float>(part.begin() + 32 * w, part.begin() + 32 * (w + 1)));
-  }
-  return threads == 32 ? warp_sums[0] : Butterfly(warp_sums);
-}
-
-// The online softmax state of a row in the kernels' order: each thread pushes its strided
-// elements, then butterflies merge states.
 MaxSum TreeMaxSum(const float* x, int64_t n, int threads) {
-  std::vector<MaxSum> part(size_t(threads), MaxSumEmpty());
-  for (int t = 0; t < threads; ++t) {
-    for (int64_t i = t; i < n; i += threads) part[size_t(t)] = MaxSumPush(part[size_t(t)], x[i]);
-  }
-  auto butterfly = [](std::vector<MaxSum> v) {
-    for (int off = 16; off >= 1; off /= 2) {
-      std::vector<MaxSum> w(32);
-      for (int l = 0; l < 32; ++l) w[size_t(l)] = MaxSumMerge(v[size_t(l)], v[size_t(l ^ off)]);
-      v = w;
-    }
-    return v[0];
-  };
-  std::vector<MaxSum> warps(32, MaxSumEmpty());
-  for (int w = 0; w < threads / 32; ++w) {
-    warps[size_t(w)] = butterfly(std::vector<MaxSum>(part.begin() + 32 * w, part.begin() + 32 * (w + 1)));
-  }
-  return threads == 32 ? warps[0] : butterfly(warps);
+  return order::TreeMaxSum(n, threads, [&](int64_t i) { return x[i]; });
 }
 
 class RowsMath : public ::testing::Test {

@@ -116,10 +116,8 @@ BRAID_HD float Axpby(float alpha, float x, float beta, float y) {
 // ---- Half storage (bf16, f16; math::Format), f32 arithmetic ----------------------------------
 // The native half kernels: each operand loaded to f32, the f32 math above, the result rounded
 // once to the output's format. The same result as the up-cast fallback around the f32 kernel
-// (core/kernels.h, RegisterHalfFallbacks), without its conversion passes.
-template <Format F>
-using Stored = typename Elem<F>::T;
-
+// (core/kernels.h, RegisterHalfFallbacks), without its conversion passes. Stored<F> is
+// convert.h's.
 template <Format F>
 BRAID_HD Stored<F> UnaryHalf(Unary op, Stored<F> x, float scalar) {
   return Elem<F>::Put(ApplyUnary(op, Elem<F>::Get(x), scalar));
