@@ -27,7 +27,10 @@ Session::~Session() = default;
 
 absl::StatusOr<config::TrainConfig> Session::LoadConfig(const std::string& path) {
   if (path.empty()) return absl::InvalidArgumentError("Session::LoadConfig: name a config file");
-  return config::LoadConfigFile(launcher::ResolveUserPath(path));
+  // Problems of the keys wait for Create's validation, which reports them with its own.
+  config::ReadOptions read;
+  read.defer_to_validation = true;
+  return config::LoadConfigFile(launcher::ResolveUserPath(path), read);
 }
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(config::TrainConfig cfg,

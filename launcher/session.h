@@ -39,7 +39,8 @@ class Session {
 
   // A config file: text format (.pbtxt, .textproto, .txt) or DeepSpeed JSON (.json); a relative
   // path is the user's (under `bazel run`, the checkout), as the training program's --config.
-  // Change the result (steps, the optimizer, ...) before Create.
+  // Change the result (steps, the optimizer, ...) before Create. Problems of a JSON file's keys
+  // are kept in it for Create, which reports them with the value problems in one message.
   static absl::StatusOr<config::TrainConfig> LoadConfig(const std::string& path);
 
   // Validates `cfg` for worker.world_size processes (one message naming what is wrong), then

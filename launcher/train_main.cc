@@ -52,7 +52,10 @@ absl::Status Run(const char* argv0) {
   TrainConfig cfg;
   std::string path = absl::GetFlag(FLAGS_config);
   if (!path.empty()) {
-    BRAID_ASSIGN_OR_RETURN(cfg, braid::config::LoadConfigFile(path));
+    // Problems of the keys wait for validation, which reports them with its own in one message.
+    braid::config::ReadOptions read;
+    read.defer_to_validation = true;
+    BRAID_ASSIGN_OR_RETURN(cfg, braid::config::LoadConfigFile(path, read));
   }
   if (absl::GetFlag(FLAGS_steps) > 0) cfg.set_steps(absl::GetFlag(FLAGS_steps));
   if (absl::GetFlag(FLAGS_threads) > 0) cfg.set_threads(absl::GetFlag(FLAGS_threads));

@@ -115,17 +115,31 @@ absl::Status PrepareConfig(config::TrainConfig* cfg, int world_size, int rank,
   // A model may come from a plugin: model.path's, or plugin <model.name> on the search path. It
   // is loaded before validation, which looks the name up in the registry; an unknown name is
   // refused listing the registered models and where the plugin was looked for.
+  // A config whose reader deferred its problems to validation (ReadOptions.defer_to_validation)
+  // has them reported with validation's in one message: a plugin not found is one more of them.
+  auto one_more = [&](const absl::Status& st) {
+    if (cfg->reader_problems().empty()) return false;
+    cfg->add_reader_problems(std::string(st.message()));
+    return true;
+  };
   if (!cfg->model().path().empty()) {
     if (cfg->model().name().empty()) {
-      return absl::InvalidArgumentError(
+      absl::Status st = absl::InvalidArgumentError(
           "model.path is set but model.name is empty: name the model its plugin registers");
+      if (!one_more(st)) return st;
     }
     absl::Status st = LoadPlugin(cfg->model().path(), search_path);
-    if (!st.ok()) return absl::Status(st.code(), absl::StrCat("model.path: ", st.message()));
+    if (!st.ok()) {
+      st = absl::Status(st.code(), absl::StrCat("model.path: ", st.message()));
+      if (!one_more(st)) return st;
+    }
   }
   if (!cfg->model().name().empty()) {
     absl::Status st = EnsureModel(cfg->model().name(), search_path);
-    if (!st.ok()) return absl::Status(st.code(), absl::StrCat("model.name: ", st.message()));
+    if (!st.ok()) {
+      st = absl::Status(st.code(), absl::StrCat("model.name: ", st.message()));
+      if (!one_more(st)) return st;
+    }
   }
   // optimizer.type may name an optimizer that a plugin registers ("Adam8bit" comes from
   // libbraid_adam8bit.so): load it before validation, which looks the name up in the registry.
@@ -136,7 +150,8 @@ absl::Status PrepareConfig(config::TrainConfig* cfg, int world_size, int rank,
     const bool refused_by_validation =
         absl::IsNotFound(st) && config::IsDeepSpeedOptimizerBraidLacks(cfg->optimizer().type());
     if (!st.ok() && !refused_by_validation) {
-      return absl::Status(st.code(), absl::StrCat("optimizer.type: ", st.message()));
+      st = absl::Status(st.code(), absl::StrCat("optimizer.type: ", st.message()));
+      if (!one_more(st)) return st;
     }
   }
   BRAID_RETURN_IF_ERROR(config::ValidateConfigWith(cfg, world_size, catalog));

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -381,6 +382,47 @@ void CheckRun(Checker& c, TrainConfig* cfg, int dp, bool layout_ok, const Strate
 
 }  // namespace
 
+namespace internal {
+
+std::string PlaceProblem(const std::string& problem,
+                         const google::protobuf::Map<std::string, std::string>& positions) {
+  // The longest path the message starts with, ending where a field name ends: "optimizer.params"
+  // (a section) for "optimizer.params.lr (0) ..." when lr itself is not in the file.
+  const std::string* best = nullptr;
+  size_t best_size = 0;
+  for (const auto& [path, position] : positions) {
+    if (path.size() <= best_size || !absl::StartsWith(problem, path)) continue;
+    const char next = problem.size() > path.size() ? problem[path.size()] : ' ';
+    if (absl::ascii_isalnum(static_cast<unsigned char>(next)) || next == '_') continue;
+    best = &position;
+    best_size = path.size();
+  }
+  return best == nullptr ? problem : absl::StrCat(*best, ": ", problem);
+}
+
+std::pair<int, int> ProblemPosition(const std::string& problem) {
+  // "<origin>:<line>:<column>: ": the first ":<digits>:<digits>: " in the message.
+  for (size_t i = problem.find(':'); i != std::string::npos; i = problem.find(':', i + 1)) {
+    int line = 0, column = 0;
+    size_t j = i + 1, digits = 0;
+    for (; j < problem.size() && absl::ascii_isdigit(static_cast<unsigned char>(problem[j]));
+         ++j, ++digits) {
+      line = line * 10 + (problem[j] - '0');
+    }
+    if (digits == 0 || j >= problem.size() || problem[j] != ':') continue;
+    size_t k = j + 1, more = 0;
+    for (; k < problem.size() && absl::ascii_isdigit(static_cast<unsigned char>(problem[k]));
+         ++k, ++more) {
+      column = column * 10 + (problem[k] - '0');
+    }
+    if (more == 0 || k >= problem.size() || problem[k] != ':') continue;
+    return {line, column};
+  }
+  return {std::numeric_limits<int>::max(), 0};
+}
+
+}  // namespace internal
+
 // -------------------------------------------------------------------------------------------------
 // Public API
 
@@ -424,7 +466,21 @@ absl::Status ValidateConfigWith(TrainConfig* cfg, int data_parallel_size,
   CheckFeatures(c, cfg, strategies, state_holder.empty() ? cfg->strategy().name() : state_holder);
   CheckActivationCheckpointing(c, cfg);
   CheckModelAndData(c, cfg);
-  return c.Status();
+  if (cfg->reader_problems().empty() && cfg->key_positions().empty()) return c.Status();
+  // A config read with ReadOptions.defer_to_validation: the reader's problems and these in one
+  // message, each at its place in the file, in the file's order (those without a place last).
+  std::vector<std::string> all(cfg->reader_problems().begin(), cfg->reader_problems().end());
+  for (const std::string& problem : c.errors()) {
+    all.push_back(internal::PlaceProblem(problem, cfg->key_positions()));
+  }
+  cfg->clear_reader_problems();
+  cfg->clear_key_positions();
+  std::stable_sort(all.begin(), all.end(), [](const std::string& a, const std::string& b) {
+    return internal::ProblemPosition(a) < internal::ProblemPosition(b);
+  });
+  Checker placed;
+  for (std::string& problem : all) placed.Error(std::move(problem));
+  return placed.Status();
 }
 
 }  // namespace braid::config

@@ -24,12 +24,25 @@
 
 namespace braid::config {
 
+// How the JSON reader treats the problems it finds.
+struct ReadOptions {
+  // False: every problem of the keys (unknown, refused, a value of the wrong type) is the
+  // reader's error, all in one message. True (the training program's way): those problems go
+  // into the config (TrainConfig.reader_problems, with where each key is in key_positions) and
+  // the reader returns it, so that ValidateConfigWith reports them together with the value
+  // problems it finds, each at its file:line:column, in one message. A file that is no JSON
+  // object (a syntax error, a key given twice) is the reader's error either way.
+  bool defer_to_validation = false;
+};
+
 // Protobuf text format. `origin` (a file name, or e.g. "--config_text") prefixes every error.
 absl::StatusOr<TrainConfig> ParseTextConfig(const std::string& text, const std::string& origin);
 // JSON (DeepSpeed-style; field names as in the .proto or their lowerCamelCase JSON names).
-absl::StatusOr<TrainConfig> ParseJsonConfig(const std::string& text, const std::string& origin);
+absl::StatusOr<TrainConfig> ParseJsonConfig(const std::string& text, const std::string& origin,
+                                            const ReadOptions& options = {});
 // Reads `path` and parses it by extension: .json as JSON; .pbtxt, .textproto, .txt as text.
-absl::StatusOr<TrainConfig> LoadConfigFile(const std::string& path);
+absl::StatusOr<TrainConfig> LoadConfigFile(const std::string& path,
+                                           const ReadOptions& options = {});
 
 // The config as text format / JSON (e.g. to record the effective config of a run).
 std::string ConfigToText(const TrainConfig& cfg);

@@ -426,6 +426,84 @@ TEST(DeepSpeedKeys, EveryProblemAtOnceWithPositions) {
               AllOf(HasSubstr("unknown field \"frobnicate\""), Not(HasSubstr("did you mean"))));
 }
 
+// The training program's way (ReadOptions.defer_to_validation): the reader keeps the problems of
+// the keys and validation reports them with the problems of the values, every one at its
+// line:column, in one message, in the file's order.
+TEST(DeepSpeedKeys, KeyAndValueProblemsInOneRunEachAtItsPosition) {
+  ReadOptions defer;
+  defer.defer_to_validation = true;
+  absl::StatusOr<TrainConfig> cfg = ParseJsonConfig(R"({
+  "train_batch_size": 30,
+  "train_micro_batch_size_per_gpu": 4,
+  "gradient_accumulation_steps": 2,
+  "stepz": 10,
+  "gradient_clipping": true,
+  "optimizer": {"type": "AdamW", "params": {"lr": -0.001, "weight_decy": 0.1}},
+  "scheduler": {"type": "WarmupFoo"},
+  "zero_optimization": {"stage": 5, "overlap_com": true},
+  "wall_clock_breakdown": false
+})",
+                                                    "ds.json", defer);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->reader_problems_size(), 4);
+  absl::Status st = Validate(&*cfg);
+  ASSERT_FALSE(st.ok());
+  const std::string message(st.message());
+  const std::vector<std::string> expected = {
+      // the batch-size triple that does not multiply out: 4 x 2 x 1 != 30
+      "ds.json:2:3: train_batch_size (30) != train_micro_batch_size_per_gpu (4)",
+      "ds.json:5:3: unknown field \"stepz\" (did you mean \"steps\"?)",
+      "ds.json:6:3: field \"gradient_clipping\": invalid value true (expected a number)",
+      "ds.json:7:45: optimizer.params.lr (-0.001) must be a finite number > 0",
+      "ds.json:7:59: unknown field \"optimizer.params.weight_decy\"",
+      "ds.json:8:17: scheduler.type \"WarmupFoo\" is unknown; known: ",
+      "ds.json:9:25: zero_optimization.stage (5) must be 0, 1, 2 or 3",
+      "ds.json:9:37: unknown field \"zero_optimization.overlap_com\" (did you mean "
+      "\"zero_optimization.overlap_comm\"?)",
+  };
+  size_t previous = 0;
+  for (const std::string& problem : expected) {
+    const size_t at = message.find(problem);
+    EXPECT_NE(at, std::string::npos) << problem << "\nnot in: " << message;
+    if (at == std::string::npos) continue;
+    EXPECT_GE(at, previous) << problem << " out of the file's order in: " << message;
+    previous = at;
+  }
+  EXPECT_THAT(message, HasSubstr(absl::StrCat(expected.size(), " problems in the training config: "
+                                              "ds.json:2:3: ")));
+  // Validation consumed them: the config holds neither the problems nor the positions.
+  EXPECT_EQ(cfg->reader_problems_size(), 0);
+  EXPECT_EQ(cfg->key_positions_size(), 0);
+
+  // Read without deferring (the default), the reader reports its own problems at once, the
+  // mistyped value among them.
+  absl::StatusOr<TrainConfig> strict = ParseJsonConfig(R"({
+  "stepz": 10,
+  "gradient_clipping": true,
+  "optimizer": {"params": {"weight_decy": 0.1}}
+})",
+                                                       "ds.json");
+  ASSERT_FALSE(strict.ok());
+  EXPECT_THAT(std::string(strict.status().message()),
+              AllOf(HasSubstr("3 problems in ds.json: ds.json:2:3: unknown field \"stepz\""),
+                    HasSubstr("ds.json:3:3: field \"gradient_clipping\": invalid value true "
+                              "(expected a number)"),
+                    HasSubstr("ds.json:4:28: unknown field \"optimizer.params.weight_decy\"")));
+
+  // A key whose name occurs twice in the file (fp16's and bf16's "enabled") still gets its own
+  // position; a valid config read this way validates as before.
+  strict = ParseJsonConfig(
+      R"({"bf16": {"enabled": false}, "fp16": {"enabled": false, "enabeld": 1}})", "ds.json");
+  ASSERT_FALSE(strict.ok());
+  EXPECT_THAT(std::string(strict.status().message()),
+              HasSubstr("ds.json:1:57: unknown field \"fp16.enabeld\""));
+  cfg = ParseJsonConfig(R"({"steps": 3, "optimizer": {"params": {"lr": 0.01}}})", "ds.json",
+                        defer);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_TRUE(Validate(&*cfg).ok());
+  EXPECT_EQ(cfg->key_positions_size(), 0);
+}
+
 // DeepSpeed's features Braid does not have: refused, each naming the feature and the nearest
 // thing Braid has, all in one message; switched off, they are noted and the config loads.
 TEST(DeepSpeedKeys, FeaturesBraidLacksAreRefusedNamingTheNearestUnlessOff) {

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "launcher/config/config.h"
 #include "core/config/train_config.pb.h"
+#include "google/protobuf/map.h"
 
 namespace braid::config::internal {
 
@@ -42,6 +44,7 @@ class Checker {
  public:
   void Error(std::string message) { errors_.push_back(std::move(message)); }
   bool ok() const { return errors_.empty(); }
+  const std::vector<std::string>& errors() const { return errors_; }
   absl::Status Status() const {
     if (errors_.empty()) return absl::OkStatus();
     if (errors_.size() == 1) return absl::InvalidArgumentError(errors_[0]);
@@ -133,9 +136,14 @@ void ResolveAutoValues(TrainConfig* cfg,
 // value; `ignored_fields` the DeepSpeed keys accepted without a field here. Returns `json`
 // without those keys (DeepSpeed's legacy spellings rewritten as Braid's fields). `text` is the
 // file as written, for positions.
+// Also every value of the wrong type for its field (a string where a number goes, ...), so that
+// those come in the same run too. The unknown and mistyped keys are removed from the returned
+// JSON, so the rest reads (ReadOptions.defer_to_validation).
 struct JsonKeys {
   std::vector<std::string> problems;
   std::vector<std::string> ignored_fields;
+  // "<origin>:<line>:<column>" of each key of the file, by field path (Braid's field names).
+  std::map<std::string, std::string> positions;
   bool read = false;  // false: `json` is no JSON object (syntax, a key given twice); unchecked
 };
 std::string CheckJsonKeys(const std::string& text, const std::string& json,
@@ -144,6 +152,17 @@ std::string CheckJsonKeys(const std::string& text, const std::string& json,
 std::string IgnoredFieldNote(const std::string& entry);
 // ":line:column" of `"key":` in `text` when it occurs exactly once, else "" (config_parse.cc).
 std::string KeyPosition(const std::string& text, const std::string& key);
+// ":line:column" of every key of the JSON object `text`, by its path as written ("a.b.c"; keys
+// inside arrays are left out), the first where a path repeats (config_parse.cc).
+std::map<std::string, std::string> JsonKeyPositions(const std::string& text);
+// `problem` (a validation message, which starts with the field it is about) prefixed with the
+// position of that field, or of its nearest enclosing section, in `positions`; as it is when
+// none is there.
+std::string PlaceProblem(const std::string& problem,
+                         const google::protobuf::Map<std::string, std::string>& positions);
+// The position `problem` starts with ("<origin>:<line>:<column>: "), for sorting: (line,
+// column), or past every position when it has none.
+std::pair<int, int> ProblemPosition(const std::string& problem);
 
 }  // namespace braid::config::internal
 

@@ -4,6 +4,8 @@
 // (TrainConfig.ignored_fields), refused naming the feature, or mapped onto Braid's fields
 // (steps_per_print, cpu_offload, bfloat16, ...).
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <cstdio>
 #include <utility>
 #include <string>
@@ -129,50 +131,114 @@ std::string Literal(const pb::Value& v) {
   }
 }
 
+// A value protobuf's JSON reader would stop at for field `f`: what the field takes, else "".
+// Only what the reader refuses for certain; the rest (numbers written as strings, ...) is the
+// reader's to judge.
+std::string WrongType(const pb::FieldDescriptor* f, const pb::Value& v) {
+  using F = pb::FieldDescriptor;
+  const pb::Value::KindCase kind = v.kind_case();
+  if (kind == pb::Value::kNullValue) return "";
+  if (f->is_map()) return kind == pb::Value::kStructValue ? "" : "an object";
+  if (f->is_repeated()) return kind == pb::Value::kListValue ? "" : "a list";
+  if (f->cpp_type() == F::CPPTYPE_MESSAGE) return kind == pb::Value::kStructValue ? "" : "an object";
+  const bool compound = kind == pb::Value::kStructValue || kind == pb::Value::kListValue;
+  switch (f->cpp_type()) {
+    case F::CPPTYPE_STRING:
+      return kind == pb::Value::kStringValue ? "" : "a string";
+    case F::CPPTYPE_BOOL:
+      return compound || kind == pb::Value::kNumberValue ? "true or false" : "";
+    case F::CPPTYPE_ENUM:
+      return compound || kind == pb::Value::kBoolValue ? "a name" : "";
+    case F::CPPTYPE_FLOAT:
+    case F::CPPTYPE_DOUBLE:
+      return compound || kind == pb::Value::kBoolValue ? "a number" : "";
+    default: {  // the integers
+      const bool is32 = f->cpp_type() == F::CPPTYPE_INT32 || f->cpp_type() == F::CPPTYPE_UINT32;
+      const bool is_unsigned =
+          f->cpp_type() == F::CPPTYPE_UINT32 || f->cpp_type() == F::CPPTYPE_UINT64;
+      const std::string want = is_unsigned ? "a non-negative integer"
+                               : is32      ? "a 32-bit integer"
+                                           : "an integer";
+      if (compound || kind == pb::Value::kBoolValue) return want;
+      if (kind != pb::Value::kNumberValue) return "";
+      const double d = v.number_value();
+      const double hi = is32 ? (is_unsigned ? 4294967295.0 : 2147483647.0) : 9.2e18;
+      const double lo = is_unsigned ? 0 : is32 ? -2147483648.0 : -9.2e18;
+      return d == std::floor(d) && d >= lo && d <= hi ? "" : want;
+    }
+  }
+}
+
+std::string Describe(const pb::Value& v) {
+  if (v.kind_case() == pb::Value::kStructValue) return "an object";
+  if (v.kind_case() == pb::Value::kListValue) return "a list";
+  return Literal(v);
+}
+
 struct Walk {
   const std::string& text;
   const std::string& origin;
   JsonKeys* out;
+  // ":line:column" by the path as written.
+  std::map<std::string, std::string> written_positions = JsonKeyPositions(text);
   bool changed = false;
 
-  std::string Where(const std::string& key) const {
-    return absl::StrCat(origin, KeyPosition(text, key), ": ");
+  // `written` is the key's path as the file spells it; `key` the key alone, looked up alone
+  // where the path is not found (it is unique in the file, or gets no position).
+  std::string Where(const std::string& written, const std::string& key) const {
+    auto it = written_positions.find(written);
+    return absl::StrCat(origin,
+                        it != written_positions.end() ? it->second : KeyPosition(text, key), ": ");
   }
 
   // `candidates` for "did you mean", `known` listed (Braid's fields, not every DeepSpeed key).
-  void Unknown(const std::string& key, const std::string& prefix,
+  void Unknown(const std::string& key, const std::string& prefix, const std::string& written,
                const std::vector<std::string>& candidates, const std::vector<std::string>& known) {
     const std::string near = Nearest(candidates, key);
     out->problems.push_back(absl::StrCat(
-        Where(key), "unknown field \"", prefix, key, "\"",
+        Where(written, key), "unknown field \"", prefix, key, "\"",
         near.empty() ? "" : absl::StrCat(" (did you mean \"", prefix, near, "\"?)"),
         "; known fields", prefix.empty() ? "" : " of " + prefix.substr(0, prefix.size() - 1),
         ": ", absl::StrJoin(known, ", ")));
   }
 
-  void Object(pb::Struct* object, const pb::Descriptor* d, const std::string& prefix) {
+  // `written`: `prefix` as the file spells it.
+  void Object(pb::Struct* object, const pb::Descriptor* d, const std::string& prefix,
+              const std::string& written) {
     std::vector<std::string> remove;
+    std::vector<std::string> drop;  // unknown or mistyped: out of the JSON, so the rest reads
     for (auto& [key, value] : *object->mutable_fields()) {
       const pb::FieldDescriptor* f = FieldByKey(d, key);
       const std::string path = absl::StrCat(prefix, f != nullptr ? f->name() : key);
+      const std::string spelled = written + key;
+      auto at = written_positions.find(spelled);
+      if (at != written_positions.end()) out->positions.emplace(path, origin + at->second);
       if (f != nullptr) {
-        if (value.kind_case() == pb::Value::kStructValue && f->message_type() != nullptr &&
-            !f->is_map()) {
-          Object(value.mutable_struct_value(), f->message_type(), path + ".");
+        if (const std::string want = WrongType(f, value); !want.empty()) {
+          out->problems.push_back(absl::StrCat(Where(spelled, key), "field \"", path,
+                                               "\": invalid value ", Describe(value),
+                                               " (expected ", want, ")"));
+          drop.push_back(key);
+        } else if (value.kind_case() == pb::Value::kStructValue && f->message_type() != nullptr &&
+                   !f->is_map()) {
+          Object(value.mutable_struct_value(), f->message_type(), path + ".", spelled + ".");
         }
         continue;
       }
       if (const DeepSpeedKey* k = FindDeepSpeedKey(path)) {
-        DeepSpeed(*k, key, value);
+        DeepSpeed(*k, key, spelled, value);
         remove.push_back(key);  // kMapped ones are read by Map() below first
         continue;
       }
       std::vector<std::string> fields;
       for (int i = 0; i < d->field_count(); ++i) fields.push_back(d->field(i)->name());
-      Unknown(key, prefix, KnownNames(d, prefix), fields);
+      Unknown(key, prefix, spelled, KnownNames(d, prefix), fields);
+      drop.push_back(key);
     }
-    Map(object, prefix);
+    Map(object, prefix, written);
     for (const std::string& key : remove) object->mutable_fields()->erase(key);
+    for (const std::string& key : drop) object->mutable_fields()->erase(key);
+    changed |= !drop.empty();
     changed |= !remove.empty();
     // DeepSpeed's checkpoint section holds only DeepSpeed's keys (tag_validation, ...): with
     // those gone it asks for no Braid checkpointing (which would need a dir).
@@ -191,7 +257,8 @@ struct Walk {
   }
 
   // A key of DeepSpeed's table: noted, refused or left for Map().
-  void DeepSpeed(const DeepSpeedKey& k, const std::string& key, const pb::Value& value) {
+  void DeepSpeed(const DeepSpeedKey& k, const std::string& key, const std::string& spelled,
+                 const pb::Value& value) {
     const std::string path = k.path;
     switch (k.kind) {
       case DeepSpeedKeyKind::kMapped:
@@ -199,7 +266,7 @@ struct Walk {
       case DeepSpeedKeyKind::kNoted:
         if (!Accepted(k, value)) {
           out->problems.push_back(
-              absl::StrCat(Where(key), path, " is accepted only as ", k.accepted, ": ", k.note));
+              absl::StrCat(Where(spelled, key), path, " is accepted only as ", k.accepted, ": ", k.note));
         } else {
           out->ignored_fields.push_back(path);
         }
@@ -209,7 +276,7 @@ struct Walk {
           out->ignored_fields.push_back(path + " (disabled)");
         } else if (IsNetworkMonitor(path)) {
           out->problems.push_back(absl::StrCat(
-              Where(key), path, ": Braid does not log to ", k.note,
+              Where(spelled, key), path, ": Braid does not log to ", k.note,
               " (it sends the metrics over the network, which Braid's runs do not use); set "
               "\"enabled\": false, or use ",
               k.nearest));
@@ -217,7 +284,7 @@ struct Walk {
           const bool never = k.accepted == std::string(kNever);
           const bool literal = !never && k.accepted != std::string(kSwitchedOff);
           out->problems.push_back(absl::StrCat(
-              Where(key), path, ": a DeepSpeed feature Braid does not have (", k.note,
+              Where(spelled, key), path, ": a DeepSpeed feature Braid does not have (", k.note,
               "); nearest in Braid: ", k.nearest,
               never     ? "; remove it"
               : literal ? absl::StrCat("; remove it or set it to ", k.accepted)
@@ -225,24 +292,27 @@ struct Walk {
         }
         break;
     }
-    if (value.kind_case() == pb::Value::kStructValue) Section(path, value.struct_value());
+    if (value.kind_case() == pb::Value::kStructValue) {
+      Section(path, spelled, value.struct_value());
+    }
   }
 
   // The keys inside a DeepSpeed section Braid has no message for, where the table lists them.
-  void Section(const std::string& path, const pb::Struct& section) {
+  void Section(const std::string& path, const std::string& spelled, const pb::Struct& section) {
     const std::vector<std::string> known = DeepSpeedSectionKeys(path);
     if (known.empty()) return;
     for (const auto& [key, value] : section.fields()) {
       if (std::find(known.begin(), known.end(), key) == known.end()) {
-        Unknown(key, path + ".", known, known);
+        Unknown(key, path + ".", absl::StrCat(spelled, ".", key), known, known);
       } else if (value.kind_case() == pb::Value::kStructValue) {
-        Section(absl::StrCat(path, ".", key), value.struct_value());
+        Section(absl::StrCat(path, ".", key), absl::StrCat(spelled, ".", key),
+                value.struct_value());
       }
     }
   }
 
   // DeepSpeed keys with a Braid field of the same meaning under another name.
-  void Map(pb::Struct* object, const std::string& prefix) {
+  void Map(pb::Struct* object, const std::string& prefix, const std::string& written) {
     auto& fields = *object->mutable_fields();
     // steps_per_print: DeepSpeed's progress interval is log.print_every (unless that is given).
     if (prefix.empty() && fields.count("steps_per_print")) {
@@ -253,6 +323,11 @@ struct Walk {
       if (!log_fields.count("print_every") && !log_fields.count("printEvery")) {
         log_fields["print_every"] = v;
         out->ignored_fields.push_back("steps_per_print");
+        // Validation's problems with log.print_every are about this key.
+        auto at = written_positions.find("steps_per_print");
+        if (at != written_positions.end()) {
+          out->positions.emplace("log.print_every", origin + at->second);
+        }
       } else {
         out->ignored_fields.push_back("steps_per_print (log.print_every given)");
       }
@@ -260,7 +335,7 @@ struct Walk {
     // bfloat16: bf16's old spelling.
     if (prefix.empty() && fields.count("bfloat16")) {
       if (fields.count("bf16")) {
-        out->problems.push_back(absl::StrCat(Where("bfloat16"),
+        out->problems.push_back(absl::StrCat(Where("bfloat16", "bfloat16"),
                                              "bfloat16 and bf16 are one section (bfloat16 is its "
                                              "old spelling); keep bf16"));
       } else {
@@ -271,12 +346,13 @@ struct Walk {
     if (prefix != "zero_optimization.") return;
     // DeepSpeed's legacy spellings of the offload sections: cpu_offload (the optimizer's),
     // cpu_offload_param and cpu_offload_use_pin_memory.
-    OffloadAlias(fields, "cpu_offload", "offload_optimizer");
-    OffloadAlias(fields, "cpu_offload_param", "offload_param");
+    OffloadAlias(fields, "cpu_offload", "offload_optimizer", written);
+    OffloadAlias(fields, "cpu_offload_param", "offload_param", written);
     if (fields.count("cpu_offload_use_pin_memory")) {
       const pb::Value v = fields["cpu_offload_use_pin_memory"];
       if (v.kind_case() != pb::Value::kBoolValue) {
-        out->problems.push_back(absl::StrCat(Where("cpu_offload_use_pin_memory"),
+        out->problems.push_back(absl::StrCat(Where(written + "cpu_offload_use_pin_memory",
+                                                   "cpu_offload_use_pin_memory"),
                                              "zero_optimization.cpu_offload_use_pin_memory must "
                                              "be true or false"));
         return;
@@ -293,21 +369,25 @@ struct Walk {
 
   // `alias`: true is `section`.device "cpu"; refused beside `section` itself.
   void OffloadAlias(google::protobuf::Map<std::string, pb::Value>& fields, const char* alias,
-                    const char* section) {
+                    const char* section, const std::string& written) {
     if (!fields.count(alias)) return;
     const pb::Value v = fields[alias];
     const std::string path = absl::StrCat("zero_optimization.", alias);
     if (v.kind_case() != pb::Value::kBoolValue) {
-      out->problems.push_back(absl::StrCat(Where(alias), path, " must be true or false"));
+      out->problems.push_back(absl::StrCat(Where(written + alias, alias), path, " must be true or false"));
     } else if (!v.bool_value()) {
       out->ignored_fields.push_back(path + " (false)");
     } else if (fields.count(section) > 0) {
-      out->problems.push_back(absl::StrCat(Where(alias), path, " and zero_optimization.",
+      out->problems.push_back(absl::StrCat(Where(written + alias, alias), path, " and zero_optimization.",
                                            section, " are one setting (", alias,
                                            " is its old spelling); keep ", section));
     } else {
       (*fields[section].mutable_struct_value()->mutable_fields())["device"].set_string_value(
           "cpu");
+      auto at = written_positions.find(written + alias);
+      if (at != written_positions.end()) {
+        out->positions.emplace(absl::StrCat("zero_optimization.", section), origin + at->second);
+      }
       out->ignored_fields.push_back(path);
     }
   }
@@ -324,7 +404,7 @@ std::string CheckJsonKeys(const std::string& text, const std::string& json,
   }
   out->read = true;
   Walk walk{text, origin, out};
-  walk.Object(root.mutable_struct_value(), TrainConfig::descriptor(), "");
+  walk.Object(root.mutable_struct_value(), TrainConfig::descriptor(), "", "");
   // In the file's order (the JSON object's keys come unordered), those without a position last.
   auto position = [&](const std::string& problem) {
     int line = 1 << 30, column = 0;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -319,6 +320,54 @@ namespace internal {
 std::string KeyPosition(const std::string& text, const std::string& key) {
   return JsonKeyPosition(text, {key});
 }
+
+std::map<std::string, std::string> JsonKeyPositions(const std::string& text) {
+  std::map<std::string, std::string> out;
+  // The containers open at the scan point: for an object, the path of the key last read in it
+  // ("" before its first key); an array holds no keys a path can name, and hides those below.
+  struct Open {
+    bool object;
+    std::string prefix;  // the object's own path + "." ("" at the top)
+    std::string key;     // the last key read in it
+  };
+  std::vector<Open> open;
+  int line = 1;
+  size_t line_start = 0;
+  bool expect_key = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (ch == '\n') {
+      ++line;
+      line_start = i + 1;
+    } else if (ch == '{' || ch == '[') {
+      std::string prefix;
+      bool named = !open.empty() && open.back().object && !open.back().key.empty();
+      if (open.empty()) named = true;
+      if (!open.empty() && open.back().object) prefix = open.back().prefix + open.back().key + ".";
+      open.push_back({ch == '{' && named, prefix, ""});
+      expect_key = ch == '{';
+    } else if (ch == '}' || ch == ']') {
+      if (!open.empty()) open.pop_back();
+      expect_key = false;
+    } else if (ch == ',') {
+      expect_key = !open.empty() && open.back().object;
+    } else if (ch == '"') {
+      const size_t begin = i;
+      std::string s;
+      for (++i; i < text.size() && text[i] != '"'; ++i) {
+        if (text[i] == '\\' && i + 1 < text.size()) ++i;
+        s += text[i];
+      }
+      if (expect_key && !open.empty() && open.back().object) {
+        open.back().key = s;
+        out.emplace(open.back().prefix + s,
+                    absl::StrCat(":", line, ":", begin - line_start + 1));
+        expect_key = false;
+      }
+    }
+  }
+  return out;
+}
 }  // namespace internal
 
 // -------------------------------------------------------------------------------------------------
@@ -342,7 +391,8 @@ absl::StatusOr<TrainConfig> ParseTextConfig(const std::string& text, const std::
   return cfg;
 }
 
-absl::StatusOr<TrainConfig> ParseJsonConfig(const std::string& text, const std::string& origin) {
+absl::StatusOr<TrainConfig> ParseJsonConfig(const std::string& text, const std::string& origin,
+                                            const ReadOptions& read) {
   TrainConfig cfg;
   pb::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
@@ -366,22 +416,30 @@ absl::StatusOr<TrainConfig> ParseJsonConfig(const std::string& text, const std::
       return absl::InvalidArgumentError(DescribeJsonError(text, origin, message));
     }
   }
-  if (keys.problems.size() == 1) return absl::InvalidArgumentError(keys.problems[0]);
-  if (!keys.problems.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(keys.problems.size(), " problems in ", origin,
-                                                   ": ", absl::StrJoin(keys.problems, "; ")));
-  }
+  auto problems = [&](const std::vector<std::string>& all) {
+    if (all.size() == 1) return absl::InvalidArgumentError(all[0]);
+    return absl::InvalidArgumentError(
+        absl::StrCat(all.size(), " problems in ", origin, ": ", absl::StrJoin(all, "; ")));
+  };
+  if (!keys.problems.empty() && !read.defer_to_validation) return problems(keys.problems);
+  // The keys with problems are out of `json`: what protobuf still refuses ends the reading here,
+  // with them.
   auto status = pb::util::JsonStringToMessage(json, &cfg, options);
   if (!status.ok()) {
     std::string message(status.message().data(), status.message().size());
-    return absl::InvalidArgumentError(DescribeJsonError(text, origin, message));
+    keys.problems.push_back(DescribeJsonError(text, origin, message));
+    return problems(keys.problems);
+  }
+  if (read.defer_to_validation) {
+    for (std::string& problem : keys.problems) cfg.add_reader_problems(std::move(problem));
+    cfg.mutable_key_positions()->insert(keys.positions.begin(), keys.positions.end());
   }
   for (std::string& path : auto_fields) cfg.add_auto_fields(std::move(path));
   for (std::string& path : keys.ignored_fields) cfg.add_ignored_fields(std::move(path));
   return cfg;
 }
 
-absl::StatusOr<TrainConfig> LoadConfigFile(const std::string& path) {
+absl::StatusOr<TrainConfig> LoadConfigFile(const std::string& path, const ReadOptions& read) {
   const std::string lower = absl::AsciiStrToLower(path);
   const bool json = absl::EndsWith(lower, ".json");
   const bool text = absl::EndsWith(lower, ".pbtxt") || absl::EndsWith(lower, ".textproto") ||
@@ -400,7 +458,8 @@ absl::StatusOr<TrainConfig> LoadConfigFile(const std::string& path) {
   if (in.bad()) {
     return absl::DataLossError(absl::StrCat("config file ", Quoted(path), ": read error"));
   }
-  return json ? ParseJsonConfig(contents.str(), path) : ParseTextConfig(contents.str(), path);
+  return json ? ParseJsonConfig(contents.str(), path, read)
+              : ParseTextConfig(contents.str(), path);
 }
 
 std::string ConfigToText(const TrainConfig& cfg) {

@@ -27,6 +27,10 @@ echo "not a safetensors file" > "$tmp/bad.safetensors"
 expect unknown-field 'typo.pbtxt:2:1: unknown field "modle"' -- "$train" --config="$tmp/typo.pbtxt" --log_dir="$tmp/l"
 expect wrong-type 'steps.*many' -- "$train" --config="$tmp/wrong_type.json" --log_dir="$tmp/l"
 expect batch-mismatch 'train_batch_size \(48\)' -- "$train" --config="$tmp/batch.pbtxt" --log_dir="$tmp/l"
+# A DeepSpeed JSON with problems of its keys and of its values: all of them in one run, each at
+# its line:column (the reader keeps its problems for validation, launcher/config/config.h).
+printf '{\n  "stepz": 2,\n  "optimizer": {"params": {"lr": -1}},\n  "zero_optimization": {"stage": 7}\n}\n' > "$tmp/many.json"
+expect all-problems-at-once '3 problems in the training config: [^ ]*many.json:2:3: unknown field "stepz".*many.json:3:28: optimizer.params.lr \(-1\) must be.*many.json:4:25: zero_optimization.stage \(7\) must be 0, 1, 2 or 3' -- "$train" --config="$tmp/many.json" --log_dir="$tmp/l"
 # fp16 with a strategy that does not keep half parameters (dp): the ones that do are named.
 expect fp16-needs-a-strategy '^braid train: fp16 needs a strategy that provides "fp16"; strategy "dp" does not; use strategy.name "ddp" \(plugin libbraid_ddp\.so\), "single" \(plugin libbraid_single\.so\) or "zero" \(plugin libbraid_zero\.so\)$' -- "$train" --config="$tmp/fp16.pbtxt" --log_dir="$tmp/l"
 # A feature the named strategy lacks: one line naming the feature and the strategy, and either
