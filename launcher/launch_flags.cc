@@ -1,19 +1,11 @@
 #include "launcher/launch_flags.h"
 
-#include <dirent.h>
-#include <sched.h>
-
 #include <algorithm>
-#include <cctype>
-#include <cstring>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "launcher/device_binding.h"
+#include "launcher/launch_flag_values.h"
 
 namespace braid::launcher {
 
@@ -138,97 +130,6 @@ std::string Suggest(const std::string& name) {
   return prefix_of;
 }
 
-absl::Status BadValue(const std::string& origin, const std::string& value, const std::string& want) {
-  return absl::InvalidArgumentError(absl::StrCat(origin, " wants ", want, ", got '", value, "'"));
-}
-
-absl::Status ParseInt(const std::string& origin, const std::string& v, int min, int* out) {
-  int x;
-  if (!absl::SimpleAtoi(v, &x)) return BadValue(origin, v, "an integer");
-  if (x < min) return BadValue(origin, v, absl::StrCat("a number >= ", min));
-  *out = x;
-  return absl::OkStatus();
-}
-
-absl::Status ParseSeconds(const std::string& origin, const std::string& v, double* out) {
-  double x;
-  if (!absl::SimpleAtod(v, &x) || !(x > 0)) return BadValue(origin, v, "a positive number of seconds");
-  *out = x;
-  return absl::OkStatus();
-}
-
-absl::Status ParsePort(const std::string& origin, const std::string& v, int* out) {
-  int x;
-  if (!absl::SimpleAtoi(v, &x) || x <= 0 || x > 65535) return BadValue(origin, v, "a port in 1..65535");
-  *out = x;
-  return absl::OkStatus();
-}
-
-absl::Status ParseBool(const std::string& origin, const std::string& v, bool* out) {
-  std::string l = absl::AsciiStrToLower(v);
-  if (l == "" || l == "1" || l == "true" || l == "yes") *out = true;
-  else if (l == "0" || l == "false" || l == "no") *out = false;
-  else return BadValue(origin, v, "true or false");
-  return absl::OkStatus();
-}
-
-// torchrun's --redirects/--tee: "3" for every local rank, or "0:3,1:0" per local rank.
-absl::Status ParseStreams(const std::string& origin, const std::string& v, std::map<int, int>* out) {
-  std::map<int, int> m;
-  auto code = [&](absl::string_view s, int* c) -> absl::Status {
-    if (!absl::SimpleAtoi(s, c) || *c < 0 || *c > 3) {
-      return BadValue(origin, v, "0 (none), 3 (stdout and stderr), or LOCAL_RANK:CODE,... ");
-    }
-    if (*c == 1 || *c == 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          origin, "=", v, ": Braid keeps a worker's stdout and stderr together in one log "
-          "(<--log_dir>/workerlog.<rank>), so it cannot pick one of them (1 = stdout, 2 = "
-          "stderr); use 3 for both, or 0"));
-    }
-    return absl::OkStatus();
-  };
-  if (v.find(':') == std::string::npos) {
-    int c;
-    if (absl::Status st = code(v, &c); !st.ok()) return st;
-    m[-1] = c;
-  } else {
-    for (absl::string_view part : absl::StrSplit(v, ',')) {
-      std::vector<absl::string_view> kv = absl::StrSplit(part, absl::MaxSplits(':', 1));
-      int lr, c;
-      if (kv.size() != 2 || !absl::SimpleAtoi(kv[0], &lr) || lr < 0) {
-        return BadValue(origin, v, "0, 3, or LOCAL_RANK:CODE,... (e.g. 0:3,1:0)");
-      }
-      if (absl::Status st = code(kv[1], &c); !st.ok()) return st;
-      m[lr] = c;
-    }
-  }
-  *out = std::move(m);
-  return absl::OkStatus();
-}
-
-// "host:port", "[v6]:port", or a bare host (no port: the default applies).
-absl::Status ParseEndpoint(const std::string& origin, const std::string& v, std::string* host,
-                           int* port) {
-  *port = 0;
-  if (absl::StartsWith(v, "[")) {
-    size_t rb = v.find(']');
-    if (rb == std::string::npos) return BadValue(origin, v, "HOST:PORT or [IPv6]:PORT");
-    *host = v.substr(1, rb - 1);
-    std::string rest = v.substr(rb + 1);
-    if (rest.empty()) return absl::OkStatus();
-    if (rest[0] != ':') return BadValue(origin, v, "HOST:PORT or [IPv6]:PORT");
-    return ParsePort(origin, rest.substr(1), port);
-  }
-  size_t colon = v.rfind(':');
-  if (colon == std::string::npos || v.find(':') != colon) {
-    *host = v;  // no port, or an IPv6 literal without brackets (and so without a port)
-  } else {
-    *host = v.substr(0, colon);
-    if (absl::Status st = ParsePort(origin, v.substr(colon + 1), port); !st.ok()) return st;
-  }
-  if (host->empty()) return BadValue(origin, v, "HOST:PORT");
-  return absl::OkStatus();
-}
 
 void MarkGiven(LaunchFlags* f, const std::string& name, const std::string& origin) {
   if (!f->Given(name)) f->given.push_back(name);
@@ -543,28 +444,6 @@ absl::StatusOr<LaunchFlags> ParseLaunchFlags(const std::vector<std::string>& arg
   return f;
 }
 
-HostFacts DetectHost(const std::map<std::string, std::string>& env) {
-  HostFacts h;
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) h.cpus = std::max(1, CPU_COUNT(&set));
-  if (std::optional<std::vector<std::string>> visible = VisibleCudaDevices(env)) {
-    h.gpus = static_cast<int>(visible->size());
-    return h;
-  }
-  // The NVIDIA driver makes /dev/nvidia0, /dev/nvidia1, ... (besides nvidiactl, nvidia-uvm).
-  if (DIR* d = opendir("/dev")) {
-    while (dirent* e = readdir(d)) {
-      const char* n = e->d_name;
-      if (std::strncmp(n, "nvidia", 6) != 0 || !n[6]) continue;
-      bool digits = true;
-      for (const char* p = n + 6; *p; ++p) digits = digits && std::isdigit(static_cast<unsigned char>(*p));
-      if (digits) ++h.gpus;
-    }
-    closedir(d);
-  }
-  return h;
-}
-
 absl::Status ResolveNprocPerNode(LaunchFlags* f, const HostFacts& host) {
   const std::string& k = f->nproc_per_node_kind;
   if (k.empty()) return absl::OkStatus();
@@ -578,86 +457,5 @@ absl::Status ResolveNprocPerNode(LaunchFlags* f, const HostFacts& host) {
   return absl::OkStatus();
 }
 
-ConsoleChoice ConsoleFor(const ConsoleSpec& c, const std::string& role, int rank, int local_rank) {
-  ConsoleChoice out;
-  if (c.Default()) {
-    out.echo = rank == 0;
-    out.tty_ok = out.echo;
-    return out;
-  }
-  auto code = [local_rank](const std::map<int, int>& m) {
-    auto it = m.find(local_rank);
-    if (it == m.end()) it = m.find(-1);
-    return it == m.end() ? 0 : it->second;
-  };
-  const auto& filter = c.local_ranks_filter;
-  const bool in_filter = std::find(filter.begin(), filter.end(), local_rank) != filter.end();
-  bool show;
-  if (!c.tee.empty()) show = code(c.tee) != 0;
-  else if (!filter.empty()) show = true;
-  else show = rank == 0;
-  if (!filter.empty()) show = show && in_filter;
-  if (code(c.redirects) != 0 && code(c.tee) == 0) show = false;
-  out.echo = show;
-  if (show) out.prefix = absl::StrCat("[", role, rank, "]:");
-  return out;
-}
-
-std::string LauncherUsage() {
-  return absl::StrCat(
-      "usage: launcher [flags] [--] [ARGS for the program]\n"
-      "       launcher [flags] PROGRAM [ARGS for it]      (torchrun's form)\n"
-      "\n"
-      "Starts P workers on this node (ranks K*P .. K*P+P-1 of N*P) running the training program\n"
-      "(//launcher:train) or PROGRAM with ARGS, and watches them: one worker failing stops the\n"
-      "job on every node (or restarts it, --max_restarts). Flag names take '-' or '_'\n"
-      "(--nproc-per-node); an unknown flag is an error. Before --, the training program's own\n"
-      "flags are passed on to it too:\n  --",
-      absl::StrJoin(TrainingProgramFlags(), ", --"),
-      ".\n"
-      "\n"
-      "  --nnodes=N | MIN:MAX  nodes in the job (default 1); MIN:MAX: elastic, between MIN and\n"
-      "                        MAX nodes, regrouping when nodes leave or join (docs/LAUNCHING.md)\n"
-      "  --node_rank=K         this node's index, 0..N-1 (default 0); node 0 serves the store\n"
-      "  --nproc_per_node=P    workers per node: a number, auto (one per GPU, else per CPU), gpu\n"
-      "                        or cpu (default 1)\n"
-      "  --master_addr=A       address of node 0 that every node reaches (default: $MASTER_ADDR,\n"
-      "                        else 127.0.0.1: every node on this machine)\n"
-      "  --master_port=Q       port of the rendezvous store on node 0 (default: $MASTER_PORT,\n"
-      "                        else 29500; a single node picks a free port when none is given)\n"
-      "  --rdzv_endpoint=A:Q   the same as --master_addr=A --master_port=Q (torchrun)\n"
-      "  --rdzv_backend=B      static or c10d: both mean Braid's own store on node 0\n"
-      "  --rdzv_id=ID          the job's id; every launcher of the job must give the same\n"
-      "  --standalone          one node, the store on a free port of this machine\n"
-      "  --role=NAME           the workers' role (ROLE_NAME; console prefix), default 'default'\n"
-      "  --log_dir=D           worker logs D/workerlog.<rank> (default runs/<config>-<time>, in the\n"
-      "                        workspace under bazel run); the training program gets it too\n"
-      "  --max_restarts=R      restart the whole worker group up to R times on failure (default 0)\n"
-      "  --program=PATH        run this executable instead of the training program\n"
-      "  --job_token_file=F    read the job token from F (a mounted secret) instead of\n"
-      "                        $BRAID_JOB_TOKEN; '-' reads the first line of standard input\n"
-      "  --hostfile=F          DeepSpeed's hostfile ('HOST slots=N' lines): start one launcher\n"
-      "                        per host, here for the first and over ssh for the others\n"
-      "  --include=H[:S,S][@H...] | --exclude=...   only / all but these hosts or slots\n"
-      "  --ssh_port=P          the port of the other hosts' sshd (default: ssh's own)\n"
-      "  --watch_stdin         stop the job when standard input closes (the hostfile\n"
-      "                        launcher's nodes: their ssh connection went away)\n"
-      "  --tee=3 | --redirects=3 | --local_ranks_filter=0,1\n"
-      "                        which workers' output the console shows (default: rank 0's);\n"
-      "                        per local rank: --tee=0:3,1:0\n"
-      "  --scheduler=auto|none|slurm|mpi|env   where the rank layout comes from (default auto:\n"
-      "                        Slurm, Open MPI or RANK/WORLD_SIZE variables when present)\n"
-      "  --connect_timeout_s=S give up reaching the master's store after S s (default 120)\n"
-      "  --rdzv_timeout_s=S    give up waiting for every node to check in after S s (default 300)\n"      "  --rdzv_last_call_s=S  elastic: once MIN nodes are in, wait S s more for others (default 30)\n"
-      "  --stop_grace_s=S      SIGTERM, then SIGKILL after S s (default 10)\n"
-      "  --heartbeat_timeout_s=S  another node's launcher silent this long counts as failed (60)\n"
-      "  --tail_lines=L        lines of a failed worker's log to print (default 10)\n"
-      "  --dry_run             print what this launcher would start, and exit\n"
-      "\n"
-      "torchrun's PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR and\n"
-      "PET_MASTER_PORT and Kubernetes' JOB_COMPLETION_INDEX stand in for flags not given.\n"
-      "Several nodes need the same secret on every node: export BRAID_JOB_TOKEN=$(openssl rand "
-      "-hex 32),\nor --job_token_file. See docs/LAUNCHING.md.\n");
-}
 
 }  // namespace braid::launcher

@@ -1,7 +1,7 @@
-// The launcher's command line: Braid's own flags and torchrun's spellings of them, the training
-// program's flags that may stand before "--", and the console's choice of which workers' output
-// to show. Pure functions, unit-tested in launch_flags_test.cc; the layout those flags and the
-// environment give is launch_plan.h's business.
+// The launcher's command line: Braid's own flags and torchrun's spellings of them, and the
+// training program's flags that may stand before "--". Pure functions, unit-tested in
+// launch_flags_test.cc (with console_choice.h and host_facts.h, which the flags use); the layout
+// those flags and the environment give is launch_plan.h's business.
 #ifndef BRAID_LAUNCHER_LAUNCH_FLAGS_H_
 #define BRAID_LAUNCHER_LAUNCH_FLAGS_H_
 
@@ -10,21 +10,14 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "launcher/console_choice.h"
+#include "launcher/host_facts.h"
 
 namespace braid::launcher {
 
 // kMpi: whichever MPI started this process (Open MPI's or a Hydra mpiexec's variables);
 // kOpenMpi and kMpich are what kAuto and kMpi resolve to (launch_plan.cc).
 enum class SchedulerMode { kAuto, kNone, kSlurm, kMpi, kOpenMpi, kMpich, kTorchEnv };
-
-// Which workers' output the launcher copies to its console (every worker's output is always in
-// its log). From torchrun's --redirects, --tee and --local_ranks_filter; see ConsoleFor.
-struct ConsoleSpec {
-  // Per local rank, torchrun's stream code (0 none, 3 stdout and stderr); key -1 = every rank.
-  std::map<int, int> redirects, tee;
-  std::vector<int> local_ranks_filter;  // empty = not given
-  bool Default() const { return redirects.empty() && tee.empty() && local_ranks_filter.empty(); }
-};
 
 struct LaunchFlags {
   int nnodes = 1, node_rank = 0, nproc_per_node = 1;
@@ -97,30 +90,9 @@ const std::vector<std::string>& TrainingProgramFlags();
 // The usage text (`launcher --help`).
 std::string LauncherUsage();
 
-// What this machine offers for --nproc_per_node=auto|cpu|gpu.
-struct HostFacts {
-  int cpus = 1;  // CPUs this process may run on
-  int gpus = 0;  // GPUs it can see
-};
-// CPUs from the affinity mask; GPUs from CUDA_VISIBLE_DEVICES when set, else the /dev/nvidiaN
-// device files.
-HostFacts DetectHost(const std::map<std::string, std::string>& env);
-
 // Turns --nproc_per_node=auto|cpu|gpu into a number, as torchrun: auto = one per GPU when
 // there are GPUs, else one per CPU; gpu = one per GPU (an error without one); cpu = one per CPU.
 absl::Status ResolveNprocPerNode(LaunchFlags* f, const HostFacts& host);
-
-// How one worker's output reaches the console.
-struct ConsoleChoice {
-  bool echo = false;      // copy its output to the launcher's stdout
-  std::string prefix;     // put before each console line ("" = none)
-  bool tty_ok = false;    // may get a pseudo-terminal (only the lone default echo: rank 0)
-};
-// Default: global rank 0 only, unprefixed, as the program run alone. --tee=3 (or per local rank
-// "0:3,1:0"): those ranks too; --local_ranks_filter: only these local ranks; --redirects=3: none
-// of those ranks on the console (their logs only). Any choice but the default prefixes each line
-// with "[<role><rank>]:", as torchrun does.
-ConsoleChoice ConsoleFor(const ConsoleSpec& c, const std::string& role, int rank, int local_rank);
 
 }  // namespace braid::launcher
 
