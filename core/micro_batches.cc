@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/check.h"
 #include "core/kernels.h"
 #include "core/ops.h"
 #include "core/scalar_reads.h"
@@ -55,18 +56,40 @@ absl::Status RunMicroBatches(const std::string& who, Module& model,
   return absl::OkStatus();
 }
 
-void ReadStepScalarsAndClip(Optimizer& optimizer, const std::vector<Tensor>& params,
-                            float max_norm, const std::function<double(double)>& global_sum,
-                            StepStats* stats) {
-  // Everything the host needs from the device this step, in one read: the mean loss, this
-  // rank's squared gradient norm, the optimizer's own checks (mixed precision's inf/NaN).
-  std::vector<Tensor> scalars = {stats->device_loss, SquaredGradNormOnDevice(params)};
+namespace {
+
+void ReadAndClip(Optimizer& optimizer, const Tensor& squared_norm, float max_norm,
+                 const std::function<double(double)>& global_sum, StepStats* stats) {
+  // Everything the host needs from the device this step, in one read: the mean loss, the
+  // squared gradient norm, the optimizer's own checks (mixed precision's inf/NaN).
+  std::vector<Tensor> scalars = {stats->device_loss, squared_norm};
   const std::vector<Tensor> checks = optimizer.PreStepChecks();
   scalars.insert(scalars.end(), checks.begin(), checks.end());
   const std::vector<float> values = ReadScalars(scalars);
   if (stats->device_loss.defined()) stats->loss = values[0];
   optimizer.SetPreStepCheckResults(std::vector<float>(values.begin() + 2, values.end()));
   stats->grad_norm = ClipGradNormFromSquared(optimizer, double(values[1]), max_norm, global_sum);
+}
+
+}  // namespace
+
+void ReadStepScalarsAndClip(Optimizer& optimizer, const std::vector<Tensor>& params,
+                            float max_norm, const std::function<double(double)>& global_sum,
+                            StepStats* stats) {
+  ReadAndClip(optimizer, SquaredGradNormOnDevice(params), max_norm, global_sum, stats);
+}
+
+void ReadStepScalarsAndClip(Optimizer& optimizer, const std::vector<Tensor>& params,
+                            float max_norm, Device device,
+                            const std::function<void(Tensor&)>& sum_over_ranks,
+                            const std::function<double(double)>& global_sum, StepStats* stats) {
+  Tensor squared = SquaredGradNormOnDevice(params);
+  if (!squared.defined()) squared = Tensor::Zeros({}, DType::kF32, device);
+  BRAID_CHECK(squared.device() == device)
+      << "ReadStepScalarsAndClip: the gradients of " << squared.DescribeForError()
+      << " are not on " << device.ToString();
+  sum_over_ranks(squared);
+  ReadAndClip(optimizer, squared, max_norm, global_sum, stats);
 }
 
 }  // namespace braid

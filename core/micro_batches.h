@@ -57,6 +57,16 @@ void ReadStepScalarsAndClip(Optimizer& optimizer, const std::vector<Tensor>& par
                             float max_norm, const std::function<double(double)>& global_sum,
                             StepStats* stats);
 
+// The same where each rank holds part of the gradients (ZeRO's shards, a pipeline's stages):
+// `sum_over_ranks` adds every rank's squared norm into the one-element f32 tensor it is given, in
+// place on `device` (an all-reduce on the device, waited for), before the one read, so the sum
+// over ranks costs no read of its own. `global_sum` then runs on the host on the value read
+// (tensor parallelism's, or identity). A rank without gradients takes part with 0.
+void ReadStepScalarsAndClip(Optimizer& optimizer, const std::vector<Tensor>& params,
+                            float max_norm, Device device,
+                            const std::function<void(Tensor&)>& sum_over_ranks,
+                            const std::function<double(double)>& global_sum, StepStats* stats);
+
 }  // namespace braid
 
 #endif  // BRAID_CORE_MICRO_BATCHES_H_

@@ -12,10 +12,11 @@
 
 namespace braid {
 
-// The values of `scalars` (each one element, floating, all on one device; an undefined tensor
-// reads as 0), as floats, with one device-to-host transfer: on a device they are first gathered
-// into one f32 buffer there (device-to-device copies, which do not block), then read at once.
-// On the CPU they are read in place.
+// The values of `scalars` (each one element, floating; an undefined tensor reads as 0), as
+// floats, with at most one device-to-host transfer: those in host memory (any CPU device, the
+// offloaded state's included) are read in place; the others, which must all be on one device,
+// are first gathered into one f32 buffer there (device-to-device copies, which do not block),
+// then read at once.
 std::vector<float> ReadScalars(const std::vector<Tensor>& scalars);
 
 }  // namespace braid

@@ -427,6 +427,7 @@ absl::StatusOr<StepStats> ZeroStrategy::TrainStep(const std::vector<Batch>& micr
   }
   step_stats_ = &stats;
   MicroBatchEvents events;
+  events.read_loss_later = true;  // read with the norm, after the step's reductions
   events.before_backward = [&](int, bool, const Tensor&) {
     for (Unit& u : units_) u.reduced = false;
     in_backward_ = true;
@@ -460,17 +461,18 @@ absl::StatusOr<StepStats> ZeroStrategy::TrainStep(const std::vector<Batch>& micr
   if (host_step()) {
     for (size_t i = 0; i < pieces_.size(); ++i) host_pieces_[i].grad().CopyFrom(pieces_[i].grad());
   }
-  // The global norm over every rank's shard; every rank scales by the same factor.
-  const std::vector<Tensor>& stepped = host_step() ? host_pieces_ : pieces_;
-  stats.grad_norm = ClipGradNormSharded(*optimizer_, stepped, max_grad_norm_, [this](double local) {
-    double sum = local;  // exactly what one process computes, on one rank
-    if (world_ > 1) {
-      Tensor t = Tensor::Full({1}, float(local));
-      (void)Wait(comm_->AllReduce(t, ReduceOp::kSum), "all-reducing the gradient norm");
-      sum = double(t.item());
-    }
-    return model_parallel_sum_ ? model_parallel_sum_(sum) : sum;
-  });
+  // The global norm over every rank's shard; every rank scales by the same factor (through the
+  // optimizer, which steps the host copies under offload). The shards' squared norms are taken
+  // from the gradients on the device (the host copies hold the same values), summed over the
+  // ranks there, then read with the loss and the optimizer's checks: the step's one host
+  // synchronisation (core/micro_batches.h).
+  ReadStepScalarsAndClip(
+      *optimizer_, pieces_, max_grad_norm_, units_.front().grad_shard.device(),
+      [this](Tensor& squared) {
+        // world_ == 1: exactly what one process computes.
+        if (world_ > 1) (void)Wait(comm_->AllReduce(squared, ReduceOp::kSum), "all-reducing the gradient norm");
+      },
+      [this](double sum) { return model_parallel_sum_ ? model_parallel_sum_(sum) : sum; }, &stats);
   optimizer_->Step();
   if (opts_.offload_optimizer && !opts_.offload_param) {
     for (size_t i = 0; i < pieces_.size(); ++i) Tensor(pieces_[i]).CopyFrom(host_pieces_[i]);

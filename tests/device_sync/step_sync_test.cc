@@ -3,13 +3,12 @@
 // The step runs for real on "cuda:0" with the fake device (backends/cuda/fake_device_api.h)
 // behind the CUDA backend's runtime: its caching allocator, its copies (device-to-device dtype
 // conversion included), and the kernel table's CUDA slots filled with the CPU backend's f32
-// kernels plus the half fallbacks, as the CUDA backend registers them (the fake's device memory
-// is host memory, so CPU kernels can run on it; on a GPU they are kernel launches, which never
-// block the host). The fake records every synchronisation (Synchronize*, cudaFree, a
-// device-to-host copy the host waits for, item()); the test counts them per TrainStep of the
-// "single" strategy, the one-GPU path, in f32, bf16 and f16 with dynamic loss scaling (an
-// overflowing step included), with clipping and gradient accumulation. What the one read holds:
-// the loss, the gradient norm and mixed precision's inf/NaN flag (core/micro_batches.h).
+// kernels plus the half fallbacks (tests/device_sync/fake_cuda.h). The fake records every
+// synchronisation (Synchronize*, cudaFree, a device-to-host copy the host waits for, item());
+// the test counts them per TrainStep of the "single" strategy, the one-GPU path, in f32, bf16
+// and f16 with dynamic loss scaling (an overflowing step included), with clipping and gradient
+// accumulation. What the one read holds: the loss, the gradient norm and mixed precision's
+// inf/NaN flag (core/micro_batches.h).
 #include <cmath>
 #include <memory>
 #include <string>
@@ -18,9 +17,6 @@
 
 #include "absl/strings/str_join.h"
 #include "backends/cuda/fake_device_api.h"
-#include "backends/cuda/install.h"
-#include "backends/cuda/runtime.h"
-#include "core/kernels.h"
 #include "core/mixed_precision.h"
 #include "core/ops.h"
 #include "core/optimizer.h"
@@ -28,6 +24,7 @@
 #include "core/registry.h"
 #include "core/strategy.h"
 #include "gtest/gtest.h"
+#include "tests/device_sync/fake_cuda.h"
 #include "third_party/runfiles.h"
 
 namespace braid {
@@ -37,45 +34,9 @@ using ::bazel::tools::cpp::runfiles::Runfiles;
 
 constexpr int64_t kVocab = 16, kWidth = 8, kRows = 6;
 
-// The CPU backend's f32 kernel of `slot` serves kCUDA too (see the file comment).
-template <typename Fn>
-void Mirror(kernels::KernelSlot<Fn>& slot) {
-  if (Fn* f = slot.Find(DeviceType::kCPU, DType::kF32)) slot.Register(DeviceType::kCUDA, DType::kF32, f);
-}
+using testing::InstallFakeCuda;
 
-void InstallFakeCuda() {
-  cuda::InstallCudaBackend([](int index) -> absl::StatusOr<std::unique_ptr<cuda::DeviceApi>> {
-    cuda::FakeDeviceApi::Options o;
-    o.device_index = index;
-    o.eager = true;  // an infinitely fast GPU: results are there when the host looks
-    return std::make_unique<cuda::FakeDeviceApi>(o);
-  });
-  // Every slot but copy, which is the CUDA runtime's (install.h).
-  Mirror(kernels::fill);
-  Mirror(kernels::binary);
-  Mirror(kernels::unary);
-  Mirror(kernels::unary_backward);
-  Mirror(kernels::axpby);
-  Mirror(kernels::sum_all);
-  Mirror(kernels::sum_rows);
-  Mirror(kernels::matmul);
-  Mirror(kernels::layernorm_forward);
-  Mirror(kernels::layernorm_backward);
-  Mirror(kernels::softmax_forward);
-  Mirror(kernels::softmax_backward);
-  Mirror(kernels::cross_entropy_forward);
-  Mirror(kernels::cross_entropy_backward);
-  Mirror(kernels::inverse_count_nonnegative);
-  Mirror(kernels::embedding_forward);
-  Mirror(kernels::embedding_backward);
-  Mirror(kernels::adamw);
-  Mirror(kernels::sgd);
-  kernels::RegisterHalfFallbacks(DeviceType::kCUDA);
-}
-
-cuda::FakeDeviceApi& Fake() {
-  return static_cast<cuda::FakeDeviceApi&>(cuda::RuntimeOf(Device::CUDA(0)).api());
-}
+cuda::FakeDeviceApi& Fake() { return testing::Fake(0); }
 
 // Embedding -> LayerNorm -> Linear -> GELU -> Linear -> logits: a GPT's step without attention.
 class TinyLm : public Module {

@@ -1,0 +1,231 @@
+#include "tests/device_sync/fake_cuda.h"
+
+#include <cmath>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "absl/time/time.h"
+#include "backends/cuda/install.h"
+#include "backends/cuda/runtime.h"
+#include "backends/in_process/in_process_communicator.h"
+#include "core/check.h"
+#include "core/kernels.h"
+#include "core/ops.h"
+
+namespace braid::testing {
+namespace {
+
+// The CPU backend's f32 kernel of `slot` serves kCUDA too.
+template <typename Fn>
+void Mirror(kernels::KernelSlot<Fn>& slot) {
+  if (Fn* f = slot.Find(DeviceType::kCPU, DType::kF32)) slot.Register(DeviceType::kCUDA, DType::kF32, f);
+}
+
+std::vector<float> Wave(int64_t n, float scale, int salt) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = scale * std::sin(0.37f * float(i + salt));
+  return v;
+}
+
+class Block : public Module {
+ public:
+  explicit Block(int salt) : Module("Block") {
+    constexpr int64_t w = BlockLm::kWidth;
+    set_block(true);
+    ln_w_ = RegisterParameter("ln.weight", Tensor::Full({w}, 1.0f));
+    ln_b_ = RegisterParameter("ln.bias", Tensor::Full({w}, 0.0f));
+    fc_w_ = RegisterParameter("fc.weight", Tensor::FromVector(Wave(w * w, 0.4f, salt), {w, w}));
+    fc_b_ = RegisterParameter("fc.bias", Tensor::Full({w}, 0.01f));
+  }
+  Tensor Forward(const Tensor& x) override {
+    return ops::Add(x, ops::GeluTanh(ops::Linear(ops::LayerNorm(x, ln_w_, ln_b_), fc_w_, fc_b_)));
+  }
+
+ private:
+  Tensor ln_w_, ln_b_, fc_w_, fc_b_;
+};
+
+// A device tensor's bytes, as NCCL would read them on the device: a plain copy of the fake's
+// memory (host memory), invisible to the fake. CPU tensors are used as they are.
+Tensor Stage(const Tensor& t) {
+  if (t.device().type == DeviceType::kCPU) return t;
+  Tensor host = Tensor::Empty(t.shape(), t.dtype(), Device::CPU());
+  std::memcpy(host.raw_data(), t.raw_data(), t.nbytes());
+  return host;
+}
+
+class DeviceWork final : public Work {
+ public:
+  DeviceWork(std::shared_ptr<Work> inner, Tensor input, Tensor host, Tensor device, int* waits)
+      : inner_(std::move(inner)), input_(std::move(input)), host_(std::move(host)),
+        device_(std::move(device)), waits_(waits) {}
+  absl::Status Wait() override {
+    if (waits_ != nullptr) ++*waits_;
+    absl::Status st = inner_->Wait();
+    // The output written into device memory once the collective is done (a Work dropped
+    // unwaited never writes it: the strategies wait for every result they use).
+    if (st.ok() && device_.defined() && device_.device().type != DeviceType::kCPU && !written_) {
+      std::memcpy(device_.raw_data(), host_.raw_data(), device_.nbytes());
+      written_ = true;
+    }
+    return st;
+  }
+  bool IsCompleted() override { return inner_->IsCompleted(); }
+
+ private:
+  std::shared_ptr<Work> inner_;
+  Tensor input_;  // the staged input, alive until the Work is
+  Tensor host_, device_;
+  int* waits_;
+  bool written_ = false;
+};
+
+class DeviceMemoryCommunicator final : public Communicator {
+ public:
+  DeviceMemoryCommunicator(std::unique_ptr<Communicator> inner, int* waits)
+      : inner_(std::move(inner)), waits_(waits) {
+    set_timeout(inner_->timeout());
+  }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string name() const override { return "fake-device(" + inner_->name() + ")"; }
+
+  std::shared_ptr<Work> AllReduce(Tensor& t, ReduceOp op) override {
+    Tensor h = Stage(t);
+    return Wrap(inner_->AllReduce(h, op), h, t);
+  }
+  std::shared_ptr<Work> ReduceScatter(const Tensor& input, Tensor& output, ReduceOp op,
+                                      const std::vector<int64_t>& counts) override {
+    Tensor in = Stage(input), out = Stage(output);
+    return Wrap(inner_->ReduceScatter(in, out, op, counts), out, output, in);
+  }
+  std::shared_ptr<Work> AllGather(const Tensor& input, Tensor& output,
+                                  const std::vector<int64_t>& counts) override {
+    Tensor in = Stage(input), out = Stage(output);
+    return Wrap(inner_->AllGather(in, out, counts), out, output, in);
+  }
+  std::shared_ptr<Work> Broadcast(Tensor& t, int root) override {
+    Tensor h = Stage(t);
+    return Wrap(inner_->Broadcast(h, root), h, t);
+  }
+  std::shared_ptr<Work> Reduce(Tensor& t, int root, ReduceOp op) override {
+    Tensor h = Stage(t);
+    return Wrap(inner_->Reduce(h, root, op), h, t);
+  }
+  std::shared_ptr<Work> Send(const Tensor& t, int dst, int tag) override {
+    Tensor in = Stage(t);
+    return Wrap(inner_->Send(in, dst, tag), Tensor(), Tensor(), in);
+  }
+  std::shared_ptr<Work> Recv(Tensor& t, int src, int tag) override {
+    Tensor h = Stage(t);
+    return Wrap(inner_->Recv(h, src, tag), h, t);
+  }
+  std::shared_ptr<Work> Barrier() override { return Wrap(inner_->Barrier(), Tensor(), Tensor()); }
+  absl::StatusOr<std::unique_ptr<Communicator>> NewGroup(const std::vector<int>& ranks) override {
+    absl::StatusOr<std::unique_ptr<Communicator>> sub = inner_->NewGroup(ranks);
+    if (!sub.ok() || *sub == nullptr) return sub;
+    return std::unique_ptr<Communicator>(new DeviceMemoryCommunicator(std::move(*sub), waits_));
+  }
+
+ private:
+  std::shared_ptr<Work> Wrap(std::shared_ptr<Work> w, Tensor host, Tensor device,
+                             Tensor input = Tensor()) {
+    return std::make_shared<DeviceWork>(std::move(w), std::move(input), std::move(host),
+                                        std::move(device), waits_);
+  }
+  std::unique_ptr<Communicator> inner_;
+  int* waits_;
+};
+
+}  // namespace
+
+void InstallFakeCuda() {
+  cuda::InstallCudaBackend([](int index) -> absl::StatusOr<std::unique_ptr<cuda::DeviceApi>> {
+    cuda::FakeDeviceApi::Options o;
+    o.device_index = index;
+    o.eager = true;
+    return std::make_unique<cuda::FakeDeviceApi>(o);
+  });
+  Mirror(kernels::fill);
+  Mirror(kernels::binary);
+  Mirror(kernels::unary);
+  Mirror(kernels::unary_backward);
+  Mirror(kernels::axpby);
+  Mirror(kernels::sum_all);
+  Mirror(kernels::sum_rows);
+  Mirror(kernels::matmul);
+  Mirror(kernels::layernorm_forward);
+  Mirror(kernels::layernorm_backward);
+  Mirror(kernels::softmax_forward);
+  Mirror(kernels::softmax_backward);
+  Mirror(kernels::cross_entropy_forward);
+  Mirror(kernels::cross_entropy_backward);
+  Mirror(kernels::inverse_count_nonnegative);
+  Mirror(kernels::embedding_forward);
+  Mirror(kernels::embedding_backward);
+  Mirror(kernels::adamw);
+  Mirror(kernels::sgd);
+  kernels::RegisterHalfFallbacks(DeviceType::kCUDA);
+}
+
+cuda::FakeDeviceApi& Fake(int index) {
+  return static_cast<cuda::FakeDeviceApi&>(cuda::RuntimeOf(Device::CUDA(index)).api());
+}
+
+BlockLm::BlockLm(int blocks) : Module("BlockLm") {
+  wte_ = RegisterParameter("wte", Tensor::FromVector(Wave(kVocab * kWidth, 0.5f, 1), {kVocab, kWidth}));
+  for (int b = 0; b < blocks; ++b) {
+    blocks_.push_back(RegisterModule("h." + std::to_string(b), std::make_unique<Block>(2 + b)));
+  }
+  head_ = RegisterParameter("head.weight", Tensor::FromVector(Wave(kVocab * kWidth, 0.4f, 7), {kVocab, kWidth}));
+  head_b_ = RegisterParameter("head.bias", Tensor::Full({kVocab}, 0.0f));
+}
+
+Tensor BlockLm::Forward(const Tensor& ids) {
+  Tensor x = ops::Embedding(wte_, ids);
+  for (Module* b : blocks_) x = (*b)(x);
+  return ops::Linear(x, head_, head_b_);
+}
+
+std::vector<PipelineLayer> BlockLm::PipelineLayers() {
+  std::vector<PipelineLayer> layers;
+  layers.push_back({"embedding", [this](const Tensor& ids) { return ops::Embedding(wte_, ids); }, {"wte"}});
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    const std::string name = "h." + std::to_string(b);
+    Module* m = blocks_[b];
+    layers.push_back({name, [m](const Tensor& x) { return (*m)(x); },
+                      {name + ".ln.weight", name + ".ln.bias", name + ".fc.weight", name + ".fc.bias"}});
+  }
+  layers.push_back({"head", [this](const Tensor& x) { return ops::Linear(x, head_, head_b_); },
+                    {"head.weight", "head.bias"}});
+  return layers;
+}
+
+Batch MakeLmBatch(int step, int replica, int i, Device device) {
+  constexpr int64_t v = BlockLm::kVocab;
+  std::vector<int32_t> ids, targets;
+  for (int r = 0; r < BlockLm::kRows; ++r) {
+    ids.push_back(int32_t((step * 7 + replica * 13 + i * 5 + r * 3) % v));
+    targets.push_back(r == 2 ? -1 : int32_t((step * 3 + replica * 9 + i * 11 + r * 5 + 1) % v));
+  }
+  return Batch{Tensor::FromVector(ids, {BlockLm::kRows}).To(device),
+               Tensor::FromVector(targets, {BlockLm::kRows}).To(device)};
+}
+
+void RunRanksOnFakeDevices(int n, const std::function<void(int rank, Communicator* comm)>& body,
+                           std::vector<int>* collective_waits) {
+  std::vector<std::unique_ptr<Communicator>> inner = MakeInProcessGroup(n);
+  if (collective_waits != nullptr) collective_waits->assign(size_t(n), 0);
+  std::vector<std::unique_ptr<Communicator>> group;
+  for (int r = 0; r < n; ++r) {
+    inner[size_t(r)]->set_timeout(absl::Seconds(60));
+    group.push_back(std::make_unique<DeviceMemoryCommunicator>(
+        std::move(inner[size_t(r)]), collective_waits ? &(*collective_waits)[size_t(r)] : nullptr));
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { body(r, group[size_t(r)].get()); });
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace braid::testing
