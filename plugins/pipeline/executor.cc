@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/allocator.h"
+#include "core/autograd.h"
 #include "core/check.h"
 #include "plugins/pipeline/pipeline_strategy.h"
 
@@ -117,7 +118,6 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
       if (vs == last) {
         Tensor loss = criterion_(f.output, batch);
         BRAID_RETURN_IF_ERROR(CheckLoss(kName, a.micro_batch, loss));
-        loss_sum_ += loss.item();
         f.loss = loss;  // NextBackward scales it for the data-axis layer
       }
       const double end = NowS();
@@ -173,6 +173,23 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
 }
 
 
+namespace {
+
+// A scalar worth 0 whose backward is that of `s`: a stand-in token that adds nothing to the
+// data-axis layer's mean of its tokens, so on the last stage that mean is the step's mean loss
+// (the layer reads it with its gradient norm in one host synchronisation; the loss is never
+// read alone). Not s - s: an overflowing half stand-in (inf) would make that NaN.
+Tensor WorthNothing(const Tensor& s) {
+  return autograd::ApplyFunction(
+      "pipeline_stand_in", {s},
+      [](const std::vector<Tensor>& in) {
+        return std::vector<Tensor>{Tensor::Zeros({}, in[0].dtype(), in[0].device())};
+      },
+      [](const std::vector<Tensor>& grads) { return grads; })[0];
+}
+
+}  // namespace
+
 // The data-axis layer's loss function, called once per backward action of this rank (its T
 // "tokens"): runs the actions before that backward (forwards, sends, receives), then returns a
 // scalar whose backward is the stage's backward of that micro-batch. The layer differentiates
@@ -219,6 +236,9 @@ Tensor PipelineStrategy::NextBackward(const std::vector<Batch>& mbs, StepStats* 
     events_.push_back({absl::StrCat("wait gradient ", MicroBatchName(a, opts_.chunks)), start, step_grad_in_});
     start = NowS();
     surrogate = ops::Scale(ops::Sum(ops::Mul(f.output, f.recv_grad)), float(tokens_));
+    // On the last stage (interleaved: its earlier chunks) the layer's mean over the tokens is
+    // the step's mean loss only if a stand-in adds nothing to it.
+    if (stage_ == stages_ - 1) surrogate = WorthNothing(surrogate);
   }
   if (vs > 0) {
     // Posts the input's gradient the moment it exists, from inside the backward: the previous
@@ -306,7 +326,6 @@ absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& 
     t.seen = 0;
     if (!t.owner) t.param.ZeroGrad();  // a copy is outside the view the data-axis layer zeroes
   }
-  loss_sum_ = 0;
   flight_.clear();
   events_.clear();
   step_busy_ = step_first_ = step_last_ = step_grad_in_ = step_grad_out_ = 0;
@@ -345,7 +364,9 @@ absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& 
   const bool last = stage_ == stages_ - 1;
   const size_t p = size_t(stages_);
   std::vector<float> shared(2 + 3 * p, 0.0f);
-  shared[0] = last ? float(loss_sum_ / k_) : 0.0f;
+  // The mean loss reached the host with the data-axis layer's one read of the step's scalars:
+  // on the last stage its tokens' mean is the mean loss (NextBackward).
+  shared[0] = last ? inner->loss : 0.0f;
   shared[1] = float(step_busy_);
   const size_t mine = 2 + 3 * size_t(stage_);
   shared[mine] = float(step_last_ - step_first_);

@@ -181,7 +181,6 @@ class PipelineStrategy final : public Strategy {
   std::vector<std::string> layer_names_;
   std::map<std::string, int> owner_;  // parameter -> the first stage that uses it
   std::vector<std::pair<int, int>> ranges_;
-  double loss_sum_ = 0;
   int k_ = 1;
   // Measured from the second step on (the first also agrees shapes): this stage's forward and
   // backward time, the schedule's span (from stage 0's first forward to the end of the last
