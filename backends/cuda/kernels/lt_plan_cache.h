@@ -3,13 +3,15 @@
 // everything the plan depends on: device, dtype, cuBLASLt's shapes and leading dimensions, batch
 // and strides, transposes, epilogue, and the operands' alignment, since the heuristic is told the
 // alignment (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES) and may pick an algorithm that needs
-// it. Host code, tested on the CPU with a fake plan builder (lt_plan_cache_test.cc).
+// it. The cache is bounded (least recently used evicted). Host code, tested on the CPU with a
+// fake plan builder (lt_plan_cache_test.cc).
 #ifndef BRAID_BACKENDS_CUDA_KERNELS_LT_PLAN_CACHE_H_
 #define BRAID_BACKENDS_CUDA_KERNELS_LT_PLAN_CACHE_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -51,27 +53,44 @@ struct LtPlanKeyHash {
 LtPlanKey MakeLtPlanKey(int device, LtDType dtype, const MatmulPlan& p, uintptr_t a_lt,
                         uintptr_t b_lt, uintptr_t d, uintptr_t bias, int64_t elem_size);
 
-// Plans by key, built on first use by `builder` and kept for the process (a training run has a
-// few dozen distinct GEMMs). A build that fails is returned as its status and not cached.
-// Thread-safe; a returned plan stays valid as long as the cache.
+// How many plans an LtPlanCache keeps by default. A GPT training step has a few dozen distinct
+// GEMMs (per distinct Linear shape: forward, two backward products, times the operand
+// alignments seen), so 256 keeps every plan of a run; the bound exists for programs whose shapes
+// keep changing (varying sequence lengths, generation), where an unbounded cache would hold
+// cuBLASLt descriptors for every shape ever seen.
+constexpr size_t kDefaultLtPlanCacheCapacity = 256;
+
+// Plans by key, built on first use by `builder`, least recently used evicted beyond `capacity`
+// (destroying the plan, i.e. its cuBLASLt descriptors; it is rebuilt if its key comes back). A
+// build that fails is returned as its status and not cached. Thread-safe. Plans are handed out
+// as shared_ptr: one in use on another thread while it is evicted stays alive until that call
+// ends.
 template <typename Plan>
 class LtPlanCache {
  public:
   using Builder = std::function<absl::StatusOr<std::unique_ptr<Plan>>(const LtPlanKey&)>;
-  explicit LtPlanCache(Builder builder) : builder_(std::move(builder)) {}
+  explicit LtPlanCache(Builder builder, size_t capacity = kDefaultLtPlanCacheCapacity)
+      : builder_(std::move(builder)), capacity_(capacity < 1 ? 1 : capacity) {}
 
-  absl::StatusOr<const Plan*> Get(const LtPlanKey& key) {
+  absl::StatusOr<std::shared_ptr<const Plan>> Get(const LtPlanKey& key) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = plans_.find(key);
-    if (it != plans_.end()) {
+    auto it = index_.find(key);
+    if (it != index_.end()) {
       ++hits_;
-      return it->second.get();
+      lru_.splice(lru_.begin(), lru_, it->second);  // now the most recently used
+      return it->second->second;
     }
     ++misses_;
     absl::StatusOr<std::unique_ptr<Plan>> built = builder_(key);
     if (!built.ok()) return built.status();
-    const Plan* plan = built->get();
-    plans_.emplace(key, std::move(*built));
+    std::shared_ptr<const Plan> plan(std::move(*built));
+    lru_.emplace_front(key, plan);
+    index_.emplace(key, lru_.begin());
+    while (lru_.size() > capacity_) {
+      index_.erase(lru_.back().first);
+      lru_.pop_back();
+      ++evictions_;
+    }
     return plan;
   }
 
@@ -83,16 +102,29 @@ class LtPlanCache {
     std::lock_guard<std::mutex> lock(mu_);
     return misses_;
   }
+  int64_t evictions() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return evictions_;
+  }
   size_t size() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return plans_.size();
+    return lru_.size();
+  }
+  size_t capacity() const { return capacity_; }
+  // Whether `key`'s plan is held (without counting a hit or touching the order).
+  bool Contains(const LtPlanKey& key) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return index_.count(key) != 0;
   }
 
  private:
+  using Entry = std::pair<LtPlanKey, std::shared_ptr<const Plan>>;
   Builder builder_;
+  const size_t capacity_;
   mutable std::mutex mu_;
-  std::unordered_map<LtPlanKey, std::unique_ptr<Plan>, LtPlanKeyHash> plans_;
-  int64_t hits_ = 0, misses_ = 0;
+  std::list<Entry> lru_;  // most recently used first
+  std::unordered_map<LtPlanKey, typename std::list<Entry>::iterator, LtPlanKeyHash> index_;
+  int64_t hits_ = 0, misses_ = 0, evictions_ = 0;
 };
 
 }  // namespace braid::cuda

@@ -163,7 +163,9 @@ absl::StatusOr<std::unique_ptr<LtPlan>> BuildPlan(const LtPlanKey& key) {
 }
 
 LtPlanCache<LtPlan>& Plans() {
-  static auto* cache = new LtPlanCache<LtPlan>(&BuildPlan);  // process lifetime, never destroyed
+  // Process lifetime, never destroyed; bounded (kDefaultLtPlanCacheCapacity, least recently used
+  // evicted: its descriptors destroyed).
+  static auto* cache = new LtPlanCache<LtPlan>(&BuildPlan);
   return *cache;
 }
 
@@ -175,7 +177,8 @@ void RunGemm(const Device& device, LtDType dt, int64_t elem_size, const MatmulPl
       MakeLtPlanKey(device.index, dt, p, reinterpret_cast<uintptr_t>(a_lt),
                     reinterpret_cast<uintptr_t>(b_lt), reinterpret_cast<uintptr_t>(d),
                     reinterpret_cast<uintptr_t>(bias), elem_size);
-  absl::StatusOr<const LtPlan*> plan = Plans().Get(key);
+  // Held for the call: another thread's miss may evict the plan meanwhile.
+  absl::StatusOr<std::shared_ptr<const LtPlan>> plan = Plans().Get(key);
   BRAID_CHECK(plan.ok()) << plan.status();
   const LtPlan& lt = **plan;
   Tensor workspace;  // freed on return: the allocator reuses it in the kernel stream's order
