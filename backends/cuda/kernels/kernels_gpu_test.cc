@@ -117,6 +117,25 @@ TEST_F(CudaKernelsGpuTest, ReductionsAndMatmul) {
   }
 }
 
+// sum_all's per-block partials come from the device's allocator (the caching allocator, linked
+// here as in training), not cudaMallocAsync: each call makes exactly one allocation through it
+// (the scratch; the input and output are made before counting), and the sums still match.
+TEST_F(CudaKernelsGpuTest, SumAllScratchComesFromTheCachingAllocator) {
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const Tensor a = RandomTensor({1000, 37}, rng_).To(dt);  // 37,000 elements: 37 blocks
+    Tensor s = Tensor::Empty({1}, dt);
+    kernels::sum_all.Get(Device::CPU(), dt)(a, s);
+    const Tensor ga = ToGpu(a);
+    Tensor gs = ToGpu(s);
+    const int64_t before = GetMemoryStats(Device::CUDA(0)).num_allocs;
+    kernels::sum_all.Get(Device::CUDA(0), dt)(ga, gs);
+    EXPECT_EQ(GetMemoryStats(Device::CUDA(0)).num_allocs, before + 1) << DTypeName(dt);
+    const float tol = dt == DType::kBF16 ? 2e-2f : kRowRtol;
+    EXPECT_TRUE(AllClose(ToCpu(gs).To(DType::kF32), s.To(DType::kF32), kRowAtol, tol))
+        << DTypeName(dt);
+  }
+}
+
 TEST_F(CudaKernelsGpuTest, RowOps) {
   for (int64_t c : {96, 1500}) {  // a warp per row, and a block per row
     const Tensor x = RandomTensor({13, c}, rng_, -3.f, 3.f), dy = RandomTensor({13, c}, rng_);

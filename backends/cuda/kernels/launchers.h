@@ -44,10 +44,14 @@ cudaError_t LaunchAxpbyMixed(int x_fmt, int y_fmt, float alpha, const void* x, f
                              void* y, int64_t n, cudaStream_t s);
 // out[0] (in a's format) = the sum of a, accumulated as LaunchSumAll's (double partials, block
 // order), rounded once.
-cudaError_t LaunchSumAllHalf(int fmt, const void* a, int64_t n, void* out, cudaStream_t s);
+cudaError_t LaunchSumAllHalf(int fmt, const void* a, int64_t n, void* out, double* partial,
+                             cudaStream_t s);
 
 // out[0] = sum of a (deterministic: fixed grid, per-block partials in double, summed in order).
-cudaError_t LaunchSumAll(const float* a, int64_t n, float* out, cudaStream_t s);
+// `partial`: device scratch of ReductionGeometry(n).grid doubles, the caller's (register.cc takes
+// it from the device's allocator, the caching allocator, so a reduction never calls
+// cudaMallocAsync), free again once the stream has run the launch.
+cudaError_t LaunchSumAll(const float* a, int64_t n, float* out, double* partial, cudaStream_t s);
 // out[c] = beta out[c] + sum over rows of a[r, c], rows in order (one thread per column).
 cudaError_t LaunchSumRows(const float* a, int64_t rows, int64_t cols, float* out, float beta,
                           cudaStream_t s);

@@ -1,5 +1,6 @@
 // sum_all and sum_rows. Both deterministic: sum_all uses a grid fixed by n alone
-// (ReductionGeometry) with per-block partials in double summed in block order by one block;
+// (ReductionGeometry) with per-block partials in double summed in block order by one block
+// (the partials' scratch is the caller's: register.cc takes it from the caching allocator);
 // sum_rows gives each column one thread that adds the rows in order, exactly the CPU backend's
 // per-column order.
 #include "backends/cuda/kernels/geometry.h"
@@ -42,18 +43,15 @@ __global__ void FinishSumKernel(const double* partial, int64_t blocks, math::Sto
   out[0] = math::Elem<F>::Put(float(s));
 }
 
+// `partial` holds ReductionGeometry(n).grid doubles (the caller's scratch, see launchers.h).
 template <math::Format F>
-cudaError_t SumAllAs(const void* a, int64_t n, void* out, cudaStream_t s) {
+cudaError_t SumAllAs(const void* a, int64_t n, void* out, double* partial, cudaStream_t s) {
   using T = math::Stored<F>;
   const Launch1D g = ReductionGeometry(n);
-  double* partial = nullptr;
-  cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&partial), g.grid * sizeof(double), s);
-  if (e != cudaSuccess) return e;
+  if (partial == nullptr) return cudaErrorInvalidValue;
   PartialSumsKernel<F><<<g.grid, g.block, 0, s>>>(static_cast<const T*>(a), n, partial);
   FinishSumKernel<F><<<1, 32, 0, s>>>(partial, g.grid, static_cast<T*>(out));
-  e = cudaGetLastError();
-  const cudaError_t f = cudaFreeAsync(partial, s);
-  return e != cudaSuccess ? e : f;
+  return cudaGetLastError();
 }
 
 __global__ void SumRowsKernel(const float* a, int64_t rows, int64_t cols, float* out, float beta) {
@@ -66,14 +64,15 @@ __global__ void SumRowsKernel(const float* a, int64_t rows, int64_t cols, float*
 
 }  // namespace
 
-cudaError_t LaunchSumAll(const float* a, int64_t n, float* out, cudaStream_t s) {
-  return SumAllAs<math::Format::kF32>(a, n, out, s);
+cudaError_t LaunchSumAll(const float* a, int64_t n, float* out, double* partial, cudaStream_t s) {
+  return SumAllAs<math::Format::kF32>(a, n, out, partial, s);
 }
 
-cudaError_t LaunchSumAllHalf(int fmt, const void* a, int64_t n, void* out, cudaStream_t s) {
+cudaError_t LaunchSumAllHalf(int fmt, const void* a, int64_t n, void* out, double* partial,
+                             cudaStream_t s) {
   switch (math::Format(fmt)) {
-    case math::Format::kBF16: return SumAllAs<math::Format::kBF16>(a, n, out, s);
-    case math::Format::kF16: return SumAllAs<math::Format::kF16>(a, n, out, s);
+    case math::Format::kBF16: return SumAllAs<math::Format::kBF16>(a, n, out, partial, s);
+    case math::Format::kF16: return SumAllAs<math::Format::kF16>(a, n, out, partial, s);
     default: return cudaErrorInvalidValue;
   }
 }

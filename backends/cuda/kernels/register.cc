@@ -4,6 +4,7 @@
 // belongs to the CUDA runtime.
 #include <cmath>
 
+#include "backends/cuda/kernels/geometry.h"
 #include "backends/cuda/kernels/launchers.h"
 #include "backends/cuda/kernels/register_util.h"
 #include "backends/cuda/launch.h"
@@ -93,11 +94,23 @@ void Axpby(float alpha, const Tensor& x, float beta, Tensor& y) {
             "axpby");
 }
 
+// sum_all's per-block partials (ReductionGeometry(n).grid doubles), from the device's allocator:
+// the caching allocator in a program, so the gradient norm's per-parameter sums reuse cached
+// blocks instead of calling cudaMallocAsync each time. Freed when the caller's tensor goes out
+// of scope, after the launch is enqueued: the allocator reuses it in the kernel stream's order.
+Tensor SumAllScratch(const Tensor& a) {
+  return Tensor::Empty({2 * ReductionGeometry(a.numel()).grid}, kF32, a.device());
+}
+
+double* Partials(Tensor& scratch) { return static_cast<double*>(scratch.raw_data()); }
+
 void SumAll(const Tensor& a, Tensor& out) {
   CheckCudaTensors("sum_all", {&a, &out});
   checks::SumAll("cuda", kF32, a, out);
   DeviceGuard g(Dev(a));
-  CheckCuda(LaunchSumAll(a.data<float>(), a.numel(), out.data<float>(), KernelStream(Dev(a))),
+  Tensor scratch = SumAllScratch(a);
+  CheckCuda(LaunchSumAll(a.data<float>(), a.numel(), out.data<float>(), Partials(scratch),
+                         KernelStream(Dev(a))),
             "sum_all");
 }
 
@@ -166,8 +179,9 @@ void SumAllHalf(const Tensor& a, Tensor& out) {
   CheckCudaTensors("sum_all", {&a, &out});
   checks::SumAll("cuda", D, a, out);
   DeviceGuard g(Dev(a));
+  Tensor scratch = SumAllScratch(a);
   CheckCuda(LaunchSumAllHalf(FormatCode(D), a.raw_data(), a.numel(), out.raw_data(),
-                             KernelStream(Dev(a))),
+                             Partials(scratch), KernelStream(Dev(a))),
             "sum_all");
 }
 
