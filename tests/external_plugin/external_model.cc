@@ -6,8 +6,10 @@
 //
 // "tiny_lm" is a small causal language model over bytes: a token embedding, `n_layer` pre-norm
 // blocks (causal self-attention, then a ReLU MLP `mlp_ratio` times wider), a final RMSNorm and an
-// untied head. It takes the config's shape fields and one option of its own, and cuts into
-// pipeline layers. Its loss is the default (cross-entropy against the next tokens).
+// untied head. It takes the config's shape fields and one option of its own, cuts into
+// pipeline layers, and carries its tensor-parallel plan (kTensorPlan): every matrix it splits is
+// a module of its own (Projection, TokenEmbedding), because a plan names modules and replaces
+// their forwards. Its loss is the default (cross-entropy against the next tokens).
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -74,44 +76,70 @@ Tensor NormWeight(int64_t dim, Device d) {
   return w;
 }
 
-// One transformer layer: the unit strategies bucket, shard, recompute and pipeline.
-class Block : public Module {
+// A bias-free linear layer, y = x W^T, W [out, in] named "weight": a module of its own so that a
+// tensor-parallel plan can name it and split W by rows (colwise) or by columns (rowwise).
+class Projection : public Module {
  public:
-  Block(const Shape& s, Seeds& seeds, Device d) : Module("TinyBlock"), n_head_(int(s.n_head)) {
-    const int64_t c = s.n_embd, hidden = s.mlp_ratio * s.n_embd;
-    attn_norm_ = RegisterParameter("attn_norm", NormWeight(c, d));
-    qkv_ = RegisterParameter("qkv", Weight(3 * c, c, seeds, d));
-    attn_out_ = RegisterParameter("attn_out", Weight(c, c, seeds, d));
-    mlp_norm_ = RegisterParameter("mlp_norm", NormWeight(c, d));
-    mlp_in_ = RegisterParameter("mlp_in", Weight(hidden, c, seeds, d));
-    mlp_out_ = RegisterParameter("mlp_out", Weight(c, hidden, seeds, d));
-    set_block(true);
+  Projection(int64_t out, int64_t in, Seeds& seeds, Device d) : Module("TinyProjection") {
+    w_ = RegisterParameter("weight", Weight(out, in, seeds, d));
   }
-  Tensor Forward(const Tensor& x) override {
-    using namespace braid::ops;
-    Tensor a = CausalSelfAttention(Linear(RmsNorm(x, attn_norm_), qkv_, Tensor()), n_head_);
-    Tensor h = Add(x, Linear(a, attn_out_, Tensor()));
-    Tensor m = Linear(Relu(Linear(RmsNorm(h, mlp_norm_), mlp_in_, Tensor())), mlp_out_, Tensor());
-    return Add(h, m);
-  }
-
- private:
-  int n_head_;
-  Tensor attn_norm_, qkv_, attn_out_, mlp_norm_, mlp_in_, mlp_out_;
-};
-
-// Names: embed.weight, blocks.{i}.{attn_norm,qkv,attn_out,mlp_norm,mlp_in,mlp_out},
-// norm.weight, head.weight.
-class Weights : public Module {  // a parameter holder with a place in the names, never called
- public:
-  Weights(const std::string& type, const std::string& name, Tensor t) : Module(type) {
-    w_ = RegisterParameter(name, std::move(t));
-  }
-  Tensor Forward(const Tensor&) override { return Tensor(); }
-  Tensor w() const { return w_; }
+  Tensor Forward(const Tensor& x) override { return braid::ops::Linear(x, w_, Tensor()); }
 
  private:
   Tensor w_;
+};
+
+// The token embedding, "weight" [vocab, n_embd]: a plan's vocab_embedding splits its rows.
+class TokenEmbedding : public Module {
+ public:
+  TokenEmbedding(int64_t vocab, int64_t dim, Seeds& seeds, Device d) : Module("TinyEmbedding") {
+    w_ = RegisterParameter("weight", Weight(vocab, dim, seeds, d));
+  }
+  Tensor Forward(const Tensor& ids) override { return braid::ops::Embedding(w_, ids); }
+
+ private:
+  Tensor w_;
+};
+
+// RMSNorm's learned scale, "weight" [n_embd], never decayed.
+class Norm : public Module {
+ public:
+  Norm(int64_t dim, Device d) : Module("TinyNorm") { w_ = RegisterParameter("weight", NormWeight(dim, d)); }
+  Tensor Forward(const Tensor& x) override { return braid::ops::RmsNorm(x, w_); }
+
+ private:
+  Tensor w_;
+};
+
+// One transformer layer: the unit strategies bucket, shard, recompute and pipeline.
+class Block : public Module {
+ public:
+  Block(const Shape& s, Seeds& seeds, Device d)
+      : Module("TinyBlock"), head_dim_(s.n_embd / s.n_head) {
+    const int64_t c = s.n_embd, hidden = s.mlp_ratio * s.n_embd;
+    attn_norm_ = RegisterModule("attn_norm", std::make_unique<Norm>(c, d));
+    qkv_ = RegisterModule("qkv", std::make_unique<Projection>(3 * c, c, seeds, d));
+    attn_out_ = RegisterModule("attn_out", std::make_unique<Projection>(c, c, seeds, d));
+    mlp_norm_ = RegisterModule("mlp_norm", std::make_unique<Norm>(c, d));
+    mlp_in_ = RegisterModule("mlp_in", std::make_unique<Projection>(hidden, c, seeds, d));
+    mlp_out_ = RegisterModule("mlp_out", std::make_unique<Projection>(c, hidden, seeds, d));
+    set_block(true);
+  }
+  // Projections are called through operator(): a plan replaces their forwards there. The head
+  // count is read from the width qkv gives (q|k|v, head_dim_ each), not from the config: under
+  // tensor parallelism qkv yields this rank's heads only.
+  Tensor Forward(const Tensor& x) override {
+    using namespace braid::ops;
+    Tensor qkv = (*qkv_)((*attn_norm_)(x));
+    const int heads = int(qkv.size(-1) / (3 * head_dim_));
+    Tensor h = Add(x, (*attn_out_)(CausalSelfAttention(qkv, heads)));
+    return Add(h, (*mlp_out_)(Relu((*mlp_in_)((*mlp_norm_)(h)))));
+  }
+
+ private:
+  int64_t head_dim_;
+  Norm *attn_norm_, *mlp_norm_;
+  Projection *qkv_, *attn_out_, *mlp_in_, *mlp_out_;
 };
 
 class Blocks : public Module {  // a container that only gives the blocks their names
@@ -121,41 +149,36 @@ class Blocks : public Module {  // a container that only gives the blocks their 
   Tensor Forward(const Tensor&) override { return Tensor(); }
 };
 
+// Names: embed.weight, blocks.{i}.{attn_norm, qkv, attn_out, mlp_norm, mlp_in, mlp_out}.weight,
+// norm.weight, head.weight.
 class TinyLm : public Module {
  public:
   TinyLm(const Shape& s, uint64_t seed, Device d) : Module("TinyLm") {
     Seeds seeds(seed);
-    embed_ = RegisterModule("embed", std::make_unique<Weights>(
-                                         "TinyEmbedding", "weight",
-                                         Weight(s.vocab_size, s.n_embd, seeds, d)));
+    embed_ = RegisterModule("embed", std::make_unique<TokenEmbedding>(s.vocab_size, s.n_embd, seeds, d));
     Blocks* blocks = RegisterModule("blocks", std::make_unique<Blocks>());
     for (int i = 0; i < s.n_layer; ++i) {
       blocks_.push_back(blocks->Add(i, std::make_unique<Block>(s, seeds, d)));
     }
-    norm_ = RegisterModule("norm", std::make_unique<Weights>("TinyNorm", "weight", NormWeight(s.n_embd, d)));
-    head_ = RegisterModule("head", std::make_unique<Weights>("TinyHead", "weight",
-                                                            Weight(s.vocab_size, s.n_embd, seeds, d)));
+    norm_ = RegisterModule("norm", std::make_unique<Norm>(s.n_embd, d));
+    head_ = RegisterModule("head", std::make_unique<Projection>(s.vocab_size, s.n_embd, seeds, d));
   }
 
   // Embedding, the blocks, the head: Forward is their composition, so a pipeline of stages
-  // computes what the whole model does. Blocks are called through operator() (hooks run there).
+  // computes what the whole model does. Modules are called through operator() (hooks run there,
+  // and a tensor-parallel plan's replaced forwards).
   std::vector<braid::PipelineLayer> PipelineLayers() override {
     if (!layers_.empty()) return layers_;
-    layers_.push_back({"embedding",
-                       [this](const Tensor& ids) { return braid::ops::Embedding(embed_->w(), ids); },
+    layers_.push_back({"embedding", [this](const Tensor& ids) { return (*embed_)(ids); },
                        {"embed.weight"}});
     for (size_t i = 0; i < blocks_.size(); ++i) {
       const std::string p = absl::StrCat("blocks.", i, ".");
       Block* b = blocks_[i];
       layers_.push_back({absl::StrCat("blocks.", i), [b](const Tensor& x) { return (*b)(x); },
-                         {p + "attn_norm", p + "qkv", p + "attn_out", p + "mlp_norm", p + "mlp_in",
-                          p + "mlp_out"}});
+                         {p + "attn_norm.weight", p + "qkv.weight", p + "attn_out.weight",
+                          p + "mlp_norm.weight", p + "mlp_in.weight", p + "mlp_out.weight"}});
     }
-    layers_.push_back({"head",
-                       [this](const Tensor& x) {
-                         using namespace braid::ops;
-                         return Linear(RmsNorm(x, norm_->w()), head_->w(), Tensor());
-                       },
+    layers_.push_back({"head", [this](const Tensor& x) { return (*head_)((*norm_)(x)); },
                        {"norm.weight", "head.weight"}});
     return layers_;
   }
@@ -168,10 +191,32 @@ class TinyLm : public Module {
   }
 
  private:
-  Weights *embed_, *norm_, *head_;
+  TokenEmbedding* embed_;
+  Norm* norm_;
+  Projection* head_;
   std::vector<Block*> blocks_;
   std::vector<braid::PipelineLayer> layers_;
 };
+
+// The tensor-parallel plan (the language of plugins/tensor_parallel/plan.h; the tensor-parallel
+// strategy applies it, docs/WRITING_A_MODEL.md "Tensor-parallel plans"), Megatron-style: attention
+// and the MLP each a colwise projection then a rowwise one, so each costs one all-reduce forward
+// and one backward. qkv is q|k|v fused: chunks=3 gives each rank its heads of each. The embedding
+// and the head are split over the vocabulary, and the loss then never gathers the logits. Every
+// activation between split layers is [B, T, C], so sequence parallelism may split T. A tensor
+// size that does not divide n_head is refused at start; one that does not divide a split matrix
+// (the vocabulary, the MLP's width) is refused naming the matrix.
+constexpr char kTensorPlan[] = R"(# tiny_lm (tests/external_plugin/external_model.cc)
+embed              vocab_embedding
+blocks.*.qkv       colwise chunks=3
+blocks.*.attn_out  rowwise
+blocks.*.mlp_in    colwise
+blocks.*.mlp_out   rowwise
+head               colwise
+output             vocab_sharded
+sequence_dim       1
+divides            n_head
+)";
 
 // The validated section's shape (validation filled in every field and option).
 Shape ShapeOf(const braid::config::ModelConfig& m) {
@@ -229,6 +274,7 @@ BRAID_PLUGIN(registry) {
   spec.fields = {"n_layer", "n_head", "n_embd", "block_size", "vocab_size"};
   spec.options = {{"mlp_ratio", braid::ModelOption::Kind::kInt}};
   spec.validate = tiny_lm::Validate;
+  spec.tensor_plan = tiny_lm::kTensorPlan;
   spec.takes = "tokens";  // what data.dataset must yield
   spec.context = [](const braid::config::ModelConfig& m) { return int64_t(m.block_size()); };
   // 6 FLOPs per weight per token (2 forward, 4 backward) plus attention's two T x T products.

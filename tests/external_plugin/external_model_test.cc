@@ -100,10 +100,12 @@ TEST_F(ExternalModelTest, LoadsByPathAndBuildsAModelWhoseLayersComposeToItsForwa
   std::vector<std::string> names;
   for (const auto& [n, p] : model.NamedParameters()) names.push_back(n);
   EXPECT_THAT(names, ::testing::ElementsAre(
-                         "embed.weight", "blocks.0.attn_norm", "blocks.0.qkv", "blocks.0.attn_out",
-                         "blocks.0.mlp_norm", "blocks.0.mlp_in", "blocks.0.mlp_out",
-                         "blocks.1.attn_norm", "blocks.1.qkv", "blocks.1.attn_out",
-                         "blocks.1.mlp_norm", "blocks.1.mlp_in", "blocks.1.mlp_out", "norm.weight",
+                         "embed.weight", "blocks.0.attn_norm.weight", "blocks.0.qkv.weight",
+                         "blocks.0.attn_out.weight", "blocks.0.mlp_norm.weight",
+                         "blocks.0.mlp_in.weight", "blocks.0.mlp_out.weight",
+                         "blocks.1.attn_norm.weight", "blocks.1.qkv.weight",
+                         "blocks.1.attn_out.weight", "blocks.1.mlp_norm.weight",
+                         "blocks.1.mlp_in.weight", "blocks.1.mlp_out.weight", "norm.weight",
                          "head.weight"));
   // 256x16 embedding and head, per block 2x16 norms + 48x16 + 16x16 + 32x16 + 16x32.
   EXPECT_EQ(model.NumParameters(), 2 * 256 * 16 + 2 * (2 * 16 + 48 * 16 + 16 * 16 + 2 * 32 * 16) + 16);
