@@ -31,6 +31,10 @@ absl::StatusOr<std::unique_ptr<Evaluation>> Evaluation::Create(const config::Tra
   BRAID_ASSIGN_OR_RETURN(std::vector<Batch> batches, data.validation(request));
   auto e = std::unique_ptr<Evaluation>(new Evaluation());
   e->every_steps_ = cfg.eval().every_steps();
+  // The model's own loss (ModelSpec::loss), the one it trains with; cross-entropy when it names none.
+  e->loss_ = model.loss ? model.loss : [](const Tensor& output, const Batch& b) {
+    return ops::CrossEntropy(output, b.targets);
+  };
   for (Batch& b : batches) e->batches_.push_back(input_dtype == DType::kF32 ? b : CastInputs(b, input_dtype));
   return e;
 }
@@ -41,9 +45,9 @@ bool Evaluation::Due(int step, int steps) const {
 
 absl::StatusOr<EvalResult> Evaluation::Run(Strategy& strategy, Module& model) const {
   model.Eval();
-  absl::StatusOr<double> loss = strategy.EvaluateLoss(batches_, [](Module& m, const Batch& b) {
-    return ops::CrossEntropy(m(b.inputs), b.targets);
-  });
+  const CriterionFn& criterion = loss_;
+  absl::StatusOr<double> loss = strategy.EvaluateLoss(
+      batches_, [&criterion](Module& m, const Batch& b) { return criterion(m(b.inputs), b); });
   model.Train();
   if (!loss.ok()) return loss.status();
   return EvalResult{*loss, std::exp(*loss)};

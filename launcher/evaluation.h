@@ -2,7 +2,8 @@
 // validation loss and perplexity on fixed batches of the dataset's validation split, which the
 // dataset supplies (DatasetSpec::validation; a prepared token data set's, models/data), through
 // the strategy's EvaluateLoss, so it runs under every strategy and layout on the model as that
-// strategy holds it. Split from trainer.cc.
+// strategy holds it. The loss is the model's own (ModelSpec::loss, the one it trains with), or
+// cross-entropy when its registration names none. Split from trainer.cc.
 #ifndef BRAID_LAUNCHER_EVALUATION_H_
 #define BRAID_LAUNCHER_EVALUATION_H_
 
@@ -19,8 +20,8 @@
 namespace braid::launcher {
 
 struct EvalResult {
-  double loss = 0;        // mean cross-entropy over the batches (nats per token)
-  double perplexity = 0;  // exp(loss)
+  double loss = 0;        // the model's loss, mean over the batches (cross-entropy: nats per token)
+  double perplexity = 0;  // exp(loss): a perplexity when the loss is a cross-entropy
 };
 
 class Evaluation {
@@ -49,6 +50,7 @@ class Evaluation {
   Evaluation() = default;
   int every_steps_ = 0;
   std::vector<Batch> batches_;
+  CriterionFn loss_;
 };
 
 }  // namespace braid::launcher
