@@ -3,8 +3,6 @@
 // when due, and the report, evaluation and weights at the end.
 #include <csignal>
 
-#include <csignal>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -113,95 +111,122 @@ absl::Status Run::BeginLoop() {
   return absl::OkStatus();
 }
 
-// One training step, reported as a progress line and a metrics line; then evaluation and a
-// checkpoint when due.
+// One training step, as its phases: the micro-batches, the step's hyperparameters, the
+// strategy's TrainStep, the progress and metrics lines; then evaluation and a checkpoint when due.
 absl::StatusOr<StepStats> Run::Step() {
   BRAID_CHECK(!done()) << "Step after the last step (" << steps_ << ")";
   const int step = step_++;
-  {
-    if (step == kill_at_step_) std::raise(SIGKILL);
-    std::vector<Batch> micro;
-    for (int i = 0; i < accum_; ++i) {
-      Batch b = next_batch_();
-      micro.push_back(mp_ != nullptr ? CastInputs(b, mp_->dtype) : b);
-    }
-    batches_drawn_ += accum_;
-    float lr = schedule_->At(step);
-    strategy_->optimizer()->SetLearningRate(lr);
-    if (betas_) {
-      const auto [beta1, beta2] = betas_(step);
-      strategy_->optimizer()->SetBetas(beta1, beta2);
-    }
-    absl::Time t0 = absl::Now();
-    BRAID_ASSIGN_OR_RETURN(StepStats st, strategy_->TrainStep(micro, loss_fn_));
-    double dt = absl::ToDoubleSeconds(absl::Now() - t0);
-    if (!std::isfinite(st.loss)) {
-      return absl::InternalError(absl::StrCat("loss became ", st.loss, " at step ", step,
-                                              ": lower the learning rate or check the data"));
-    }
-    totals_.Add(dt, st);
-    if (step == first_step_) result_.first_loss = st.loss;
-    result_.final_loss = st.loss;
-    double tps = double(tokens_per_step_) / dt;
-    double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
-    double eta = elapsed / (step + 1) * (steps_ - step - 1);
-    const double mfu = Mfu(flops_per_token_, tps, env_.world_size, peak_flops_);
-    rep_->Metric(StepMetricJson(step, st, lr, dt, tps, GetMemoryStats(device_).peak_bytes, mp_.get(),
-                                peak_flops_ > 0 && flops_per_token_ > 0 ? mfu : -1));
-    if (monitors_ != nullptr) {
-      BRAID_RETURN_IF_ERROR(monitors_->Write(
-          step, StepEvents(st, lr, mp_.get(), cfg_.wall_clock_breakdown()), absl::Now()));
-    }
-    interval_.Add(st);
-    bool keep = step % print_every_ == 0 || step == steps_ - 1;
-    rep_->Progress(absl::StrFormat("step %*d/%d | loss %.4f | %s %s/s%s | lr %.2e | ETA %s",
-                                   int(std::to_string(steps_).size()), step + 1, steps_, st.loss,
-                                   absl::StrFormat("%.0f", tps), unit_,
-                                   mfu > 0 ? absl::StrFormat(" | MFU %.1f%%", 100 * mfu) : "",
-                                   lr, FormatDuration(eta)),
-                   keep);
-    // DeepSpeed's timer line, every print interval (steps_per_print is log.print_every).
-    if (keep && cfg_.wall_clock_breakdown()) {
-      rep_->Line(interval_.TakeLine(env_.rank, step + 2 - interval_.steps, step + 1));
-    }
-    if (eval_ != nullptr && eval_->Due(step, steps_)) {
-      BRAID_ASSIGN_OR_RETURN(EvalResult ev, eval_->Run(*strategy_, *model_));
-      rep_->Metric(Evaluation::MetricJson(step, ev));
-      rep_->Progress(Evaluation::Line(step, steps_, ev), /*keep=*/true);
-      if (monitors_ != nullptr) {  // beside Train/Samples/train_loss, at the same x
-        BRAID_RETURN_IF_ERROR(monitors_->Write(
-            step, {{"Eval/Samples/val_loss", float(ev.loss)}, {"Eval/Samples/val_ppl", float(ev.perplexity)}},
-            absl::Now()));
-      }
-    }
-    if (checkpointer_ != nullptr) {
-      BRAID_RETURN_IF_ERROR(checkpointer_->Poll(*group_[0]));  // commits a finished async save
-      const int every = cfg_.checkpoint().every_steps();
-      if ((every > 0 && (step + 1) % every == 0) || step == steps_ - 1) {
-        BRAID_RETURN_IF_ERROR(SaveCheckpoint(step + 1));
-        // The checkpoint names this run's folder, so that a new command resumed from it
-        // continues these metrics (launcher/run_folder.h). Best effort: the save itself stands.
-        if (env_.rank == 0 && !env_.log_dir.empty()) {
-          if (absl::Status st = RecordRunFolder(checkpoint_options_.dir, env_.log_dir); !st.ok()) {
-            rep_->Note(absl::StrCat("braid: could not name the run folder in the checkpoint: ",
-                                    st.message()));
-          }
-        }
-        ++checkpoints_saved_;
-        checkpoint_blocked_s_ += checkpointer_->last_save().blocked_s;
-        // An elastic job grows here when a node waits to join: every rank stops after this
-        // checkpoint, and the next round resumes from it.
-        if (elastic_ != nullptr && step + 1 < steps_) {
-          BRAID_ASSIGN_OR_RETURN(std::optional<std::string> joiner, elastic_->AfterCheckpoint(step + 1));
-          if (joiner) {
-            BRAID_RETURN_IF_ERROR(checkpointer_->Wait());
-            return RegroupStatus(step + 1, *joiner);
-          }
-        }
-      }
-    }
-    return st;
+  if (step == kill_at_step_) std::raise(SIGKILL);
+  std::vector<Batch> micro = NextMicroBatches();
+  const float lr = SetStepHyperparameters(step);
+  absl::Time t0 = absl::Now();
+  BRAID_ASSIGN_OR_RETURN(StepStats st, strategy_->TrainStep(micro, loss_fn_));
+  const double dt = absl::ToDoubleSeconds(absl::Now() - t0);
+  if (!std::isfinite(st.loss)) {
+    return absl::InternalError(absl::StrCat("loss became ", st.loss, " at step ", step,
+                                            ": lower the learning rate or check the data"));
   }
+  BRAID_RETURN_IF_ERROR(ReportStep(step, st, lr, dt));
+  BRAID_RETURN_IF_ERROR(EvaluateIfDue(step));
+  BRAID_RETURN_IF_ERROR(CheckpointIfDue(step));
+  return st;
+}
+
+// The step's accum_ micro-batches, in the model's input dtype under mixed precision.
+std::vector<Batch> Run::NextMicroBatches() {
+  std::vector<Batch> micro;
+  for (int i = 0; i < accum_; ++i) {
+    Batch b = next_batch_();
+    micro.push_back(mp_ != nullptr ? CastInputs(b, mp_->dtype) : b);
+  }
+  batches_drawn_ += accum_;
+  return micro;
+}
+
+// The schedule's learning rate (and Adam's betas, when scheduled) for `step`, on every rank;
+// returns the learning rate.
+float Run::SetStepHyperparameters(int step) {
+  const float lr = schedule_->At(step);
+  strategy_->optimizer()->SetLearningRate(lr);
+  if (betas_) {
+    const auto [beta1, beta2] = betas_(step);
+    strategy_->optimizer()->SetBetas(beta1, beta2);
+  }
+  return lr;
+}
+
+// The step's metrics line, monitors, progress line and (wall_clock_breakdown) timer line.
+absl::Status Run::ReportStep(int step, const StepStats& st, float lr, double dt) {
+  totals_.Add(dt, st);
+  if (step == first_step_) result_.first_loss = st.loss;
+  result_.final_loss = st.loss;
+  double tps = double(tokens_per_step_) / dt;
+  double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
+  double eta = elapsed / (step + 1) * (steps_ - step - 1);
+  const double mfu = Mfu(flops_per_token_, tps, env_.world_size, peak_flops_);
+  rep_->Metric(StepMetricJson(step, st, lr, dt, tps, GetMemoryStats(device_).peak_bytes, mp_.get(),
+                              peak_flops_ > 0 && flops_per_token_ > 0 ? mfu : -1));
+  if (monitors_ != nullptr) {
+    BRAID_RETURN_IF_ERROR(monitors_->Write(
+        step, StepEvents(st, lr, mp_.get(), cfg_.wall_clock_breakdown()), absl::Now()));
+  }
+  interval_.Add(st);
+  bool keep = step % print_every_ == 0 || step == steps_ - 1;
+  rep_->Progress(absl::StrFormat("step %*d/%d | loss %.4f | %s %s/s%s | lr %.2e | ETA %s",
+                                 int(std::to_string(steps_).size()), step + 1, steps_, st.loss,
+                                 absl::StrFormat("%.0f", tps), unit_,
+                                 mfu > 0 ? absl::StrFormat(" | MFU %.1f%%", 100 * mfu) : "",
+                                 lr, FormatDuration(eta)),
+                 keep);
+  // DeepSpeed's timer line, every print interval (steps_per_print is log.print_every).
+  if (keep && cfg_.wall_clock_breakdown()) {
+    rep_->Line(interval_.TakeLine(env_.rank, step + 2 - interval_.steps, step + 1));
+  }
+  return absl::OkStatus();
+}
+
+// The config's held-out evaluation after `step`, when its interval says so.
+absl::Status Run::EvaluateIfDue(int step) {
+  if (eval_ == nullptr || !eval_->Due(step, steps_)) return absl::OkStatus();
+  BRAID_ASSIGN_OR_RETURN(EvalResult ev, eval_->Run(*strategy_, *model_));
+  rep_->Metric(Evaluation::MetricJson(step, ev));
+  rep_->Progress(Evaluation::Line(step, steps_, ev), /*keep=*/true);
+  if (monitors_ != nullptr) {  // beside Train/Samples/train_loss, at the same x
+    BRAID_RETURN_IF_ERROR(monitors_->Write(
+        step, {{"Eval/Samples/val_loss", float(ev.loss)}, {"Eval/Samples/val_ppl", float(ev.perplexity)}},
+        absl::Now()));
+  }
+  return absl::OkStatus();
+}
+
+// A sharded checkpoint after `step` when one is due (every checkpoint.every_steps, and the
+// last step). Returns the regroup status when an elastic job stops here for a joining node.
+absl::Status Run::CheckpointIfDue(int step) {
+  if (checkpointer_ == nullptr) return absl::OkStatus();
+  BRAID_RETURN_IF_ERROR(checkpointer_->Poll(*group_[0]));  // commits a finished async save
+  const int every = cfg_.checkpoint().every_steps();
+  if (!((every > 0 && (step + 1) % every == 0) || step == steps_ - 1)) return absl::OkStatus();
+  BRAID_RETURN_IF_ERROR(SaveCheckpoint(step + 1));
+  // The checkpoint names this run's folder, so that a new command resumed from it
+  // continues these metrics (launcher/run_folder.h). Best effort: the save itself stands.
+  if (env_.rank == 0 && !env_.log_dir.empty()) {
+    if (absl::Status st = RecordRunFolder(checkpoint_options_.dir, env_.log_dir); !st.ok()) {
+      rep_->Note(absl::StrCat("braid: could not name the run folder in the checkpoint: ",
+                              st.message()));
+    }
+  }
+  ++checkpoints_saved_;
+  checkpoint_blocked_s_ += checkpointer_->last_save().blocked_s;
+  // An elastic job grows here when a node waits to join: every rank stops after this
+  // checkpoint, and the next round resumes from it.
+  if (elastic_ != nullptr && step + 1 < steps_) {
+    BRAID_ASSIGN_OR_RETURN(std::optional<std::string> joiner, elastic_->AfterCheckpoint(step + 1));
+    if (joiner) {
+      BRAID_RETURN_IF_ERROR(checkpointer_->Wait());
+      return RegroupStatus(step + 1, *joiner);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Run::EndLoop() {

@@ -64,6 +64,12 @@ class Run {
   Strategy& strategy() { return *strategy_; }
 
  private:
+  // Step's phases, in order.
+  std::vector<Batch> NextMicroBatches();
+  float SetStepHyperparameters(int step);
+  absl::Status ReportStep(int step, const StepStats& st, float lr, double dt);
+  absl::Status EvaluateIfDue(int step);
+  absl::Status CheckpointIfDue(int step);
   absl::Status SaveCheckpoint(int done_steps);
 
   const TrainConfig& cfg_;
