@@ -126,6 +126,14 @@ extern KernelSlot<MatmulFn> matmul;
 // uses it where the device and dtype have one registered, else matmul then binary's add.
 using LinearFwdFn = void(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out);
 extern KernelSlot<LinearFwdFn> linear_forward;
+// Linear then tanh-approximated GELU (GPT-2's MLP up-projection) in one call: pre = x weightᵀ +
+// bias, out = gelu_tanh(pre), both [rows, out]. pre is written for the backward (GELU's
+// derivative needs it), so the op keeps what the unfused Linear + GeluTanh keep. Optional, for
+// backends whose GEMM applies bias and GELU in its epilogue (CUDA's cuBLASLt GELU_AUX_BIAS):
+// ops::LinearGeluTanh uses it where the device and dtype have one, else Linear then GeluTanh.
+using LinearGeluFwdFn = void(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                             Tensor& pre, Tensor& out);
+extern KernelSlot<LinearGeluFwdFn> linear_gelu_forward;
 
 // ---- Fused neural-network ops --------------------------------------------------------------
 // x: [N, C]; weight, bias: [C]; out: [N, C]; mean, rstd: [N] f32 whatever x's dtype (saved

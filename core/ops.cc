@@ -167,34 +167,32 @@ Tensor MatMul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   return out;
 }
 
-Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  CheckSameDevice("Linear", x, weight);
-  CheckFloat("Linear", x);
-  CheckSameDType("Linear", x, weight);
+namespace {
+
+void CheckLinear(const char* name, const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  CheckSameDevice(name, x, weight);
+  CheckFloat(name, x);
+  CheckSameDType(name, x, weight);
   BRAID_CHECK(weight.ndim() == 2 && x.ndim() >= 1 && x.size(-1) == weight.size(1))
-      << "Linear: input " << x.DescribeForError() << " does not fit weight "
+      << name << ": input " << x.DescribeForError() << " does not fit weight "
       << weight.DescribeForError() << " (weight is [out, in]; input's last dimension must be in)";
-  int64_t out_f = weight.size(0), in_f = weight.size(1);
   if (bias.defined()) {
-    BRAID_CHECK(bias.ndim() == 1 && bias.size(0) == out_f)
-        << "Linear: bias " << bias.DescribeForError() << " does not fit weight "
+    BRAID_CHECK(bias.ndim() == 1 && bias.size(0) == weight.size(0))
+        << name << ": bias " << bias.DescribeForError() << " does not fit weight "
         << weight.DescribeForError();
-    CheckSameDType("Linear", x, bias);
+    CheckSameDType(name, x, bias);
   }
-  int64_t rows = x.numel() / in_f;
-  Shape os = x.shape();
-  os.back() = out_f;
-  Tensor out = Tensor::Empty(os, x.dtype(), x.device());
-  Tensor x2 = x.Detach().Reshape({rows, in_f});
-  Tensor o2 = out.Detach().Reshape({rows, out_f});
-  if (auto* fused = bias.defined() ? kernels::linear_forward.Find(x.device().type, x.dtype())
-                                   : nullptr) {
-    fused(x2, weight, bias, o2);  // the bias added in the GEMM's epilogue
-  } else {
-    kernels::matmul.Get(x.device(), x.dtype())(x2, weight, o2, false, true, 1.0f, 0.0f);
-    if (bias.defined()) kernels::binary.Get(x.device(), x.dtype())(BinaryOp::kAdd, o2, bias, o2);
-  }
-  SavedTensor sx(x), sw(weight);
+}
+
+// Records the backward of out = act(x weightᵀ + bias): act is the identity (Linear) or, when
+// `pre` is defined, tanh-GELU of pre (LinearGeluTanh), whose gradient is taken first.
+void RecordLinearBackward(const char* name, const Tensor& x, const Tensor& weight,
+                          const Tensor& bias, const Tensor& pre, Tensor* out) {
+  const int64_t out_f = weight.size(0), in_f = weight.size(1);
+  const int64_t rows = x.numel() / in_f;
+  SavedTensor sx(x), sw(weight), sp;
+  const bool gelu = pre.defined();
+  if (gelu) sp = SavedTensor(pre);
   bool has_bias = bias.defined();
   std::vector<Tensor> inputs = {x, weight};
   if (has_bias) inputs.push_back(bias);
@@ -209,10 +207,17 @@ Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     if (leaves) w_acc = we.node, b_acc = be.node;
   }
   RecordFunction(
-      "Linear", inputs, {&out},
-      [sx, sw, has_bias, rows, in_f, out_f, w_acc, b_acc](const std::vector<Tensor>& g) {
+      name, inputs, {out},
+      [sx, sw, sp, gelu, has_bias, rows, in_f, out_f, w_acc, b_acc](const std::vector<Tensor>& g) {
         Tensor X = sx.Get(), W = sw.Get();
-        Tensor G = g[0].Reshape({rows, out_f});
+        Tensor dy = g[0];
+        if (gelu) {  // through the GELU first: d pre = dy * gelu'(pre)
+          Tensor P = sp.Get();
+          Tensor dpre = EmptyLike(P);
+          kernels::unary_backward.Get(P.device(), P.dtype())(UnaryOp::kGeluTanh, P, dy, dpre);
+          dy = dpre;
+        }
+        Tensor G = dy.Reshape({rows, out_f});
         auto mm = kernels::matmul.Get(G.device(), G.dtype());
         Tensor gx = EmptyLike(X);
         Tensor gx2 = gx.Reshape({rows, in_f});
@@ -242,6 +247,46 @@ Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
         if (has_bias) r.push_back(gb);
         return r;
       });
+}
+
+}  // namespace
+
+Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  CheckLinear("Linear", x, weight, bias);
+  int64_t out_f = weight.size(0), in_f = weight.size(1);
+  int64_t rows = x.numel() / in_f;
+  Shape os = x.shape();
+  os.back() = out_f;
+  Tensor out = Tensor::Empty(os, x.dtype(), x.device());
+  Tensor x2 = x.Detach().Reshape({rows, in_f});
+  Tensor o2 = out.Detach().Reshape({rows, out_f});
+  if (auto* fused = bias.defined() ? kernels::linear_forward.Find(x.device().type, x.dtype())
+                                   : nullptr) {
+    fused(x2, weight, bias, o2);  // the bias added in the GEMM's epilogue
+  } else {
+    kernels::matmul.Get(x.device(), x.dtype())(x2, weight, o2, false, true, 1.0f, 0.0f);
+    if (bias.defined()) kernels::binary.Get(x.device(), x.dtype())(BinaryOp::kAdd, o2, bias, o2);
+  }
+  RecordLinearBackward("Linear", x, weight, bias, Tensor(), &out);
+  return out;
+}
+
+Tensor LinearGeluTanh(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  CheckLinear("LinearGeluTanh", x, weight, bias);
+  auto* fused =
+      bias.defined() ? kernels::linear_gelu_forward.Find(x.device().type, x.dtype()) : nullptr;
+  // Unfused: the very ops a model wrote before this one existed, so results are unchanged.
+  if (fused == nullptr) return GeluTanh(Linear(x, weight, bias));
+  int64_t out_f = weight.size(0), in_f = weight.size(1);
+  int64_t rows = x.numel() / in_f;
+  Shape os = x.shape();
+  os.back() = out_f;
+  Tensor pre = Tensor::Empty(os, x.dtype(), x.device());
+  Tensor out = Tensor::Empty(os, x.dtype(), x.device());
+  Tensor p2 = pre.Reshape({rows, out_f}), o2 = out.Detach().Reshape({rows, out_f});
+  // One GEMM whose epilogue adds the bias, writes pre and applies GELU (CUDA: GELU_AUX_BIAS).
+  fused(x.Detach().Reshape({rows, in_f}), weight, bias, p2, o2);
+  RecordLinearBackward("LinearGeluTanh", x, weight, bias, pre, &out);
   return out;
 }
 

@@ -31,6 +31,10 @@ Tensor Mean(const Tensor& a);  // all elements -> scalar
 Tensor MatMul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 // x: [..., in], weight: [out, in] (PyTorch layout), bias: [out] or undefined.
 Tensor Linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// GeluTanh(Linear(x, weight, bias)) as one op where the device fuses it (the optional
+// linear_gelu_forward slot: CUDA's cuBLASLt GELU epilogue); elsewhere, or without a bias,
+// exactly those two ops. Either way the pre-activation is kept for backward.
+Tensor LinearGeluTanh(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // Over the last dimension of x.
 Tensor LayerNorm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps = 1e-5f);
 Tensor Softmax(const Tensor& x);  // over the last dimension

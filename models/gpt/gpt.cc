@@ -67,10 +67,14 @@ class Mlp : public Module {
  public:
   Mlp(const GptConfig& c, std::mt19937_64& rng, Device d) : Module("MLP") {
     float proj_std = 0.02f / std::sqrt(2.0f * float(c.n_layer));
-    c_fc_ = RegisterModule("c_fc", std::make_unique<nn::Linear>(c.n_embd, 4 * c.n_embd, true, 0.02f, rng, d));
+    // c_fc computes GELU(x W + b) as one op (ops::LinearGeluTanh): a device with a fused
+    // kernel (CUDA's cuBLASLt GELU epilogue) runs one GEMM for it; elsewhere it is Linear then
+    // GeluTanh, as before.
+    c_fc_ = RegisterModule("c_fc", std::make_unique<nn::Linear>(c.n_embd, 4 * c.n_embd, true, 0.02f, rng, d,
+                                                                 nn::Activation::kGeluTanh));
     c_proj_ = RegisterModule("c_proj", std::make_unique<nn::Linear>(4 * c.n_embd, c.n_embd, true, proj_std, rng, d));
   }
-  Tensor Forward(const Tensor& x) override { return (*c_proj_)(ops::GeluTanh((*c_fc_)(x))); }
+  Tensor Forward(const Tensor& x) override { return (*c_proj_)((*c_fc_)(x)); }
 
  private:
   nn::Linear *c_fc_, *c_proj_;

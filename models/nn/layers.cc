@@ -33,8 +33,8 @@ Tensor Normal(const Shape& shape, float stddev, std::mt19937_64& rng, Device dev
 }
 
 Linear::Linear(int64_t in, int64_t out, bool bias, float init_std, std::mt19937_64& rng,
-               Device device)
-    : Module("Linear") {
+               Device device, Activation activation)
+    : Module("Linear"), activation_(activation) {
   weight_ = RegisterParameter("weight", Normal({out, in}, init_std, rng, device));
   if (bias) {
     bias_ = RegisterParameter("bias", MakeConstantParameter({out}, 0.0f, device));
@@ -42,7 +42,10 @@ Linear::Linear(int64_t in, int64_t out, bool bias, float init_std, std::mt19937_
   }
 }
 
-Tensor Linear::Forward(const Tensor& x) { return ops::Linear(x, weight_, bias_); }
+Tensor Linear::Forward(const Tensor& x) {
+  if (activation_ == Activation::kGeluTanh) return ops::LinearGeluTanh(x, weight_, bias_);
+  return ops::Linear(x, weight_, bias_);
+}
 
 Embedding::Embedding(int64_t num, int64_t dim, float init_std, std::mt19937_64& rng,
                      Device device)

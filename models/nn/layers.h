@@ -14,15 +14,25 @@ namespace braid::nn {
 // Deterministic initialisers (the generator is the caller's, so a model's init is one stream).
 Tensor Normal(const Shape& shape, float stddev, std::mt19937_64& rng, Device device);
 
+// What a Linear applies to its output. kGeluTanh makes the layer GPT-2's MLP up-projection
+// with its activation, one op (ops::LinearGeluTanh) that a device can fuse into the GEMM; the
+// layer's parameters, names and the result are those of a plain Linear followed by GeluTanh.
+// A strategy that rewrites the layer's forward by calling Forward on its shard (tensor
+// parallelism's column split) keeps the activation, which is elementwise on each column.
+enum class Activation { kNone, kGeluTanh };
+
 class Linear : public Module {
  public:
-  Linear(int64_t in, int64_t out, bool bias, float init_std, std::mt19937_64& rng, Device device);
+  Linear(int64_t in, int64_t out, bool bias, float init_std, std::mt19937_64& rng, Device device,
+         Activation activation = Activation::kNone);
   Tensor Forward(const Tensor& x) override;
   Tensor weight() const { return weight_; }
   Tensor bias() const { return bias_; }
+  Activation activation() const { return activation_; }
 
  private:
   Tensor weight_, bias_;
+  Activation activation_;
 };
 
 // A lookup table: "weight" [num, dim]; ids (i32, any shape) -> [..., dim].

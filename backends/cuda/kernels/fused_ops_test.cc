@@ -4,7 +4,10 @@
 //    the same tile math (math/flash_attention.h): forward, gradient through autograd and the
 //    memory kept, against the probability-saving path (the CPU backend's attention slots);
 //  - ops::Linear with linear_forward (matmul.cc's cuBLASLt BIAS epilogue): the slot is called
-//    and the result and gradients are those of matmul + add.
+//    and the result and gradients are those of matmul + add;
+//  - ops::LinearGeluTanh with linear_gelu_forward (matmul.cc's GELU_AUX_BIAS epilogue): the slot
+//    is called, the output is GELU's within rounding, the gradients (from the kept pre) those
+//    of Linear then GeluTanh. (models/gpt's gpt_fused_mlp_test checks the model takes it.)
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -202,6 +205,65 @@ TEST(FusedOps, LinearUsesTheFusedBiasSlotWhereRegistered) {
   EXPECT_EQ(nb.shape(), (Shape{3, 5, 24}));
   // The same products and the same additions in the same order: bit-identical.
   for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(cpu::testing::AllClose(got[i], want[i], 0.f, 0.f)) << i;
+  }
+}
+
+int g_linear_gelu_calls = 0;
+
+// What the GELU epilogue computes, on the host: pre = x weightᵀ + bias (the reference matmul,
+// then the bias per column, as the unfused path adds it), out = tanh-GELU(pre) evaluated in
+// double: another evaluation of the same function than the CPU backend's f32 GeluTanh, as
+// cuBLASLt's is.
+void HostLinearGelu(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& pre,
+                    Tensor& out) {
+  ++g_linear_gelu_calls;
+  kernels::matmul.Get(Device::CPU())(x, weight, pre, false, true, 1.0f, 0.0f);
+  const int64_t rows = pre.size(0), cols = pre.size(1);
+  float* p = pre.data<float>();
+  float* o = out.data<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t i = r * cols + c;
+      p[i] += bias.data<float>()[c];
+      const double v = p[i];
+      o[i] = float(0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))));
+    }
+  }
+}
+
+TEST(FusedOps, LinearGeluTanhUsesTheFusedSlotWhereRegisteredWithTheSameGradients) {
+  std::mt19937 rng(10);
+  const Tensor x = cpu::testing::RandomTensor({3, 5, 16}, rng);
+  const Tensor w = cpu::testing::RandomTensor({24, 16}, rng);
+  const Tensor b = cpu::testing::RandomTensor({24}, rng, -3.f, 3.f);
+  const Tensor seed = cpu::testing::RandomTensor({3, 5, 24}, rng);
+  auto run = [&](bool fused_op) {
+    Tensor xp = x.Clone(), wp = w.Clone(), bp = b.Clone();
+    for (Tensor* t : {&xp, &wp, &bp}) t->set_requires_grad(true);
+    Tensor y = fused_op ? ops::LinearGeluTanh(xp, wp, bp) : ops::GeluTanh(ops::Linear(xp, wp, bp));
+    y.Backward(seed);
+    return std::vector<Tensor>{y.Detach(), xp.grad(), wp.grad(), bp.grad()};
+  };
+  ASSERT_EQ(kernels::linear_gelu_forward.Find(DeviceType::kCPU), nullptr);
+  const std::vector<Tensor> want = run(false);
+  // No slot (the CPU backend): the op is Linear then GeluTanh, bit for bit.
+  const std::vector<Tensor> unfused = run(true);
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(cpu::testing::AllClose(unfused[i], want[i], 0.f, 0.f)) << i;
+  }
+  kernels::linear_gelu_forward.Register(DeviceType::kCPU, &HostLinearGelu);
+  const std::vector<Tensor> got = run(true);
+  // Without a bias there is no GELU_AUX_BIAS epilogue to use: the unfused ops.
+  Tensor nb = ops::LinearGeluTanh(x, w, Tensor());
+  kernels::linear_gelu_forward.Register(DeviceType::kCPU, nullptr);
+  EXPECT_EQ(g_linear_gelu_calls, 1);
+  EXPECT_EQ(nb.shape(), (Shape{3, 5, 24}));
+  // The output: GELU evaluated two ways in f32 differs by a few ulp: 1e-6 absolute + 1e-5
+  // relative. The gradients come from the same pre (bit-identical: the same products and
+  // additions) through the same kernels: exactly equal.
+  EXPECT_TRUE(cpu::testing::AllClose(got[0], want[0], 1e-6f, 1e-5f));
+  for (size_t i = 1; i < want.size(); ++i) {
     EXPECT_TRUE(cpu::testing::AllClose(got[i], want[i], 0.f, 0.f)) << i;
   }
 }

@@ -339,5 +339,40 @@ TEST_F(CudaKernelsGpuTest, MatmulHalfMisalignedViewsAndBiasEpilogue) {
   }
 }
 
+// Linear + tanh-GELU (linear_gelu_forward, cuBLASLt's GELU_AUX_BIAS epilogue) against the CPU:
+// pre (the aux output) against matmul + bias (the matmul bound: f32 1e-4 absolute + 1e-4
+// relative; bf16 2e-2, f16 2e-3: 2 ulp), and out against the CPU's GeluTanh of the GPU's own
+// pre, which isolates the epilogue's GELU from the GEMM's rounding: f32 within 1e-4 absolute +
+// 1e-4 relative. The biases spread pre over [-5, 5], so an erf GELU, 4.7e-4 from the tanh one at
+// |x| = 2.7, would fail. Out = [50, 96] takes the fused epilogue; [50, 90] (an aux leading
+// dimension not a multiple of 8) takes the bias epilogue then the GELU kernel; both are checked.
+// The second round reuses the cached plans.
+TEST_F(CudaKernelsGpuTest, LinearGeluEpilogueMatchesTheCpu) {
+  for (int round = 0; round < 2; ++round) {
+    for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+      for (int64_t n : {96, 90}) {
+        const float tol = dt == DType::kBF16 ? 2e-2f : dt == DType::kF16 ? 2e-3f : 1e-4f;
+        const Tensor x = RandomTensor({50, 64}, rng_, -.25f, .25f).To(dt);
+        const Tensor wt = RandomTensor({n, 64}, rng_, -.25f, .25f).To(dt);
+        const Tensor b = RandomTensor({n}, rng_, -4.f, 4.f).To(dt);
+        Tensor ref = Tensor::Empty({50, n}, dt);
+        kernels::matmul.Get(Device::CPU(), dt)(x, wt, ref, false, true, 1.f, 0.f);
+        kernels::binary.Get(Device::CPU(), dt)(kernels::BinaryOp::kAdd, ref, b, ref);
+        Tensor pre = ToGpu(Tensor::Zeros({50, n}, dt)), out = ToGpu(Tensor::Zeros({50, n}, dt));
+        kernels::linear_gelu_forward.Get(Device::CUDA(0), dt)(ToGpu(x), ToGpu(wt), ToGpu(b), pre,
+                                                              out);
+        const Tensor got_pre = ToCpu(pre).To(DType::kF32);
+        const std::string what = std::string(DTypeName(dt)) + " n=" + std::to_string(n) +
+                                 " round " + std::to_string(round);
+        EXPECT_TRUE(AllClose(got_pre, ref.To(DType::kF32), tol, tol)) << "pre " << what;
+        Tensor want = Tensor::Empty({50, n}, dt);
+        kernels::unary.Get(Device::CPU(), dt)(kernels::UnaryOp::kGeluTanh, ToCpu(pre), 0.f, want);
+        EXPECT_TRUE(AllClose(ToCpu(out).To(DType::kF32), want.To(DType::kF32), tol, tol))
+            << "gelu " << what;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace braid::cuda

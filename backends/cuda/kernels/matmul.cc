@@ -1,6 +1,7 @@
-// matmul (and Linear's forward with its bias) for CUDA through cuBLASLt, following PlanMatmul
-// (matmul_plan.h). f32, bf16 and f16 operands, f32 accumulation (CUBLAS_COMPUTE_32F, like the
-// CPU backend; TF32 would be faster and is a later, opt-in choice).
+// matmul, and Linear's forward with its bias (BIAS epilogue) or its bias and GELU (GELU_AUX_BIAS),
+// for CUDA through cuBLASLt, following PlanMatmul (matmul_plan.h). f32, bf16 and f16 operands,
+// f32 accumulation (CUBLAS_COMPUTE_32F, like the CPU backend; TF32 would be faster and is a
+// later, opt-in choice).
 //
 // Per call only the pointers change: the descriptor, the layouts and the heuristic's algorithm
 // are cached per LtPlanKey (lt_plan_cache.h), which includes each operand's alignment computed
@@ -32,6 +33,8 @@ namespace {
 
 // The most workspace the heuristic may choose an algorithm for (cuBLAS's own default on Hopper).
 constexpr size_t kMaxWorkspaceBytes = size_t(32) << 20;
+// The alignment the GELU epilogue's aux buffer (the pre-activation) must have to be fused.
+constexpr uintptr_t kAuxAlignment = 256;
 
 cublasLtHandle_t Handle(int device) {
   static std::mutex mu;
@@ -121,6 +124,23 @@ absl::StatusOr<std::unique_ptr<LtPlan>> BuildPlan(const LtPlanKey& key) {
   BRAID_LT_TRY(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
   const cublasLtEpilogue_t ep = ToLt(key.epilogue);
   BRAID_LT_TRY(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof(ep)));
+  // The heuristic reads the bias and aux pointers' values (never what they point to) for their
+  // alignment: give it a stand-in with the alignment the key declares; each call sets the real
+  // pointers. The aux buffer (GELU's pre-activation, D's shape and type) has D's leading
+  // dimension, and is 256-byte aligned (LinearGeluForward runs unfused otherwise).
+  if (key.epilogue != Epilogue::kDefault) {
+    const void* bias_stand_in = reinterpret_cast<const void*>(uintptr_t(key.align_bias));
+    BRAID_LT_TRY(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                &bias_stand_in, sizeof(bias_stand_in)));
+  }
+  if (key.epilogue == Epilogue::kGeluAuxBias) {
+    const void* aux_stand_in = reinterpret_cast<const void*>(uintptr_t(kAuxAlignment));
+    BRAID_LT_TRY(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                &aux_stand_in, sizeof(aux_stand_in)));
+    const int64_t aux_ld = key.ldd;
+    BRAID_LT_TRY(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                &aux_ld, sizeof(aux_ld)));
+  }
   // Stored shapes: op(A) is [m, k], op(B) is [k, n], D is [m, n] (column-major).
   absl::StatusOr<cublasLtMatrixLayout_t> la =
       MakeLayout(key, key.trans_a ? key.k : key.m, key.trans_a ? key.m : key.k, key.lda, key.stride_a);
@@ -170,9 +190,10 @@ LtPlanCache<LtPlan>& Plans() {
 }
 
 // D = alpha op(A) op(B) + beta D (+ bias) with the plan's layouts (A = Braid's b, B = Braid's a).
+// `aux`: GELU_AUX_BIAS's pre-activation output (D's shape and leading dimension), else null.
 void RunGemm(const Device& device, LtDType dt, int64_t elem_size, const MatmulPlan& p,
              const void* a_lt, const void* b_lt, void* d, const void* bias, float alpha,
-             float beta, cudaStream_t stream) {
+             float beta, cudaStream_t stream, void* aux = nullptr) {
   const LtPlanKey key =
       MakeLtPlanKey(device.index, dt, p, reinterpret_cast<uintptr_t>(a_lt),
                     reinterpret_cast<uintptr_t>(b_lt), reinterpret_cast<uintptr_t>(d),
@@ -191,6 +212,12 @@ void RunGemm(const Device& device, LtDType dt, int64_t elem_size, const MatmulPl
         lt.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
     BRAID_CHECK(st == CUBLAS_STATUS_SUCCESS)
         << "cuda matmul: setting the bias pointer failed: " << cublasGetStatusString(st);
+  }
+  if (aux != nullptr) {
+    const cublasStatus_t st = cublasLtMatmulDescSetAttribute(
+        lt.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux));
+    BRAID_CHECK(st == CUBLAS_STATUS_SUCCESS)
+        << "cuda matmul: setting the aux pointer failed: " << cublasGetStatusString(st);
   }
   const cublasStatus_t st =
       cublasLtMatmul(Handle(device.index), lt.desc, &alpha, a_lt, lt.la, b_lt, lt.lb, &beta, d,
@@ -292,6 +319,48 @@ void LinearForward(const Tensor& x, const Tensor& weight, const Tensor& bias, Te
           KernelStream(out.device().index));
 }
 
+// Linear then tanh-GELU: pre = x weightᵀ + bias, out = gelu_tanh(pre), with cuBLASLt's
+// GELU_AUX_BIAS epilogue: one GEMM adds the bias, stores pre (the aux output, kept by the op for
+// the backward's GELU derivative) and writes GELU(pre) to out. cuBLASLt's GELU is the tanh
+// approximation, GPT-2's; kernels_gpu_test compares it with the CPU's GeluTanh. Where the
+// epilogue cannot take the call (an aux leading dimension not a multiple of 8, an output
+// aliasing an input, an empty sum, a pre not 256-byte aligned) it is the bias epilogue into pre,
+// then the GELU kernel.
+template <DType kDType>
+void LinearGeluForward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& pre,
+                       Tensor& out) {
+  CheckCudaTensors("linear_gelu_forward", {&x, &weight, &bias, &pre, &out});
+  const kernels::checks::MatmulDims dims =
+      kernels::checks::Matmul("cuda", kDType, x, weight, out, false, true);
+  BRAID_CHECK(bias.dtype() == kDType && bias.numel() == out.size(-1))
+      << "cuda kernel 'linear_gelu_forward': bias " << bias.DescribeForError()
+      << " does not fit " << out.DescribeForError();
+  BRAID_CHECK(pre.dtype() == kDType && pre.shape() == out.shape())
+      << "cuda kernel 'linear_gelu_forward': pre " << pre.DescribeForError()
+      << " must have the output's shape and dtype, " << out.DescribeForError();
+  MatmulCall call = CallOf(dims, x, weight, out, false, true, 1.0f, 0.0f);
+  call.bias = call.gelu = call.save_pre_gelu = true;
+  absl::StatusOr<MatmulPlan> plan = PlanMatmul(call);
+  BRAID_CHECK(plan.ok()) << plan.status();
+  // pre is written by the GEMM too: it must not alias the inputs either.
+  MatmulCall pre_call = call;
+  pre_call.out_addr = reinterpret_cast<uintptr_t>(pre.raw_data());
+  absl::StatusOr<MatmulPlan> pre_plan = PlanMatmul(pre_call);
+  BRAID_CHECK(pre_plan.ok()) << pre_plan.status();
+  const bool aux_aligned = reinterpret_cast<uintptr_t>(pre.raw_data()) % kAuxAlignment == 0;
+  if (plan->kind != MatmulPlan::Kind::kGemm || plan->needs_aside || pre_plan->needs_aside ||
+      plan->unfused_gelu || !aux_aligned) {
+    kernels::linear_forward.Get(out.device(), kDType)(x, weight, bias, pre);
+    kernels::unary.Get(out.device(), kDType)(kernels::UnaryOp::kGeluTanh, pre, 0.0f, out);
+    return;
+  }
+  BRAID_CHECK(plan->epilogue == Epilogue::kGeluAuxBias) << plan->ToString();
+  DeviceGuard guard(out.device().index);
+  RunGemm(out.device(), LtOf<kDType>(), int64_t(SizeOf(kDType)), *plan, weight.raw_data(),
+          x.raw_data(), out.raw_data(), bias.raw_data(), 1.0f, 0.0f,
+          KernelStream(out.device().index), pre.raw_data());
+}
+
 }  // namespace
 
 BRAID_REGISTER_KERNEL(kernels::matmul, DeviceType::kCUDA, &Matmul<DType::kF32>);
@@ -304,5 +373,12 @@ BRAID_REGISTER_KERNEL_FOR_DTYPE(kernels::linear_forward, DeviceType::kCUDA, DTyp
                                 &LinearForward<DType::kBF16>);
 BRAID_REGISTER_KERNEL_FOR_DTYPE(kernels::linear_forward, DeviceType::kCUDA, DType::kF16,
                                 &LinearForward<DType::kF16>);
+
+BRAID_REGISTER_KERNEL(kernels::linear_gelu_forward, DeviceType::kCUDA,
+                      &LinearGeluForward<DType::kF32>);
+BRAID_REGISTER_KERNEL_FOR_DTYPE(kernels::linear_gelu_forward, DeviceType::kCUDA, DType::kBF16,
+                                &LinearGeluForward<DType::kBF16>);
+BRAID_REGISTER_KERNEL_FOR_DTYPE(kernels::linear_gelu_forward, DeviceType::kCUDA, DType::kF16,
+                                &LinearGeluForward<DType::kF16>);
 
 }  // namespace braid::cuda
