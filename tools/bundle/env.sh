@@ -19,29 +19,44 @@ BRAID_ENV_PROBLEMS=""
 
 _braid_info() { sed -n "s/^$1=//p" "$BRAID_BUNDLE/BUNDLE_INFO" 2>/dev/null; }
 
+# The loader cache's listing (ldconfig -p): ldconfig from PATH, else /sbin's (not on every
+# user's PATH).
+_braid_ldconfig_p() {
+  if command -v ldconfig >/dev/null 2>&1; then ldconfig -p 2>/dev/null; else /sbin/ldconfig -p 2>/dev/null; fi
+}
+
 # The C library: the bundle carries everything but glibc, which must be at least the version its
 # programs were linked against. GCC's runtime in lib/ may want a newer one than the rest; then the
 # machine's own libstdc++ and libgcc_s are used instead (put first on LD_LIBRARY_PATH through a
 # folder of links), if they have the GLIBCXX version the programs need.
 _braid_older() { [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -1)" = "$1" ] && [ "$1" != "$2" ]; }
-_braid_have_glibc="$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')"
-_braid_gcc_dir=""
-if [ -n "$_braid_have_glibc" ]; then
-  if _braid_older "$_braid_have_glibc" "$(_braid_info glibc_min)"; then
-    BRAID_ENV_PROBLEMS="glibc $_braid_have_glibc here, the bundle's programs need >= $(_braid_info glibc_min): build the bundle on an older distribution"
-  elif _braid_older "$_braid_have_glibc" "$(_braid_info glibc_min_gcc_runtime)"; then
-    _sys=$(/sbin/ldconfig -p 2>/dev/null | awk '$1 == "libstdc++.so.6" && /x86-64/ {print $NF; exit}')
-    _gcc=$(/sbin/ldconfig -p 2>/dev/null | awk '$1 == "libgcc_s.so.1" && /x86-64/ {print $NF; exit}')
-    if [ -n "$_sys" ] && [ -n "$_gcc" ] && grep -aq "GLIBCXX_$(_braid_info glibcxx_min)" "$_sys"; then
+# The decision, from what this machine has: its glibc version (getconf GNU_LIBC_VERSION) and the
+# loader cache's libstdc++.so.6 and libgcc_s.so.1, against BUNDLE_INFO's glibc_min,
+# glibc_min_gcc_runtime and glibcxx_min. Sets _braid_gcc_dir (a folder of links to the system's
+# two libraries, to go first on LD_LIBRARY_PATH; empty when the bundled ones serve) and appends
+# to BRAID_ENV_PROBLEMS; prints a line when it falls back. Without a glibc version (not glibc?)
+# it decides nothing. tools/bundle/env_glibc_test.sh drives it with a fake getconf and ldconfig.
+_braid_choose_gcc_runtime() {
+  _braid_gcc_dir=""
+  local have sys gcc
+  have="$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')"
+  [ -n "$have" ] || return 0
+  if _braid_older "$have" "$(_braid_info glibc_min)"; then
+    BRAID_ENV_PROBLEMS="${BRAID_ENV_PROBLEMS:+$BRAID_ENV_PROBLEMS; }glibc $have here, the bundle's programs need >= $(_braid_info glibc_min): build the bundle on an older distribution"
+  elif _braid_older "$have" "$(_braid_info glibc_min_gcc_runtime)"; then
+    sys=$(_braid_ldconfig_p | awk '$1 == "libstdc++.so.6" && /x86-64/ {print $NF; exit}')
+    gcc=$(_braid_ldconfig_p | awk '$1 == "libgcc_s.so.1" && /x86-64/ {print $NF; exit}')
+    if [ -n "$sys" ] && [ -n "$gcc" ] && grep -aq "GLIBCXX_$(_braid_info glibcxx_min)" "$sys"; then
       _braid_gcc_dir="$(mktemp -d "${TMPDIR:-/tmp}/braid-gcc-runtime.XXXXXX")"
-      ln -s "$_sys" "$_braid_gcc_dir/libstdc++.so.6"
-      ln -s "$_gcc" "$_braid_gcc_dir/libgcc_s.so.1"
-      echo "env.sh: glibc $_braid_have_glibc is older than the bundled libstdc++ wants ($(_braid_info glibc_min_gcc_runtime)): using the system's $_sys and $_gcc"
+      ln -s "$sys" "$_braid_gcc_dir/libstdc++.so.6"
+      ln -s "$gcc" "$_braid_gcc_dir/libgcc_s.so.1"
+      echo "env.sh: glibc $have is older than the bundled libstdc++ wants ($(_braid_info glibc_min_gcc_runtime)): using the system's $sys and $gcc"
     else
-      BRAID_ENV_PROBLEMS="glibc $_braid_have_glibc here is older than the bundled libstdc++ needs ($(_braid_info glibc_min_gcc_runtime)), and the system's libstdc++ (${_sys:-none}) lacks GLIBCXX_$(_braid_info glibcxx_min): install a newer libstdc++6, or build the bundle on an older distribution"
+      BRAID_ENV_PROBLEMS="${BRAID_ENV_PROBLEMS:+$BRAID_ENV_PROBLEMS; }glibc $have here is older than the bundled libstdc++ needs ($(_braid_info glibc_min_gcc_runtime)), and the system's libstdc++ (${sys:-none}) lacks GLIBCXX_$(_braid_info glibcxx_min): install a newer libstdc++6, or build the bundle on an older distribution"
     fi
   fi
-fi
+}
+_braid_choose_gcc_runtime
 
 # Candidate folders for the NVIDIA libraries, in order.
 _braid_dirs=()
@@ -82,7 +97,7 @@ for _lib in $(_braid_info nvidia_needed); do
   if [ -n "$_found" ]; then
     echo "env.sh: $_lib: $_found"
     case " ${_braid_ld[*]-} " in *" $_found "*) ;; *) _braid_ld+=("$_found") ;; esac
-  elif _cached=$(/sbin/ldconfig -p 2>/dev/null | awk -v l="$_lib" '$1 == l {print $NF; exit}') &&
+  elif _cached=$(_braid_ldconfig_p | awk -v l="$_lib" '$1 == l {print $NF; exit}') &&
        [ -n "$_cached" ]; then
     echo "env.sh: $_lib: $_cached (the system's)"
   else
@@ -92,7 +107,7 @@ for _lib in $(_braid_info nvidia_needed); do
 done
 # The driver (libcuda.so.1), which the CUDA runtime opens itself: only the system has it.
 if [ -n "$(_braid_info nvidia_needed)" ]; then
-  _drv=$(/sbin/ldconfig -p 2>/dev/null | awk '$1 == "libcuda.so.1" {print $NF; exit}')
+  _drv=$(_braid_ldconfig_p | awk '$1 == "libcuda.so.1" {print $NF; exit}')
   echo "env.sh: libcuda.so.1 (the driver): ${_drv:-not in the loader cache}"
 fi
 [ -n "$_braid_gcc_dir" ] && _braid_ld=("$_braid_gcc_dir" "${_braid_ld[@]+"${_braid_ld[@]}"}")
@@ -105,5 +120,5 @@ export LD_LIBRARY_PATH
 export BRAID_ENV_PROBLEMS
 [ -z "$BRAID_ENV_PROBLEMS" ] || echo "env.sh: PROBLEM: $BRAID_ENV_PROBLEMS"
 unset _braid_dirs _braid_extra _braid_py _braid_ld _i _d _root _lib _found _cached _drv \
-  _braid_have_glibc _braid_gcc_dir _sys _gcc
-unset -f _braid_info _braid_older
+  _braid_gcc_dir
+unset -f _braid_info _braid_older _braid_ldconfig_p _braid_choose_gcc_runtime
