@@ -1,13 +1,17 @@
 // Causal grouped-query attention for the CPU (f32), the gqa_forward/gqa_backward slots.
 //
-// Query head h reads K/V head h / (H / Hkv) in place: K and V are never repeated. Forward runs
-// one task per (batch, query head); backward one per (batch, K/V head), which owns that head's
-// dk and dv and its group's dq, so the sums over the group are formed by one thread in a fixed
-// order: the same bits for any thread count, with no atomics.
-#include <algorithm>
+// Query head h reads K/V head h / (H / Hkv) in place: K and V are never repeated. Both passes run
+// one task per (batch, K/V head): the task lays out its K/V head once (Kᵀ and V for the forward;
+// Vᵀ and K for the backward) and runs each query head of its group through the register-blocked
+// per-head passes the fused GPT attention uses (attention_head.h), so the K/V head is prepared
+// once per group rather than once per query head. The backward's task owns that head's dk and dv
+// and its group's dq: the sums over the group are formed by one thread in a fixed order (the
+// first head's part, then each next head's added), the same bits for any thread count, with no
+// atomics.
 #include <cmath>
 #include <vector>
 
+#include "backends/cpu/attention_head.h"
 #include "backends/cpu/thread_pool.h"
 #include "core/check.h"
 #include "core/kernel_checks.h"
@@ -16,25 +20,9 @@
 namespace braid::cpu {
 namespace {
 
+namespace at = attention;
 namespace checks = kernels::checks;
 constexpr DType kF32 = DType::kF32;
-// Multiply-adds per parallel task: one (batch, head) of a short sequence is too little work.
-constexpr int64_t kAttentionGrain = 1 << 16;
-
-float Dot(const float* a, const float* b, int64_t n) {
-  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) lane[j] += a[i + j] * b[i + j];
-  }
-  float s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-void Axpy(float a, const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
 
 void GqaForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, Tensor& att) {
   const auto s = checks::GqaForward("cpu", kF32, q, k, v, out, att);
@@ -45,34 +33,19 @@ void GqaForward(const Tensor& q, const Tensor& k, const Tensor& v, Tensor& out, 
   const float* pv = v.data<float>();
   float* po = out.data<float>();
   float* pa = att.data<float>();
-  const float scale = 1.0f / std::sqrt(float(D));
-  const int64_t grain = std::max<int64_t>(1, kAttentionGrain / std::max<int64_t>(T * T * D, 1));
-  ParallelFor(s.b * s.h, grain, [&](int64_t j0, int64_t j1) {
+  const float scale = float(1.0 / std::sqrt(double(D)));
+  ParallelFor(s.b * s.hkv, 1, [&](int64_t j0, int64_t j1) {
+    thread_local std::vector<float> buf;
+    float* kt = at::Scratch(buf, 2 * D * T);  // Kᵀ [D, T], then V [T, D]
+    float* vc = kt + D * T;
     for (int64_t j = j0; j < j1; ++j) {
-      const int64_t b = j / s.h, h = j % s.h, g = h / group;
-      const float* Q = pq + b * T * q_row + h * D;
-      const float* K = pk + b * T * kv_row + g * D;
-      const float* V = pv + b * T * kv_row + g * D;
-      float* O = po + b * T * q_row + h * D;
-      float* A = pa + j * T * T;
-      for (int64_t t = 0; t < T; ++t) {
-        float* row = A + t * T;
-        float mx = -INFINITY;
-        for (int64_t u = 0; u <= t; ++u) {
-          row[u] = Dot(Q + t * q_row, K + u * kv_row, D) * scale;
-          mx = std::max(mx, row[u]);
-        }
-        float sum = 0;
-        for (int64_t u = 0; u <= t; ++u) {
-          row[u] = std::exp(row[u] - mx);
-          sum += row[u];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t u = 0; u <= t; ++u) row[u] *= inv;
-        for (int64_t u = t + 1; u < T; ++u) row[u] = 0.0f;
-        float* o = O + t * q_row;
-        std::fill(o, o + D, 0.0f);
-        for (int64_t u = 0; u <= t; ++u) Axpy(row[u], V + u * kv_row, o, D);
+      const int64_t b = j / s.hkv, g = j % s.hkv;
+      at::Transpose(pk + b * T * kv_row + g * D, kv_row, T, D, kt, T);
+      at::CopyRows(pv + b * T * kv_row + g * D, kv_row, T, D, vc);
+      for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+        const int64_t off = b * T * q_row + h * D;
+        at::HeadForward(T, D, scale, pq + off, q_row, kt, vc, pa + (b * s.h + h) * T * T, po + off,
+                        q_row);
       }
     }
   });
@@ -91,43 +64,40 @@ void GqaBackward(const Tensor& dout, const Tensor& q, const Tensor& k, const Ten
   float* pdq = dq.data<float>();
   float* pdk = dk.data<float>();
   float* pdv = dv.data<float>();
-  const float scale = 1.0f / std::sqrt(float(D));
-  const int64_t grain =
-      std::max<int64_t>(1, kAttentionGrain / std::max<int64_t>(group * T * T * D, 1));
-  ParallelFor(s.b * s.hkv, grain, [&](int64_t j0, int64_t j1) {
-    std::vector<float> dA(static_cast<size_t>(T));
+  const float scale = float(1.0 / std::sqrt(double(D)));
+  ParallelFor(s.b * s.hkv, 1, [&](int64_t j0, int64_t j1) {
+    thread_local std::vector<float> buf;
+    // dS [T, T], Vᵀ [D, T], then K, Q, dO and a later head's dK and dV parts [T, D].
+    float* ds = at::Scratch(buf, T * T + 6 * T * D);
+    float* vt = ds + T * T;
+    float* kc = vt + T * D;
+    float* qc = kc + T * D;
+    float* gc = qc + T * D;
+    float* dk_h = gc + T * D;
+    float* dv_h = dk_h + T * D;
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t b = j / s.hkv, g = j % s.hkv;
-      const float* K = pk + b * T * kv_row + g * D;
-      const float* V = pv + b * T * kv_row + g * D;
-      float* dK = pdk + b * T * kv_row + g * D;
-      float* dV = pdv + b * T * kv_row + g * D;
-      for (int64_t u = 0; u < T; ++u) {
-        std::fill(dK + u * kv_row, dK + u * kv_row + D, 0.0f);
-        std::fill(dV + u * kv_row, dV + u * kv_row + D, 0.0f);
-      }
+      const int64_t kv_off = b * T * kv_row + g * D;
+      float* dK = pdk + kv_off;
+      float* dV = pdv + kv_off;
+      at::Transpose(pv + kv_off, kv_row, T, D, vt, T);
+      at::CopyRows(pk + kv_off, kv_row, T, D, kc);
       for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-        const float* Q = pq + b * T * q_row + h * D;
-        const float* G = pg + b * T * q_row + h * D;
-        float* dQ = pdq + b * T * q_row + h * D;
+        const int64_t off = b * T * q_row + h * D;
+        at::CopyRows(pq + off, q_row, T, D, qc);
+        at::CopyRows(pg + off, q_row, T, D, gc);
         const float* A = pa + (b * s.h + h) * T * T;
-        for (int64_t t = 0; t < T; ++t) {
-          const float* row = A + t * T;
-          const float* go = G + t * q_row;
-          // out[t] = sum_u A[t,u] v[u]: dA[u] = <dout[t], v[u]>, dv[u] += A[t,u] dout[t].
-          float dot_pa = 0;
-          for (int64_t u = 0; u <= t; ++u) {
-            dA[size_t(u)] = Dot(go, V + u * kv_row, D);
-            dot_pa += row[u] * dA[size_t(u)];
-            Axpy(row[u], go, dV + u * kv_row, D);
-          }
-          float* dq_t = dQ + t * q_row;
-          std::fill(dq_t, dq_t + D, 0.0f);
-          for (int64_t u = 0; u <= t; ++u) {
-            // Softmax backward, then the scaled q.k products.
-            const float ds = row[u] * (dA[size_t(u)] - dot_pa) * scale;
-            Axpy(ds, K + u * kv_row, dq_t, D);
-            Axpy(ds, Q + t * q_row, dK + u * kv_row, D);
+        if (h == g * group) {  // the group's first head writes dK and dV
+          at::HeadBackward(T, D, scale, qc, kc, vt, gc, A, ds, pdq + off, q_row, dK, dV, kv_row);
+          continue;
+        }
+        at::HeadBackward(T, D, scale, qc, kc, vt, gc, A, ds, pdq + off, q_row, dk_h, dv_h, D);
+        for (int64_t u = 0; u < T; ++u) {
+          float* dk_u = dK + u * kv_row;
+          float* dv_u = dV + u * kv_row;
+          for (int64_t i = 0; i < D; ++i) {
+            dk_u[i] += dk_h[u * D + i];
+            dv_u[i] += dv_h[u * D + i];
           }
         }
       }
