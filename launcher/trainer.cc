@@ -34,6 +34,7 @@
 #include "core/strategy.h"
 #include "core/weights_match.h"
 #include "launcher/activation_checkpointing/activation_checkpointing.h"
+#include "launcher/activation_checkpointing/kept_inputs.h"
 #include "launcher/batch_sources.h"
 #include "launcher/compose.h"
 #include "launcher/config/config.h"
@@ -64,6 +65,23 @@ CriterionFn ModelLoss(const TrainConfig& cfg) {
 // section against it and filled in its defaults.
 absl::StatusOr<std::unique_ptr<Module>> BuildModel(const TrainConfig& cfg, Device device) {
   return Registry::Get().MakeModel(cfg.model().name(), cfg.model(), cfg.seed(), device);
+}
+
+// DeepSpeed's partition_activations and cpu_checkpointing (kept_inputs.h): where checkpoints on
+// `device` keep their inputs; null where neither applies (validation noted why).
+std::shared_ptr<KeptInputs> KeptInputsFor(const config::TrainConfig& cfg, Device device,
+                                          const DeviceMesh* mesh) {
+  const config::ActivationCheckpointingConfig& a = cfg.activation_checkpointing();
+  KeptInputs::Options o;
+  // Under sequence parallelism a block's input is this rank's part of the sequence already, not
+  // the same on every rank of the tensor group: nothing to partition.
+  if (a.partition_activations() && mesh != nullptr && mesh->shape().tensor > 1 &&
+      !cfg.parallel().sequence_parallel()) {
+    o.partition_group = &mesh->tensor();
+  }
+  o.to_host = a.cpu_checkpointing() && device.type != DeviceType::kCPU;
+  if (o.partition_group == nullptr && !o.to_host) return nullptr;
+  return std::make_shared<KeptInputs>(o);
 }
 
 }  // namespace
@@ -177,7 +195,9 @@ absl::Status Run::Compose() {
     // A replica is trained like the model: checkpointed the same way (dp's devices).
     if (cfg.has_activation_checkpointing()) {
       auto policy = CheckpointPolicyFromConfig(cfg.activation_checkpointing());
-      if (!policy.ok() || !EnableActivationCheckpointing(**m, *policy).ok()) return nullptr;
+      if (!policy.ok()) return nullptr;
+      policy->kept_inputs = KeptInputsFor(cfg, d, nullptr);  // cpu_checkpointing on its device
+      if (!EnableActivationCheckpointing(**m, *policy).ok()) return nullptr;
     }
     return std::move(*m);
   };
@@ -262,8 +282,11 @@ absl::Status Run::SetUpStrategy() {
   if (cfg_.has_activation_checkpointing()) {
     BRAID_ASSIGN_OR_RETURN(CheckpointPolicy policy,
                            CheckpointPolicyFromConfig(cfg_.activation_checkpointing()));
+    policy.kept_inputs = KeptInputsFor(cfg_, device_, mesh_.get());
     BRAID_ASSIGN_OR_RETURN(CheckpointingSummary ckpt, EnableActivationCheckpointing(*model_, policy));
-    rep_->Line("braid: activation checkpointing: " + ckpt.ToString());
+    const std::string kept = policy.kept_inputs ? policy.kept_inputs->ToString(device_) : "";
+    rep_->Line(absl::StrCat("braid: activation checkpointing: ", ckpt.ToString(),
+                            kept.empty() ? "" : "; kept inputs: " + kept));
   }
   // Applied after Setup: a strategy that shards parameters keeps only this rank's part.
   if (!cfg_.init_from().empty()) {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "core/autograd.h"
 #include "core/config/train_config.pb.h"
+#include "launcher/activation_checkpointing/kept_inputs.h"
 
 namespace braid {
 namespace {
@@ -35,6 +36,7 @@ struct Segment {
   std::vector<std::string> names;
   std::vector<Module*> modules;
   std::vector<Module::ForwardFn> previous;  // the replaced forward before; null: Forward
+  std::shared_ptr<KeptInputs> kept;         // where the input waits; null: kept as it is
 
   Tensor Inner(size_t k, const Tensor& x) const {
     return previous[k] ? previous[k](x) : modules[k]->Forward(x);
@@ -55,8 +57,13 @@ struct SavedMeta {
 class Run {
  public:
   Run(std::shared_ptr<const Segment> seg, size_t first, Tensor input, std::shared_ptr<void> rng)
-      : seg_(std::move(seg)), first_(first), end_(first), input_(std::move(input)),
-        rng_(std::move(rng)) {}
+      : seg_(std::move(seg)), first_(first), end_(first), rng_(std::move(rng)) {
+    if (seg_->kept != nullptr && input.defined()) {
+      kept_ = seg_->kept->Keep(input);
+    } else {
+      input_ = std::move(input);
+    }
+  }
 
   const Segment* segment() const { return seg_.get(); }
   size_t end() const { return end_; }
@@ -101,6 +108,9 @@ class Run {
         << " was asked for a saved tensor while another checkpoint was recomputing";
     std::vector<Tensor> got;
     got.reserve(metas_.size());
+    // The input back on the device, whole (a collective of the tensor group when partitioned:
+    // every rank recomputes this segment at the same point of its backward).
+    const Tensor input = kept_ != nullptr ? seg_->kept->Restore(*kept_) : input_;
     CheckpointRngState rng = CurrentRngState();
     std::shared_ptr<void> resume;
     if (rng_ && rng.save && rng.restore) {
@@ -120,7 +130,7 @@ class Run {
             BRAID_CHECK(false) << "activation checkpointing: a recomputed graph was run backward";
             return Tensor();
           }});
-      Tensor h = input_;
+      Tensor h = input;
       for (size_t k = first_; k < end_; ++k) {
         // The segment's last module is the one backward is in: its forward hooks ran in the
         // forward and its pre-backward hook has just run (ZeRO-3 gathered its parameters
@@ -151,7 +161,8 @@ class Run {
 
   std::shared_ptr<const Segment> seg_;
   size_t first_, end_;
-  Tensor input_;  // detached: the graph into it is the caller's
+  Tensor input_;  // detached: the graph into it is the caller's; or, with a store:
+  std::shared_ptr<KeptInputs::Kept> kept_;
   std::shared_ptr<void> rng_;
   std::vector<SavedMeta> metas_;
   std::vector<Tensor> recomputed_;
@@ -341,9 +352,11 @@ std::string CheckpointingSummary::ToString() const {
 
 bool IsActivationCheckpointed(const Module& m) { return Checkpointed(m) != nullptr; }
 
-absl::Status CheckpointSegment(const std::vector<std::pair<std::string, Module*>>& modules) {
+absl::Status CheckpointSegment(const std::vector<std::pair<std::string, Module*>>& modules,
+                               std::shared_ptr<KeptInputs> kept_inputs) {
   if (modules.empty()) return absl::InvalidArgumentError("CheckpointSegment: no modules given");
   auto seg = std::make_shared<Segment>();
+  seg->kept = std::move(kept_inputs);
   for (const auto& [name, m] : modules) {
     if (m == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("CheckpointSegment: module '", name, "' is null"));
@@ -450,7 +463,7 @@ absl::StatusOr<CheckpointingSummary> EnableActivationCheckpointing(Module& model
   summary.blocks = int(blocks.size());
   for (size_t i = 0; i < segments.size(); ++i) {
     const bool keep = keep_last && i + 1 == segments.size();
-    if (!keep) BRAID_RETURN_IF_ERROR(CheckpointSegment(segments[i]));
+    if (!keep) BRAID_RETURN_IF_ERROR(CheckpointSegment(segments[i], policy.kept_inputs));
     summary.modules += int(segments[i].size());
     if (keep) {
       summary.last_kept = int(segments[i].size());

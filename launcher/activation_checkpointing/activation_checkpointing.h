@@ -49,6 +49,7 @@ namespace braid {
 namespace config {
 class ActivationCheckpointingConfig;  // core/config/train_config.proto
 }
+class KeptInputs;  // kept_inputs.h
 
 // Which modules of a model are checkpointed, over its n blocks (Module::NamedBlocks, in order).
 struct CheckpointPolicy {
@@ -73,6 +74,10 @@ struct CheckpointPolicy {
   // where backward does not follow the forward at once (a GPipe schedule's last stage runs every
   // micro-batch's forward first), and in tests of the recompute on one-block models.
   bool checkpoint_last_segment = false;
+  // Where each segment keeps its input until the recompute (kept_inputs.h: this rank's slice
+  // under partition_activations, host memory under cpu_checkpointing, and the bytes held).
+  // Null: the input itself, on its device, uncounted.
+  std::shared_ptr<KeptInputs> kept_inputs;
 
   // "sqrt", "every_block", "every_k, k=2", "attention".
   std::string ToString() const;
@@ -115,8 +120,10 @@ absl::StatusOr<CheckpointingSummary> EnableActivationCheckpointing(Module& model
                                                                    const CheckpointPolicy& policy);
 
 // Checkpoints `modules` (name, module), consecutive modules each fed the previous one's output,
-// as one segment. What EnableActivationCheckpointing does per segment; open for other layouts.
-absl::Status CheckpointSegment(const std::vector<std::pair<std::string, Module*>>& modules);
+// as one segment, its input kept by `kept_inputs` (null: as it is). What
+// EnableActivationCheckpointing does per segment; open for other layouts.
+absl::Status CheckpointSegment(const std::vector<std::pair<std::string, Module*>>& modules,
+                               std::shared_ptr<KeptInputs> kept_inputs = nullptr);
 
 // Restores the forward of every checkpointed module under `model` (including itself) to what it
 // was before; returns how many were restored.

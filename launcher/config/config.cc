@@ -139,28 +139,21 @@ void CheckActivationCheckpointing(Checker& c, TrainConfig* cfg) {
   } else {
     c.Error(std::string(policy.status().message()));
   }
-  // DeepSpeed options about where kept inputs live. Where they could change nothing (no
-  // tensor-parallel group to split over; a CPU run, whose inputs are in host memory already)
-  // they are accepted with a note; where they would, they are refused rather than ignored, so
-  // that a run does not silently hold more memory than its config promises.
+  // DeepSpeed's options about where kept inputs live, implemented by the training program
+  // (launcher/activation_checkpointing/kept_inputs.h): partition_activations splits them over the
+  // tensor-parallel group, cpu_checkpointing keeps a GPU's in host memory. Where they can change
+  // nothing (no tensor-parallel group; sequence parallelism's inputs, split along the sequence
+  // already; a CPU run, whose inputs are in host memory already) they are accepted with a note.
   const bool tensor_parallel = cfg->has_parallel() && cfg->parallel().tensor() > 1;
   if (a->partition_activations()) {
-    if (tensor_parallel) {
-      c.Error("activation_checkpointing.partition_activations: Braid does not split the kept "
-              "inputs over the tensor-parallel group (each rank keeps its own); set it false or "
-              "remove it");
-    } else {
+    if (!tensor_parallel) {
       cfg->add_ignored_fields("activation_checkpointing.partition_activations");
+    } else if (cfg->parallel().sequence_parallel()) {
+      cfg->add_ignored_fields("activation_checkpointing.partition_activations (sequence_parallel)");
     }
   }
-  if (a->cpu_checkpointing()) {
-    if (absl::StartsWith(cfg->device(), "cpu")) {
-      cfg->add_ignored_fields("activation_checkpointing.cpu_checkpointing");
-    } else {
-      c.Error(absl::StrCat("activation_checkpointing.cpu_checkpointing: Braid keeps the "
-                           "checkpointed inputs on the training device (no CPU offload from ",
-                           cfg->device(), "); set it false or remove it"));
-    }
+  if (a->cpu_checkpointing() && absl::StartsWith(cfg->device(), "cpu")) {
+    cfg->add_ignored_fields("activation_checkpointing.cpu_checkpointing");
   }
   // It only fights DeepSpeed's own fragmentation: kind 2, a note.
   if (a->contiguous_memory_optimization()) {

@@ -449,6 +449,10 @@ std::string IgnoredFieldNote(const std::string& entry) {
     return "activation_checkpointing.partition_activations: no effect without tensor parallelism "
            "(there is no tensor-parallel group to split the kept inputs over)";
   }
+  if (entry == "activation_checkpointing.partition_activations (sequence_parallel)") {
+    return "activation_checkpointing.partition_activations: no effect under "
+           "parallel.sequence_parallel (each rank keeps its part of the sequence already)";
+  }
   if (entry == "activation_checkpointing.cpu_checkpointing") {
     return "activation_checkpointing.cpu_checkpointing: no effect on a CPU run (the kept inputs "
            "are in host memory already)";

@@ -276,8 +276,8 @@ TEST(ConfigValidate, ActivationCheckpointingNeedsNoStrategyFeature) {
                         "\"sqrt\"; remove every_k or set policy: \"every_k\""));
   EXPECT_THAT(ValidationError("activation_checkpointing { number_checkpoints: 0 }"),
               HasSubstr("activation_checkpointing.number_checkpoints (0) must be >= 1"));
-  // DeepSpeed's options about where kept inputs live: true is refused where it would change
-  // something Braid does not do, and noted where it cannot change anything; false is accepted.
+  // DeepSpeed's options about where kept inputs live: implemented where they change something
+  // (the training program's kept_inputs.h), noted where they cannot; false is accepted.
   for (const char* field : {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization"}) {
     TrainConfig on = Text(absl::StrCat("activation_checkpointing { ", field, ": true }"));
     ASSERT_TRUE(Validate(&on, 1, {}).ok()) << field;
@@ -286,13 +286,25 @@ TEST(ConfigValidate, ActivationCheckpointingNeedsNoStrategyFeature) {
     EXPECT_EQ(ValidationError(absl::StrCat("activation_checkpointing { ", field, ": false }")), "")
         << field;
   }
-  EXPECT_THAT(ValidationError("parallel { tensor: 2 } activation_checkpointing { partition_activations: true }",
-                              2, {"tensor_parallel"}),
-              HasSubstr("activation_checkpointing.partition_activations: Braid does not split the "
-                        "kept inputs over the tensor-parallel group"));
-  EXPECT_THAT(ValidationError("device: \"cuda\" activation_checkpointing { cpu_checkpointing: true }"),
-              HasSubstr("activation_checkpointing.cpu_checkpointing: Braid keeps the checkpointed "
-                        "inputs on the training device (no CPU offload from cuda:0)"));
+  // Under tensor parallelism partition_activations splits the kept inputs (no note); under
+  // sequence parallelism they are split already (a note). cpu_checkpointing on a GPU keeps
+  // them in host memory (no note).
+  auto notes_of = [&](const std::string& text, int world, std::vector<std::string> features) {
+    TrainConfig c = Text(text);
+    absl::Status st = Validate(&c, world, features);
+    EXPECT_TRUE(st.ok()) << text << ": " << st;
+    return ConfigNotes(c);
+  };
+  EXPECT_THAT(notes_of("parallel { tensor: 2 } activation_checkpointing { partition_activations: true }",
+                       2, {"tensor_parallel"}),
+              ::testing::Not(::testing::Contains(HasSubstr("partition_activations"))));
+  EXPECT_THAT(notes_of("parallel { tensor: 2 sequence_parallel: true } "
+                       "activation_checkpointing { partition_activations: true }",
+                       2, {"tensor_parallel"}),
+              ::testing::Contains(HasSubstr("partition_activations: no effect under "
+                                            "parallel.sequence_parallel")));
+  EXPECT_THAT(notes_of("device: \"cuda\" activation_checkpointing { cpu_checkpointing: true }", 1, {}),
+              ::testing::Not(::testing::Contains(HasSubstr("cpu_checkpointing"))));
 
   // A DeepSpeed JSON's section, as DeepSpeed's documentation writes it, plus Braid's policy.
   auto json = ParseJsonConfig(R"({"activation_checkpointing": {
