@@ -14,7 +14,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/autograd.h"
 #include "core/batch.h"
+#include "core/check.h"
 #include "core/communicator.h"
 #include "core/mesh.h"
 #include "core/module.h"
@@ -101,9 +103,18 @@ struct StepStats {
   std::string comm_what;
 };
 
+// A strategy decides three things, and has them required: its name, Setup (placement, groups,
+// the optimizer) and TrainStep. Everything else has a default that fits a strategy whose every
+// data-parallel rank holds the whole model (single, DDP, Local SGD, most strategies a user
+// writes first): such a strategy ends Setup with Adopt(model, optimizer, data group), and the
+// defaults answer from what it adopted. A strategy that shards or partitions the model (ZeRO,
+// the pipeline, tensor parallelism) overrides what it holds differently.
+// docs/WRITING_A_STRATEGY.md section 2.
 class Strategy {
  public:
   virtual ~Strategy() = default;
+
+  // --- Required.
   virtual std::string name() const = 0;
   // Called once before training. The strategy may move, shard or wrap parameters, and builds
   // its optimizer with `make_optimizer`.
@@ -113,23 +124,47 @@ class Strategy {
   // are several): the result equals one step on their concatenation.
   virtual absl::StatusOr<StepStats> TrainStep(const std::vector<Batch>& micro_batches,
                                               const LossFn& loss) = 0;
-  virtual Optimizer* optimizer() = 0;
+
+  // --- With defaults: the whole model on every rank of the adopted data-parallel group.
+
+  // The optimizer the trainer sets the learning rate through, on every rank after Setup.
+  virtual Optimizer* optimizer() { return optimizer_.get(); }
   // The full model state (gathered if sharded), named as the model names it.
-  virtual absl::StatusOr<std::map<std::string, Tensor>> FullStateDict() = 0;
+  virtual absl::StatusOr<std::map<std::string, Tensor>> FullStateDict() {
+    if (model_ == nullptr) return NotSetUp("FullStateDict");
+    return model_->StateDict();  // every replica holds the same whole model
+  }
   // Loads full (unsharded) weights named as the model names them (--init_from): a strategy that
-  // shards parameters keeps this rank's part. Called after Setup.
-  virtual absl::Status LoadFullStateDict(const std::map<std::string, Tensor>& state) = 0;
+  // shards parameters keeps this rank's part. Called after Setup. The default: every rank loads
+  // the same values, no communication.
+  virtual absl::Status LoadFullStateDict(const std::map<std::string, Tensor>& state) {
+    if (model_ == nullptr) return NotSetUp("LoadFullStateDict");
+    return model_->LoadStateDict(state, /*strict=*/true);
+  }
 
   // Which shard of the data this rank reads: its place in the data-parallel group (after
   // Setup). Every rank is a data-parallel replica under single, DDP and ZeRO; pipeline and
-  // tensor parallelism make several ranks read the same data.
-  virtual int data_parallel_rank() const = 0;
-  virtual int data_parallel_size() const = 0;
+  // tensor parallelism make several ranks read the same data. The default: the adopted group
+  // (none: one replica). A strategy that neither adopts nor overrides these has broken its
+  // contract: asking fails fast, naming it.
+  virtual int data_parallel_rank() const {
+    BRAID_CHECK(model_ != nullptr) << Unanswered("data_parallel_rank");
+    return data_ != nullptr ? data_->rank() : 0;
+  }
+  virtual int data_parallel_size() const {
+    BRAID_CHECK(model_ != nullptr) << Unanswered("data_parallel_size");
+    return data_ != nullptr ? data_->size() : 1;
+  }
 
   // Runs `eval` (forwards only, under NoGradGuard) on the model as this strategy holds it: a
   // strategy that shards parameters gathers each layer's around its forward. Called on every
   // rank at the same point.
-  virtual absl::Status Evaluate(const std::function<void(Module&)>& eval) = 0;
+  virtual absl::Status Evaluate(const std::function<void(Module&)>& eval) {
+    if (model_ == nullptr) return NotSetUp("Evaluate");
+    autograd::NoGradGuard no_grad;
+    eval(*model_);
+    return absl::OkStatus();
+  }
 
   // Held-out evaluation of a loss: the mean of `loss` over `batches`, forwards only, on the
   // model as this strategy holds it, through Evaluate. Every rank calls it at the same point
@@ -166,12 +201,18 @@ class Strategy {
   // state, so a checkpointer reads them to save and writes them to load; after loading, call
   // AfterStateLoaded. `create`: make optimizer state that does not exist yet (to load before the
   // first step). Each element of every global tensor is written by exactly one rank (write set).
+  // The default: the replicas are equal, rank 0 of the data-parallel group writes, every rank
+  // reads.
   virtual absl::StatusOr<std::vector<StateChunk>> StateChunks(bool create) {
-    return absl::UnimplementedError(name() + " cannot write sharded checkpoints yet");
+    if (model_ == nullptr) {
+      return absl::UnimplementedError(name() + " cannot write sharded checkpoints yet");
+    }
+    return WholeModelChunks(*model_, *optimizer_, create, data_parallel_rank() == 0);
   }
   // After a checkpointer wrote into StateChunks' tensors: re-establish what derives from them
   // (the optimizer's step count from "optimizer/step"; replicas all-gathered, ...).
   virtual absl::Status AfterStateLoaded(const std::vector<StateChunk>& chunks) {
+    if (optimizer_ != nullptr) RestoreOptimizerStep(*optimizer_, chunks);
     return absl::OkStatus();
   }
 
@@ -181,6 +222,39 @@ class Strategy {
   virtual absl::Status Wrap(std::unique_ptr<Strategy> inner) {
     return absl::UnimplementedError(name() + " does not wrap another strategy");
   }
+
+ protected:
+  // Ends the Setup of a strategy whose every data-parallel rank holds the whole model: the model
+  // it trains, the optimizer it built over the model's parameters, and the data-parallel group
+  // (null or size 1: one replica). The defaults above answer from these.
+  absl::Status Adopt(Module& model, std::unique_ptr<Optimizer> optimizer, Communicator* data) {
+    if (optimizer == nullptr) {
+      return absl::InvalidArgumentError("strategy '" + name() +
+                                        "': the optimizer factory returned null");
+    }
+    model_ = &model;
+    optimizer_ = std::move(optimizer);
+    data_ = data;
+    return absl::OkStatus();
+  }
+  // What Adopt took: the model (null before it), and the data-parallel group (null: one replica).
+  Module* model() const { return model_; }
+  Communicator* data_group() const { return data_; }
+  // "strategy 'NAME': WHAT before Setup".
+  absl::Status NotSetUp(const std::string& what) const {
+    return absl::FailedPreconditionError("strategy '" + name() + "': " + what + " before Setup");
+  }
+
+ private:
+  std::string Unanswered(const std::string& what) const {
+    return "strategy '" + name() + "': " + what + " asked before Setup, or its Setup neither " +
+           "called Adopt (the whole model on every data-parallel rank) nor does the strategy " +
+           "override " + what;
+  }
+
+  Module* model_ = nullptr;
+  std::unique_ptr<Optimizer> optimizer_;
+  Communicator* data_ = nullptr;
 };
 
 using StrategyFactory = std::function<std::unique_ptr<Strategy>()>;

@@ -153,36 +153,9 @@ class DdpStrategy final : public Strategy, public DdpIntrospection {
                      const StrategyContext& ctx) override;
   absl::StatusOr<StepStats> TrainStep(const std::vector<Batch>& micro_batches,
                                       const LossFn& loss_fn) override;
-  Optimizer* optimizer() override { return optimizer_.get(); }
-  absl::StatusOr<std::map<std::string, Tensor>> FullStateDict() override {
-    if (model_ == nullptr) {
-      return Error(absl::StatusCode::kFailedPrecondition, "FullStateDict before Setup");
-    }
-    return model_->StateDict();  // every rank holds the whole, identical model
-  }
-  absl::Status LoadFullStateDict(const std::map<std::string, Tensor>& state) override {
-    if (model_ == nullptr) {
-      return Error(absl::StatusCode::kFailedPrecondition, "LoadFullStateDict before Setup");
-    }
-    return model_->LoadStateDict(state, /*strict=*/true);  // every rank loads the same values
-  }
-  // Every rank holds the same model and optimizer state: rank 0 writes it, all read it.
-  absl::StatusOr<std::vector<StateChunk>> StateChunks(bool create) override {
-    if (model_ == nullptr) return Error(absl::StatusCode::kFailedPrecondition, "StateChunks before Setup");
-    return WholeModelChunks(*model_, *optimizer_, create, comm_ == nullptr || comm_->rank() == 0);
-  }
-  absl::Status AfterStateLoaded(const std::vector<StateChunk>& chunks) override {
-    RestoreOptimizerStep(*optimizer_, chunks);
-    return absl::OkStatus();
-  }
-  int data_parallel_rank() const override { return comm_ ? comm_->rank() : 0; }
-  int data_parallel_size() const override { return comm_ ? comm_->size() : 1; }
-  absl::Status Evaluate(const std::function<void(Module&)>& eval) override {
-    if (model_ == nullptr) return Error(absl::StatusCode::kFailedPrecondition, "Evaluate before Setup");
-    autograd::NoGradGuard no_grad;
-    eval(*model_);
-    return absl::OkStatus();
-  }
+  // Every rank holds the whole model: Setup adopts it with the optimizer and this group, and
+  // Strategy's defaults answer the optimizer, the full state, evaluation, the data shard and the
+  // checkpoint chunks (rank 0 writes).
 
   std::vector<TraceEvent> TraceEvents() const override {
     std::vector<TraceEvent> out = setup_events_;
@@ -204,11 +177,9 @@ class DdpStrategy final : public Strategy, public DdpIntrospection {
   void EndStepTrace();
   void WriteTrace();
 
-  Module* model_ = nullptr;
   Communicator* comm_ = nullptr;
   int rank_ = 0;  // kept: the communicator may be gone when the destructor writes the trace
   Options opts_;
-  std::unique_ptr<Optimizer> optimizer_;
   float max_grad_norm_ = 0;
   std::function<double(double)> model_parallel_sum_;  // tensor parallelism's, or null
   std::unique_ptr<Reducer> reducer_;  // made at Setup: the trainable parameters and buckets
@@ -227,7 +198,7 @@ class DdpStrategy final : public Strategy, public DdpIntrospection {
 
 absl::Status DdpStrategy::Setup(Module& model, const OptimizerFactory& make_optimizer,
                                 const StrategyContext& ctx) {
-  if (model_ != nullptr || (reducer_ != nullptr && reducer_->num_params() > 0)) {
+  if (Strategy::model() != nullptr || (reducer_ != nullptr && reducer_->num_params() > 0)) {
     return Error(absl::StatusCode::kFailedPrecondition,
                  "Setup called twice (make a new strategy object to train another model)");
   }
@@ -274,11 +245,7 @@ absl::Status DdpStrategy::Setup(Module& model, const OptimizerFactory& make_opti
   reducer_ = std::make_unique<Reducer>(model.NamedParameters(), reducer_opts, comm_,
                                        [this](TraceEvent e) { RecordEvent(std::move(e)); });
 
-  optimizer_ = make_optimizer(model.NamedParameters());
-  if (optimizer_ == nullptr) {
-    return Error(absl::StatusCode::kInvalidArgument, "the optimizer factory returned null");
-  }
-  model_ = &model;
+  BRAID_RETURN_IF_ERROR(Adopt(model, make_optimizer(model.NamedParameters()), comm_));
 
   TraceEvent e;
   e.name = "setup";
@@ -327,7 +294,7 @@ absl::Status DdpStrategy::CheckSameModelEverywhere(Module& model) {
 
 absl::StatusOr<StepStats> DdpStrategy::TrainStep(const std::vector<Batch>& micro_batches,
                                                  const LossFn& loss_fn) {
-  if (model_ == nullptr) {
+  if (model() == nullptr) {
     return Error(absl::StatusCode::kFailedPrecondition, "TrainStep before Setup");
   }
   if (micro_batches.empty()) {
@@ -386,7 +353,7 @@ absl::StatusOr<StepStats> DdpStrategy::TrainStep(const std::vector<Batch>& micro
   };
   events.read_loss_later = true;  // read with the norm below
   absl::Status local_error =
-      RunMicroBatches(name(), *model_, micro_batches, loss_fn, &stats, events);
+      RunMicroBatches(name(), *model(), micro_batches, loss_fn, &stats, events);
   reducer_->EndPass();
 
   absl::Status status = !local_error.ok()                ? local_error
@@ -407,10 +374,10 @@ absl::StatusOr<StepStats> DdpStrategy::TrainStep(const std::vector<Batch>& micro
     // Under tensor parallelism the norm also sums over the ranks holding the other slices.
     // The loss, this norm and the optimizer's checks reach the host in one read (on a GPU: the
     // step's one synchronisation of the device, core/micro_batches.h).
-    ReadStepScalarsAndClip(*optimizer_, trainable, max_grad_norm_, [this](double local) {
+    ReadStepScalarsAndClip(*optimizer(), trainable, max_grad_norm_, [this](double local) {
       return model_parallel_sum_ ? model_parallel_sum_(local) : local;
     }, &stats);
-    optimizer_->Step();
+    optimizer()->Step();
     opt.end_us = NowUs();
     RecordEvent(opt);
     stats.optimizer_s = (opt.end_us - opt.start_us) * 1e-6;

@@ -17,7 +17,6 @@
 #include "core/optimizer.h"
 #include "core/plugin_api.h"
 #include "core/registry.h"
-#include "core/replicated_strategy.h"
 #include "core/strategy.h"
 
 namespace braid {
@@ -25,7 +24,7 @@ namespace {
 
 double Seconds(absl::Time from) { return absl::ToDoubleSeconds(absl::Now() - from); }
 
-class SingleStrategy final : public ReplicatedStrategy {
+class SingleStrategy final : public Strategy {
  public:
   std::string name() const override { return "single"; }
 
@@ -56,25 +55,25 @@ class SingleStrategy final : public ReplicatedStrategy {
 
   absl::StatusOr<StepStats> TrainStep(const std::vector<Batch>& micro_batches,
                                       const LossFn& loss_fn) override {
-    if (model_ == nullptr) {
+    if (model() == nullptr) {
       return absl::FailedPreconditionError("strategy 'single': TrainStep before Setup");
     }
     if (micro_batches.empty()) {
       return absl::InvalidArgumentError("strategy 'single': TrainStep got no micro-batches");
     }
     StepStats stats;
-    optimizer_->ZeroGrad();
+    optimizer()->ZeroGrad();
     MicroBatchEvents events;
     events.read_loss_later = true;
-    BRAID_RETURN_IF_ERROR(RunMicroBatches(name(), *model_, micro_batches, loss_fn, &stats, events));
+    BRAID_RETURN_IF_ERROR(RunMicroBatches(name(), *model(), micro_batches, loss_fn, &stats, events));
     absl::Time start = absl::Now();
     // The step's one host synchronisation: the loss, the gradient norm (always measured;
     // max_grad_norm_ <= 0 only measures) and the optimizer's checks, read together; then clipped
     // when clipping is on.
-    ReadStepScalarsAndClip(*optimizer_, model_->Parameters(), max_grad_norm_, [this](double local) {
+    ReadStepScalarsAndClip(*optimizer(), model()->Parameters(), max_grad_norm_, [this](double local) {
       return model_parallel_sum_ ? model_parallel_sum_(local) : local;
     }, &stats);
-    optimizer_->Step();
+    optimizer()->Step();
     stats.optimizer_s = Seconds(start);
     RecordPeaks();  // gradients are still held; the optimizer's state exists after its first step
     return stats;
@@ -83,18 +82,18 @@ class SingleStrategy final : public ReplicatedStrategy {
   // What this process held of the model's state, for the summary (mixed precision's f32 masters
   // count as optimizer state: they are the optimizer's).
   std::vector<std::pair<std::string, int64_t>> ModelStatePeaks() const override {
-    if (model_ == nullptr) return {};
+    if (model() == nullptr) return {};
     return {{"parameters", peak_params_}, {"gradients", peak_grads_}, {"optimizer state", peak_state_}};
   }
 
  private:
   void RecordPeaks() {
     int64_t params = 0, grads = 0, state = 0;
-    for (const Tensor& p : model_->Parameters()) {
+    for (const Tensor& p : model()->Parameters()) {
       params += int64_t(p.nbytes());
       if (p.grad().defined()) grads += int64_t(p.grad().nbytes());
     }
-    for (const auto& [k, t] : optimizer_->StateDict()) {
+    for (const auto& [k, t] : optimizer()->StateDict()) {
       if (k != "step" && t.defined()) state += int64_t(t.nbytes());
     }
     peak_params_ = std::max(peak_params_, params);

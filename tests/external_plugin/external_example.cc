@@ -19,7 +19,6 @@
 #include "core/optimizer.h"
 #include "core/plugin_api.h"
 #include "core/registry.h"
-#include "core/replicated_strategy.h"
 #include "core/strategy.h"
 
 namespace braid::external_example {
@@ -29,10 +28,10 @@ absl::Status Error(const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("strategy 'external_example': ", what));
 }
 
-// A ReplicatedStrategy (core/replicated_strategy.h): every rank holds the whole model, so the
-// full state, loading it, evaluation, checkpoint chunks and the data shard have their answers
-// there. What is left is what this strategy decides: Setup and TrainStep.
-class ExternalExampleStrategy final : public ReplicatedStrategy {
+// Every rank holds the whole model: Setup ends with Adopt, and Strategy's defaults answer the
+// full state, loading it, evaluation, checkpoint chunks and the data shard (core/strategy.h).
+// What is left is what every strategy decides: name, Setup and TrainStep.
+class ExternalExampleStrategy final : public Strategy {
  public:
   std::string name() const override { return "external_example"; }
 
@@ -60,23 +59,23 @@ class ExternalExampleStrategy final : public ReplicatedStrategy {
   // [START train_step]
   absl::StatusOr<StepStats> TrainStep(const std::vector<Batch>& micro_batches,
                                       const LossFn& loss_fn) override {
-    if (model_ == nullptr) return NotSetUp("TrainStep");
+    if (model() == nullptr) return NotSetUp("TrainStep");
     StepStats stats;
-    optimizer_->ZeroGrad();
+    optimizer()->ZeroGrad();
     // The loop every strategy shares: forward, loss check, backward of loss / k.
-    BRAID_RETURN_IF_ERROR(RunMicroBatches(name(), *model_, micro_batches, loss_fn, &stats));
+    BRAID_RETURN_IF_ERROR(RunMicroBatches(name(), *model(), micro_batches, loss_fn, &stats));
     const absl::Time reduce_start = absl::Now();
-    std::vector<Tensor> params = model_->Parameters();
+    std::vector<Tensor> params = model()->Parameters();
     BRAID_RETURN_IF_ERROR(AverageGradients(params, &stats));
     stats.comm_exposed_s = absl::ToDoubleSeconds(absl::Now() - reduce_start);
     const absl::Time step_start = absl::Now();
     // Every rank holds the averaged gradient: the global norm is this rank's, summed over the
     // ranks holding the other slices of its parameters (tensor parallelism), with the loss
     // scale of mixed precision divided out; clipping goes through the optimizer.
-    stats.grad_norm = ClipGradNormSharded(*optimizer_, params, max_grad_norm_, [this](double local) {
+    stats.grad_norm = ClipGradNormSharded(*optimizer(), params, max_grad_norm_, [this](double local) {
       return model_parallel_sum_ ? model_parallel_sum_(local) : local;
     });
-    optimizer_->Step();
+    optimizer()->Step();
     stats.optimizer_s = absl::ToDoubleSeconds(absl::Now() - step_start);
     return stats;
   }
@@ -86,12 +85,12 @@ class ExternalExampleStrategy final : public ReplicatedStrategy {
   // The mean of every rank's gradient, in place: one all-reduce per parameter (a production
   // strategy would bucket them and overlap with backward, as plugins/ddp does).
   absl::Status AverageGradients(const std::vector<Tensor>& params, StepStats* stats) {
-    if (data_ == nullptr || data_->size() == 1) return absl::OkStatus();
+    if (data_group() == nullptr || data_group()->size() == 1) return absl::OkStatus();
     autograd::NoGradGuard no_grad;
     for (const Tensor& p : params) {
       Tensor g = p.grad();
       if (!g.defined()) continue;  // unused this step on every rank (same model, same graph)
-      BRAID_RETURN_IF_ERROR(data_->AllReduce(g, ReduceOp::kAvg)->Wait());
+      BRAID_RETURN_IF_ERROR(data_group()->AllReduce(g, ReduceOp::kAvg)->Wait());
       stats->comm_bytes += int64_t(g.nbytes());
       stats->comm_what = "gradients all-reduced";
     }
