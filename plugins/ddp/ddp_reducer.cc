@@ -181,12 +181,15 @@ void Reducer::MarkReady(int index) {
 void Reducer::LaunchReadyBuckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
     Bucket& b = buckets_[next_launch_];
-    std::vector<float> flags;
-    flags.reserve(b.params.size() + 1);
-    for (int i : b.params) flags.push_back(params_[size_t(i)].used ? 1.0f : 0.0f);
-    flags.push_back(step_ok_);
-    b.flat.FlatRange(b.numel, int64_t(flags.size()))
-        .CopyFrom(Tensor::FromVector(flags, {int64_t(flags.size())}));
+    // The flags (each parameter used, then this rank's step still valid) are written where the
+    // bucket is, by fills: a copy from the host would make the host wait for the device (on a
+    // GPU, for backward to catch up) at every bucket. Usually one fill of ones.
+    Tensor flags = b.flat.FlatRange(b.numel, int64_t(b.params.size()) + 1);
+    flags.Fill(1.0f);
+    for (size_t s = 0; s < b.params.size(); ++s) {
+      if (!params_[size_t(b.params[s])].used) flags.FlatRange(int64_t(s), 1).Fill(0.0f);
+    }
+    if (step_ok_ != 1.0f) flags.FlatRange(int64_t(b.params.size()), 1).Fill(step_ok_);
     b.launch_us = NowUs();
     b.work = comm_->AllReduce(b.flat, ReduceOp::kAvg);
     ++next_launch_;
@@ -277,9 +280,27 @@ void Reducer::Unpack() {
   const double n = comm_->size();
   const double all = 1.0 - 0.5 / n, none = 0.5 / n;  // thresholds on averaged 0/1 flags
   std::vector<std::string> missing;
+  // Every bucket's flags reach the host in one read (on a GPU: one synchronisation per step, not
+  // one per bucket): copied on the device into one f32 buffer (dtype-converting copies, which do
+  // not block), then read at once.
+  std::vector<float> all_flags;
+  if (!buckets_.empty()) {
+    int64_t total = 0;
+    for (const Bucket& b : buckets_) total += int64_t(b.params.size()) + 1;
+    Tensor packed = Tensor::Empty({total}, DType::kF32, buckets_.front().flat.device());
+    int64_t at = 0;
+    for (const Bucket& b : buckets_) {
+      const int64_t count = int64_t(b.params.size()) + 1;
+      packed.FlatRange(at, count).CopyFrom(b.flat.FlatRange(b.numel, count));
+      at += count;
+    }
+    all_flags = packed.ToFloatVector();
+  }
+  size_t next_flag = 0;
   for (const Bucket& b : buckets_) {
-    std::vector<float> flags =
-        b.flat.FlatRange(b.numel, int64_t(b.params.size()) + 1).ToFloatVector();
+    const std::vector<float> flags(all_flags.begin() + long(next_flag),
+                                   all_flags.begin() + long(next_flag + b.params.size() + 1));
+    next_flag += b.params.size() + 1;
     if (flags.back() < all) peer_failed_ = true;
     for (size_t s = 0; s < b.params.size(); ++s) {
       Param& p = params_[size_t(b.params[s])];

@@ -63,17 +63,26 @@ class DeviceWork final : public Work {
   absl::Status Wait() override {
     if (waits_ != nullptr) ++*waits_;
     absl::Status st = inner_->Wait();
-    // The output written into device memory once the collective is done (a Work dropped
-    // unwaited never writes it: the strategies wait for every result they use).
-    if (st.ok() && device_.defined() && device_.device().type != DeviceType::kCPU && !written_) {
-      std::memcpy(device_.raw_data(), host_.raw_data(), device_.nbytes());
-      written_ = true;
-    }
+    if (st.ok()) WriteBack();
     return st;
   }
-  bool IsCompleted() override { return inner_->IsCompleted(); }
+  // A strategy may see its collective done by polling (DDP's buckets) and never Wait for it.
+  bool IsCompleted() override {
+    if (!inner_->IsCompleted()) return false;
+    if (inner_->Wait().ok()) WriteBack();  // done: returns at once
+    return true;
+  }
 
  private:
+  // The output written into device memory once the collective is done, as NCCL leaves it
+  // there (a Work dropped unpolled and unwaited never writes it: strategies look at every
+  // result they use).
+  void WriteBack() {
+    if (written_ || !device_.defined() || device_.device().type == DeviceType::kCPU) return;
+    std::memcpy(device_.raw_data(), host_.raw_data(), device_.nbytes());
+    written_ = true;
+  }
+
   std::shared_ptr<Work> inner_;
   Tensor input_;  // the staged input, alive until the Work is
   Tensor host_, device_;

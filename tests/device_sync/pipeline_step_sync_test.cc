@@ -1,6 +1,6 @@
-// How many times a pipeline training step makes each rank's host wait for its CUDA device: once
-// (issue 28; docs/GPU.md, "Synchronisation points"), under 1F1B, GPipe and interleaved 1F1B,
-// with single, ZeRO or DDP on the data axis.
+// How many times a pipeline training step makes each rank's host wait for its CUDA device: as
+// often as its data-axis layer alone, once over single or ZeRO, twice over DDP (issue 28;
+// docs/GPU.md, "Synchronisation points"), under 1F1B, GPipe and interleaved 1F1B.
 //
 // Each rank is a thread on its own fake device (rank r on cuda:r, tests/device_sync/fake_cuda.h);
 // activations and gradients cross the stage boundaries as NCCL moves them, without the host
@@ -42,6 +42,7 @@ struct Spec {
   int micro_batches = 3;
   float max_grad_norm = 0.05f;  // below the measured norms (asserted): clipping acts
   int steps = 3;
+  size_t syncs_per_step = 1;  // the data-axis layer's: 2 for DDP (its bucket flags)
 };
 constexpr int kStages = 2;
 
@@ -119,15 +120,16 @@ class PipelineStepSyncTest : public ::testing::Test {
     }
   }
 
-  // Every step on the fake GPUs synchronises each rank's host exactly once, and every rank
+  // Every step on the fake GPUs synchronises each rank's host exactly as often as its data-axis
+  // layer does on its own (once, DDP twice: the pipeline adds nothing), and every rank
   // reports what the same ranks report on the CPU, bit for bit (the same f32 kernels, messages
   // and reductions, in the same order).
-  static void ExpectOneSyncPerStepAndTheCpusResults(const Spec& spec) {
+  static void ExpectSyncsPerStepAndTheCpusResults(const Spec& spec) {
     std::vector<RankRun> gpu = Train(spec, /*on_device=*/true);
     std::vector<RankRun> cpu = Train(spec, /*on_device=*/false);
     for (size_t r = 0; r < gpu.size(); ++r) {
       for (size_t s = 0; s < gpu[r].syncs.size(); ++s) {
-        EXPECT_EQ(gpu[r].syncs[s].size(), 1u)
+        EXPECT_EQ(gpu[r].syncs[s].size(), spec.syncs_per_step)
             << spec.schedule << " x" << spec.virtual_stages << " over " << spec.inner << ", rank " << r
             << ", step " << s << " synchronised the host " << gpu[r].syncs[s].size()
             << " times: " << absl::StrJoin(gpu[r].syncs[s], ", ");
@@ -141,12 +143,12 @@ class PipelineStepSyncTest : public ::testing::Test {
   }
 };
 
-TEST_F(PipelineStepSyncTest, OneF1BOverSingle) { ExpectOneSyncPerStepAndTheCpusResults(Spec{}); }
+TEST_F(PipelineStepSyncTest, OneF1BOverSingle) { ExpectSyncsPerStepAndTheCpusResults(Spec{}); }
 
 TEST_F(PipelineStepSyncTest, GPipeOverSingle) {
   Spec spec;
   spec.schedule = "gpipe";
-  ExpectOneSyncPerStepAndTheCpusResults(spec);
+  ExpectSyncsPerStepAndTheCpusResults(spec);
 }
 
 // Two chunks per stage: the last rank's first chunk sends stand-in tokens to the data-axis
@@ -156,7 +158,7 @@ TEST_F(PipelineStepSyncTest, InterleavedOverSingle) {
   spec.schedule = "interleaved";
   spec.virtual_stages = 2;
   spec.micro_batches = 4;
-  ExpectOneSyncPerStepAndTheCpusResults(spec);
+  ExpectSyncsPerStepAndTheCpusResults(spec);
 }
 
 TEST_F(PipelineStepSyncTest, OneF1BOverZero2AcrossTwoReplicas) {
@@ -164,7 +166,15 @@ TEST_F(PipelineStepSyncTest, OneF1BOverZero2AcrossTwoReplicas) {
   spec.replicas = 2;
   spec.inner = "zero";
   spec.inner_options["stage"] = "2";
-  ExpectOneSyncPerStepAndTheCpusResults(spec);
+  ExpectSyncsPerStepAndTheCpusResults(spec);
+}
+
+TEST_F(PipelineStepSyncTest, OneF1BOverDdpAcrossTwoReplicas) {
+  Spec spec;
+  spec.replicas = 2;
+  spec.inner = "ddp";
+  spec.syncs_per_step = 2;
+  ExpectSyncsPerStepAndTheCpusResults(spec);
 }
 
 }  // namespace

@@ -1,13 +1,16 @@
-// How many times a ZeRO training step (stages 1, 2 and 3) makes each rank's host wait for its
-// CUDA device: once (issue 28; docs/GPU.md, "Synchronisation points").
+// How many times a data-parallel training step makes each rank's host wait for its CUDA device
+// (issue 28; docs/GPU.md, "Synchronisation points"): ZeRO stages 1, 2 and 3 once, DDP twice.
 //
 // Two ranks as threads, rank r on cuda:r, each a fake device (tests/device_sync/fake_cuda.h)
 // behind the CUDA backend's runtime; their collectives move device memory as NCCL does, without
 // the host waiting for the device, so what the fakes record is what the strategy's own code
-// waits for. The one read per step holds the rank's mean loss, the squared gradient norm summed
-// over both ranks' shards on the device (an all-reduce of one device scalar) and mixed
-// precision's inf/NaN flag (core/micro_batches.h). The same steps on CPU ranks over the
-// in-process communicator give the same losses and norms, bit for bit in f32.
+// waits for. ZeRO's one read holds the rank's mean loss, the squared gradient norm summed over
+// both ranks' shards on the device (an all-reduce of one device scalar) and mixed precision's
+// inf/NaN flag (core/micro_batches.h). DDP reads the same, after one read of every bucket's
+// flags (which parameters each rank used, whether a rank abandoned the step: what decides how
+// the averaged gradients are unpacked, or that the step fails, before anything is stepped). The
+// same steps on CPU ranks over the in-process communicator give the same losses and norms, bit
+// for bit in f32.
 #include <cmath>
 #include <memory>
 #include <string>
@@ -33,8 +36,15 @@ namespace {
 using ::bazel::tools::cpp::runfiles::Runfiles;
 constexpr int kRanks = 2;
 
+// The strategy under test: ZeRO at a stage, or DDP (stage 0).
+struct Layer {
+  std::string strategy;
+  int stage = 0;
+  size_t syncs_per_step = 1;
+};
+
 struct Spec {
-  int stage = 1;
+  Layer layer;
   DType dtype = DType::kF32;  // kBF16 / kF16: mixed precision
   float initial_scale = 1.0f;  // f16: dynamic loss scaling from this scale
   int accumulation = 1;
@@ -80,13 +90,13 @@ RankRun TrainRank(const Spec& spec, int rank, Communicator* comm, Device device)
       return ScaledLoss(ops::CrossEntropy(m(b.inputs), b.targets), *mpp);
     };
   }
-  absl::StatusOr<std::unique_ptr<Strategy>> strategy = Registry::Get().MakeStrategy("zero");
+  absl::StatusOr<std::unique_ptr<Strategy>> strategy = Registry::Get().MakeStrategy(spec.layer.strategy);
   BRAID_CHECK(strategy.ok()) << strategy.status();
   StrategyContext ctx;
   ctx.device = device;
   ctx.comm = comm;
   ctx.max_grad_norm = spec.max_grad_norm;
-  ctx.options["stage"] = absl::StrCat(spec.stage);
+  if (spec.layer.stage > 0) ctx.options["stage"] = absl::StrCat(spec.layer.stage);
   absl::Status setup = (*strategy)->Setup(model, factory, ctx);
   BRAID_CHECK(setup.ok()) << setup;
   const bool on_device = device.type == DeviceType::kCUDA;
@@ -118,35 +128,39 @@ std::vector<RankRun> Train(const Spec& spec, bool on_device) {
   return runs;
 }
 
-class ZeroStepSyncTest : public ::testing::TestWithParam<int> {
+class DataParallelStepSyncTest : public ::testing::TestWithParam<Layer> {
  protected:
   static void SetUpTestSuite() {
     testing::InstallFakeCuda();
     std::string error;
     std::unique_ptr<Runfiles> runfiles(Runfiles::CreateForTest(&error));
     ASSERT_NE(runfiles, nullptr) << error;
-    absl::Status s = LoadPlugin(runfiles->Rlocation("braid/plugins/zero/libbraid_zero.so"), {});
-    ASSERT_TRUE(s.ok()) << s;
+    for (const char* so : {"zero/libbraid_zero.so", "ddp/libbraid_ddp.so"}) {
+      absl::Status s = LoadPlugin(runfiles->Rlocation(absl::StrCat("braid/plugins/", so)), {});
+      ASSERT_TRUE(s.ok()) << s;
+    }
   }
 
-  // Every step of `spec` on the fake GPUs synchronises each rank's host exactly once.
+  // Every step of `spec` on the fake GPUs synchronises each rank's host exactly as often as its
+  // strategy should: once (ZeRO), twice (DDP).
   static std::vector<RankRun> ExpectOneSyncPerStep(const Spec& spec) {
     std::vector<RankRun> gpu = Train(spec, /*on_device=*/true);
     for (int r = 0; r < kRanks; ++r) {
       const RankRun& run = gpu[size_t(r)];
       for (size_t s = 0; s < run.syncs.size(); ++s) {
-        EXPECT_EQ(run.syncs[s].size(), 1u)
-            << "zero-" << spec.stage << ", rank " << r << ", step " << s << " synchronised the host "
-            << run.syncs[s].size() << " times: " << absl::StrJoin(run.syncs[s], ", ");
+        EXPECT_EQ(run.syncs[s].size(), spec.layer.syncs_per_step)
+            << spec.layer.strategy << " " << spec.layer.stage << ", rank " << r << ", step " << s
+            << " synchronised the host " << run.syncs[s].size()
+            << " times: " << absl::StrJoin(run.syncs[s], ", ");
       }
     }
     return gpu;
   }
 };
 
-TEST_P(ZeroStepSyncTest, F32StepWithClippingSynchronisesOnceAndMatchesTheCpu) {
+TEST_P(DataParallelStepSyncTest, F32StepWithClippingSynchronisesOnceAndMatchesTheCpu) {
   Spec spec;
-  spec.stage = GetParam();
+  spec.layer = GetParam();
   spec.max_grad_norm = 0.05f;  // below the measured norms (asserted): clipping acts every step
   std::vector<RankRun> gpu = ExpectOneSyncPerStep(spec);
   std::vector<RankRun> cpu = Train(spec, /*on_device=*/false);
@@ -167,9 +181,9 @@ TEST_P(ZeroStepSyncTest, F32StepWithClippingSynchronisesOnceAndMatchesTheCpu) {
   EXPECT_NE(cpu[0].losses.front(), cpu[1].losses.front());
 }
 
-TEST_P(ZeroStepSyncTest, AccumulatingMicroBatchesStillSynchronisesOncePerStep) {
+TEST_P(DataParallelStepSyncTest, AccumulatingMicroBatchesStillSynchronisesOncePerStep) {
   Spec spec;
-  spec.stage = GetParam();
+  spec.layer = GetParam();
   spec.accumulation = 3;
   std::vector<RankRun> gpu = ExpectOneSyncPerStep(spec);
   std::vector<RankRun> cpu = Train(spec, /*on_device=*/false);
@@ -181,9 +195,9 @@ TEST_P(ZeroStepSyncTest, AccumulatingMicroBatchesStillSynchronisesOncePerStep) {
   }
 }
 
-TEST_P(ZeroStepSyncTest, Bf16MixedPrecisionSynchronisesOncePerStep) {
+TEST_P(DataParallelStepSyncTest, Bf16MixedPrecisionSynchronisesOncePerStep) {
   Spec spec;
-  spec.stage = GetParam();
+  spec.layer = GetParam();
   spec.dtype = DType::kBF16;
   spec.max_grad_norm = 1.0f;
   std::vector<RankRun> gpu = ExpectOneSyncPerStep(spec);
@@ -202,9 +216,9 @@ TEST_P(ZeroStepSyncTest, Bf16MixedPrecisionSynchronisesOncePerStep) {
 // f16 with dynamic loss scaling from 2^24: the first steps overflow (the flag is set on the
 // device and read with the loss) and are skipped on both ranks, the scale halves, and every
 // step, skipped or not, synchronises once.
-TEST_P(ZeroStepSyncTest, F16LossScalingSkipsOverflowsWithOneSyncPerStep) {
+TEST_P(DataParallelStepSyncTest, F16LossScalingSkipsOverflowsWithOneSyncPerStep) {
   Spec spec;
-  spec.stage = GetParam();
+  spec.layer = GetParam();
   spec.dtype = DType::kF16;
   spec.initial_scale = std::ldexp(1.0f, 24);
   spec.steps = 12;
@@ -217,8 +231,12 @@ TEST_P(ZeroStepSyncTest, F16LossScalingSkipsOverflowsWithOneSyncPerStep) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, ZeroStepSyncTest, ::testing::Values(1, 2, 3),
-                         [](const ::testing::TestParamInfo<int>& p) { return absl::StrCat("Zero", p.param); });
+INSTANTIATE_TEST_SUITE_P(Strategies, DataParallelStepSyncTest,
+                         ::testing::Values(Layer{"zero", 1, 1}, Layer{"zero", 2, 1}, Layer{"zero", 3, 1},
+                                           Layer{"ddp", 0, 2}),
+                         [](const ::testing::TestParamInfo<Layer>& p) {
+                           return absl::StrCat(p.param.strategy, p.param.stage);
+                         });
 
 }  // namespace
 }  // namespace braid
