@@ -15,6 +15,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/edit_distance.h"
 #include "launcher/config/config_internal.h"
 #include "launcher/config/deepspeed_keys.h"
 #include "google/protobuf/descriptor.h"
@@ -66,25 +67,6 @@ const pb::FieldDescriptor* FieldByKey(const pb::Descriptor* d, const std::string
   return f;
 }
 
-size_t EditDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
-                         diagonal + (absl::ascii_tolower(a[i - 1]) ==
-                                             absl::ascii_tolower(b[j - 1])
-                                         ? 0
-                                         : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
-
 // The names known under `prefix`: `d`'s fields (when `d` is a message) and DeepSpeed's keys.
 std::vector<std::string> KnownNames(const pb::Descriptor* d, const std::string& prefix) {
   std::vector<std::string> names;
@@ -110,7 +92,7 @@ std::string Nearest(const std::vector<std::string>& names, const std::string& ke
   std::string best;
   size_t best_distance = key.size() / 3 + 1;
   for (const std::string& n : names) {
-    const size_t distance = EditDistance(key, n);
+    const size_t distance = EditDistance(key, n, /*ignore_case=*/true);
     if (distance < best_distance) best = n, best_distance = distance;
   }
   return best;

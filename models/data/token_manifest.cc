@@ -16,6 +16,7 @@
 #include "core/check.h"
 #include "models/data/sha256.h"
 #include "core/json_syntax_error.h"
+#include "core/json_values.h"
 #include "nlohmann/json.hpp"
 
 namespace braid::data {
@@ -36,31 +37,13 @@ class Reader {
         absl::StrCat(where_, ": ", field, " ", what, "; the manifest is damaged: ", kPrepareAgain));
   }
 
-  static const json* Member(const json& o, const std::string& key) {
-    if (!o.is_object()) return nullptr;
-    auto it = o.find(key);
-    return it == o.end() ? nullptr : &*it;
-  }
-
-  static std::string Describe(const json& v) {
-    if (v.is_array()) return "a list";
-    if (v.is_object()) return "an object";
-    std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
-    if (text.size() > 40) {
-      size_t cut = 37;
-      while (cut > 0 && (uint8_t(text[cut]) & 0xc0) == 0x80) --cut;
-      text = text.substr(0, cut) + "...";
-    }
-    return text;
-  }
-
   // An integer in [min, max].
   absl::Status Int(const json& o, const std::string& key, const std::string& field, uint64_t min,
                    uint64_t max, uint64_t* out) const {
-    const json* v = Member(o, key);
+    const json* v = JsonMember(o, key);
     if (v == nullptr) return Bad(field, "is missing");
     if (!v->is_number_unsigned() || v->get<uint64_t>() < min || v->get<uint64_t>() > max) {
-      return Bad(field, absl::StrCat("is ", Describe(*v), ", not an integer in [", min, ", ", max,
+      return Bad(field, absl::StrCat("is ", DescribeJson(*v), ", not an integer in [", min, ", ", max,
                                      "]"));
     }
     *out = v->get<uint64_t>();
@@ -69,10 +52,10 @@ class Reader {
 
   absl::Status String(const json& o, const std::string& key, const std::string& field,
                       std::string* out) const {
-    const json* v = Member(o, key);
+    const json* v = JsonMember(o, key);
     if (v == nullptr) return Bad(field, "is missing");
     if (!v->is_string() || v->get_ref<const std::string&>().empty()) {
-      return Bad(field, absl::StrCat("is ", Describe(*v), ", not a non-empty string"));
+      return Bad(field, absl::StrCat("is ", DescribeJson(*v), ", not a non-empty string"));
     }
     *out = v->get<std::string>();
     return absl::OkStatus();
@@ -91,24 +74,24 @@ class Reader {
     } else if (dtype == "u32") {
       m.dtype = TokenType::kU32;
     } else {
-      return Bad("dtype", absl::StrCat("is ", Describe(doc["dtype"]), ", not \"u16\" or \"u32\""));
+      return Bad("dtype", absl::StrCat("is ", DescribeJson(doc["dtype"]), ", not \"u16\" or \"u32\""));
     }
     if (m.dtype == TokenType::kU16 && m.vocab_size > 65536) {
       return Bad("dtype", absl::StrCat("is \"u16\", which cannot hold the ids of a vocabulary of ",
                                        m.vocab_size));
     }
-    if (Member(doc, "eot_id") != nullptr) {
+    if (JsonMember(doc, "eot_id") != nullptr) {
       BRAID_RETURN_IF_ERROR(Int(doc, "eot_id", "eot_id", 0, m.vocab_size - 1, &u));
       m.eot_id = uint32_t(u);
     }
     BRAID_RETURN_IF_ERROR(Int(doc, "seed", "seed", 0, UINT64_MAX, &m.seed));
-    const json* f = Member(doc, "val_fraction");
+    const json* f = JsonMember(doc, "val_fraction");
     if (f == nullptr) return Bad("val_fraction", "is missing");
     if (!f->is_number() || !(f->get<double>() >= 0 && f->get<double>() < 1)) {
-      return Bad("val_fraction", absl::StrCat("is ", Describe(*f), ", not a number in [0, 1)"));
+      return Bad("val_fraction", absl::StrCat("is ", DescribeJson(*f), ", not a number in [0, 1)"));
     }
     m.val_fraction = f->get<double>();
-    const json* docs = Member(doc, "documents");
+    const json* docs = JsonMember(doc, "documents");
     if (docs == nullptr || !docs->is_object()) return Bad("documents", "is not an object");
     constexpr uint64_t kMaxCount = uint64_t(std::numeric_limits<int64_t>::max());
     BRAID_RETURN_IF_ERROR(Int(*docs, "train", "documents.train", 1, kMaxCount, &u));
@@ -116,7 +99,7 @@ class Reader {
     BRAID_RETURN_IF_ERROR(Int(*docs, "validation", "documents.validation", 0, kMaxCount, &u));
     m.validation_documents = int64_t(u);
 
-    const json* shards = Member(doc, "shards");
+    const json* shards = JsonMember(doc, "shards");
     if (shards == nullptr || !shards->is_array() || shards->empty()) {
       return Bad("shards", "is not a non-empty list");
     }
@@ -129,11 +112,11 @@ class Reader {
       BRAID_RETURN_IF_ERROR(String(s, "file", at + ".file", &shard.file));
       if (shard.file == "." || shard.file == ".." ||
           shard.file.find_first_of(std::string("/\\\0", 3)) != std::string::npos) {
-        return Bad(at + ".file", absl::StrCat("is ", Describe(s["file"]),
+        return Bad(at + ".file", absl::StrCat("is ", DescribeJson(s["file"]),
                                               ", not a file name in the manifest's folder"));
       }
       if (!names.insert(shard.file).second) {
-        return Bad(at + ".file", absl::StrCat("names ", Describe(s["file"]), " a second time"));
+        return Bad(at + ".file", absl::StrCat("names ", DescribeJson(s["file"]), " a second time"));
       }
       std::string split;
       BRAID_RETURN_IF_ERROR(String(s, "split", at + ".split", &split));
@@ -142,7 +125,7 @@ class Reader {
       } else if (split == "validation") {
         shard.split = Split::kValidation;
       } else {
-        return Bad(at + ".split", absl::StrCat("is ", Describe(s["split"]),
+        return Bad(at + ".split", absl::StrCat("is ", DescribeJson(s["split"]),
                                                ", not \"train\" or \"validation\""));
       }
       BRAID_RETURN_IF_ERROR(Int(s, "tokens", at + ".tokens", 1,
@@ -236,7 +219,7 @@ absl::StatusOr<TokenManifest> ParseTokenManifest(const std::string& text, const 
     return absl::InvalidArgumentError(absl::StrCat(where, " is not JSON (", JsonSyntaxError(text),
                                                    "): it is damaged or cut short; ", kPrepareAgain));
   }
-  const json* format = Reader::Member(doc, "format");
+  const json* format = JsonMember(doc, "format");
   if (format == nullptr || !format->is_string()) {
     return absl::InvalidArgumentError(absl::StrCat(
         where, " is not a Braid token manifest (it has no \"format\"); give data.path the "
@@ -244,7 +227,7 @@ absl::StatusOr<TokenManifest> ParseTokenManifest(const std::string& text, const 
   }
   if (format->get_ref<const std::string&>() != kTokenManifestFormat) {
     return absl::InvalidArgumentError(absl::StrCat(
-        where, " has format ", Reader::Describe(*format), "; this Braid reads \"",
+        where, " has format ", DescribeJson(*format), "; this Braid reads \"",
         kTokenManifestFormat, "\": ", kPrepareAgain, " with this Braid"));
   }
   return Reader(where).Read(doc);

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/json_syntax_error.h"
+#include "core/json_values.h"
 #include "nlohmann/json.hpp"
 
 namespace braid::checkpoint {
@@ -46,25 +47,6 @@ class IndexReader {
   }
 
  private:
-  static const json* Member(const json& object, const std::string& key) {
-    if (!object.is_object()) return nullptr;
-    auto it = object.find(key);
-    return it == object.end() ? nullptr : &*it;
-  }
-
-  // A value as a message shows it: a number or a short string as it is written, else its kind.
-  static std::string Describe(const json& v) {
-    if (v.is_array()) return "a list";
-    if (v.is_object()) return "an object";
-    std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
-    if (text.size() > 40) {
-      size_t cut = 37;
-      while (cut > 0 && (uint8_t(text[cut]) & 0xc0) == 0x80) --cut;  // not inside a UTF-8 character
-      text = text.substr(0, cut) + "...";
-    }
-    return text;
-  }
-
   // The value as an int64 (JSON keeps non-negative integers unsigned; larger than int64 or with
   // a fraction or exponent is not one).
   static bool AsInt64(const json& v, int64_t* out) {
@@ -85,16 +67,16 @@ class IndexReader {
   absl::Status ReadInt(const json& object, const std::string& key, const std::string& path, int64_t min,
                        int64_t* out) const {
     const std::string field = path.empty() ? key : absl::StrCat(path, ".", key);
-    const json* v = Member(object, key);
+    const json* v = JsonMember(object, key);
     if (v == nullptr) return Damaged(field, "is missing");
     if (!AsInt64(*v, out) || *out < min) {
-      return Damaged(field, absl::StrCat("is ", Describe(*v), ", not an integer of at least ", min));
+      return Damaged(field, absl::StrCat("is ", DescribeJson(*v), ", not an integer of at least ", min));
     }
     return absl::OkStatus();
   }
 
   absl::Status ReadFiles(const json& doc, CheckpointIndex* index) const {
-    const json* files = Member(doc, "files");
+    const json* files = JsonMember(doc, "files");
     if (files == nullptr) return Damaged("files", "is missing");
     if (!files->is_object()) return Damaged("files", "is not an object of file names");
     for (const auto& [name, f] : files->items()) {
@@ -108,7 +90,7 @@ class IndexReader {
       if (!f.is_object()) return Damaged(field, "is not an object with bytes and crc32");
       IndexedFile& out = index->files[name];
       if (absl::Status s = ReadInt(f, "bytes", field, 0, &out.bytes); !s.ok()) return s;
-      const json* crc = Member(f, "crc32");
+      const json* crc = JsonMember(f, "crc32");
       if (crc == nullptr) return Damaged(field + ".crc32", "is missing");
       if (!crc->is_number_unsigned() || crc->get<uint64_t>() > 0xffffffffu) {
         return Damaged(field + ".crc32", "is not a 32-bit checksum (an integer from 0 to 4294967295)");
@@ -126,7 +108,7 @@ class IndexReader {
   // A tensor's shape, and its element count in *numel.
   absl::Status ReadShape(const json& t, const std::string& field, std::vector<int64_t>* shape,
                          int64_t* numel) const {
-    const json* s = Member(t, "shape");
+    const json* s = JsonMember(t, "shape");
     if (s == nullptr) return Damaged(field, "is missing");
     if (!s->is_array()) return Damaged(field, "is not a list of sizes");
     *numel = 1;
@@ -145,7 +127,7 @@ class IndexReader {
   }
 
   absl::Status ReadTensors(const json& doc, CheckpointIndex* index) const {
-    const json* tensors = Member(doc, "tensors");
+    const json* tensors = JsonMember(doc, "tensors");
     if (tensors == nullptr) return Damaged("tensors", "is missing");
     if (!tensors->is_object()) return Damaged("tensors", "is not an object of tensor names");
     // (file, key) -> the chunk that names it: two chunks cannot be one tensor of one file.
@@ -156,13 +138,13 @@ class IndexReader {
       IndexedTensor& out = index->tensors[name];
       int64_t numel = 0;
       if (absl::Status s = ReadShape(t, field + ".shape", &out.shape, &numel); !s.ok()) return s;
-      const json* dtype = Member(t, "dtype");
+      const json* dtype = JsonMember(t, "dtype");
       if (dtype == nullptr) return Damaged(field + ".dtype", "is missing");
       if (!dtype->is_string() || dtype->get_ref<const std::string&>().empty()) {
         return Damaged(field + ".dtype", "is not a dtype name");
       }
       out.dtype = dtype->get<std::string>();
-      const json* chunks = Member(t, "chunks");
+      const json* chunks = JsonMember(t, "chunks");
       if (chunks == nullptr) return Damaged(field + ".chunks", "is missing");
       if (!chunks->is_array()) return Damaged(field + ".chunks", "is not a list");
       for (size_t i = 0; i < chunks->size(); ++i) {
@@ -180,20 +162,20 @@ class IndexReader {
   absl::Status ReadChunk(const json& c, const std::string& at, int64_t numel, const CheckpointIndex& index,
                          IndexedChunk* out) const {
     if (!c.is_object()) return Damaged(at, "is not an object with file, key and runs");
-    const json* file = Member(c, "file");
+    const json* file = JsonMember(c, "file");
     if (file == nullptr) return Damaged(at + ".file", "is missing");
     if (!file->is_string()) return Damaged(at + ".file", "is not a file name");
     out->file = file->get<std::string>();
     if (index.files.count(out->file) == 0) {
       return Damaged(at + ".file", absl::StrCat("names '", out->file, "', which files does not list"));
     }
-    const json* key = Member(c, "key");
+    const json* key = JsonMember(c, "key");
     if (key == nullptr) return Damaged(at + ".key", "is missing");
     if (!key->is_string() || key->get_ref<const std::string&>().empty()) {
       return Damaged(at + ".key", "is not a tensor name");
     }
     out->key = key->get<std::string>();
-    const json* runs = Member(c, "runs");
+    const json* runs = JsonMember(c, "runs");
     if (runs == nullptr) return Damaged(at + ".runs", "is missing");
     if (!runs->is_array()) return Damaged(at + ".runs", "is not a list of [begin, end) pairs");
     for (size_t j = 0; j < runs->size(); ++j) {
@@ -242,7 +224,7 @@ class IndexReader {
   }
 
   absl::Status ReadExtra(const json& doc, CheckpointIndex* index) const {
-    const json* extra = Member(doc, "extra");
+    const json* extra = JsonMember(doc, "extra");
     if (extra == nullptr) return Damaged("extra", "is missing");
     if (!extra->is_object()) return Damaged("extra", "is not an object of ranks");
     for (const auto& [key, strings] : extra->items()) {
