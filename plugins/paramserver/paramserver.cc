@@ -33,6 +33,7 @@
 // The building blocks live beside this file: the options and their parser in
 // paramserver_options.h, the parameters as one flat vector (FlatLayout) in flat_layout.h.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -54,6 +55,7 @@
 #include "core/optimizer.h"
 #include "core/plugin_api.h"
 #include "core/registry.h"
+#include "core/scalar_reads.h"
 #include "core/strategy.h"
 #include "plugins/paramserver/flat_layout.h"
 #include "plugins/paramserver/paramserver_errors.h"
@@ -340,10 +342,15 @@ absl::StatusOr<StepStats> ParamServerStrategy::WorkerStep(const std::vector<Batc
 absl::Status ParamServerStrategy::ComputeGradient(const std::vector<Batch>& micro_batches,
                                                   const LossFn& loss_fn, StepStats* stats) {
   model_->ZeroGrad();
-  BRAID_RETURN_IF_ERROR(RunMicroBatches(name(), *model_, micro_batches, loss_fn, stats));
+  MicroBatchEvents events;
+  events.read_loss_later = true;  // read with the norm: one host synchronisation, not two
+  BRAID_RETURN_IF_ERROR(RunMicroBatches(name(), *model_, micro_batches, loss_fn, stats, events));
   // A worker never sees the gradient the server applies: like its loss, the norm it reports is
   // that of its own (pushed) gradient. Measured only; the server clips.
-  stats->grad_norm = ClipGradNorm(model_->Parameters(), 0.0f);
+  const std::vector<float> read =
+      ReadScalars({stats->device_loss, SquaredGradNormOnDevice(model_->Parameters())});
+  stats->loss = read[0];
+  stats->grad_norm = float(std::sqrt(double(read[1])));
   return absl::OkStatus();
 }
 
