@@ -9,7 +9,8 @@
 #   tensor 2 x pipeline 2 x data 2 (8 processes, 1F1B; and with ZeRO-1, 2 and 3 on the data axis); the
 #   external example strategy (a user's plugin) on data 2 and tensor 2 x data 2; with
 #   sequence parallelism, tensor 2 and
-#   tensor 2 x pipeline 2 x data 2.
+#   tensor 2 x pipeline 2 x data 2; tensor 2 with every block checkpointed and its kept inputs
+#   partitioned over the tensor group (partition_activations).
 # Tolerance 2e-6 on the weights: each split matrix product sums its terms in t parts and an
 # all-reduce adds them in another order, float32 rounding that 3 SGD steps carry (measured: at
 # most 4e-7, see the closing note of the tensor-parallel issue).
@@ -61,9 +62,15 @@ assert n[0] > 8 and n[-1] < 8, n
 print("   one process: gradient norms", n)
 PY
 
-# Shards balanced by their runs' processes (8 + 8 + 2, 8 + 8 + 2 + 8, 4 + 4 + 4 + 4 + 4 + 2 + 4).
+# Shards balanced by their runs' processes (2 + 2 + 8 + 8, 8 + 8 + 2 + 8, 4 + 4 + 4 + 4 + 4 + 2 + 4).
 if shard 0; then
   tp_case t2 2 'parallel { tensor: 2 } strategy { name: "single" }' 4
+  # DeepSpeed's partition_activations: every block checkpointed, each rank keeping 1/2 of each
+  # kept input and all-gathering it over the tensor group before the recompute (Gloo's
+  # all-gather); the recompute is exact, so the same bound holds.
+  tp_case t2_partitioned 2 'parallel { tensor: 2 } strategy { name: "single" } activation_checkpointing { policy: "every_block" partition_activations: true }' 4
+  grep -q "kept inputs: each rank keeps 1/2 of each (partition_activations over the tensor-parallel group)" "$T/t2_partitioned.out" ||
+    fail "t2_partitioned: the kept inputs are not reported split"
   tp_case t2p2d2 8 'parallel { tensor: 2 pipeline: 2 data: 2 } strategy { name: "pipeline" }'
   tp_case t2p2d2_zero1 8 'parallel { tensor: 2 pipeline: 2 data: 2 } strategy { name: "pipeline" } zero_optimization { stage: 1 }'
   # The layout and the split are reported.
