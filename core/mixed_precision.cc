@@ -35,9 +35,10 @@ class MixedPrecisionOptimizer : public Optimizer {
 
   // The up-cast f32 gradients' sum, a device scalar: inf or NaN anywhere makes it non-finite
   // (finite gradients cannot overflow an f32 sum of this size: half values are at most 65504).
+  // Already summed over the ranks (sum_over_ranks), so the value read is every rank's answer.
   std::vector<Tensor> PreStepChecks() override {
     checked_ = false;
-    return {UpCastGradients()};
+    return {AgreedCheck()};
   }
   void SetPreStepCheckResults(const std::vector<float>& values) override {
     BRAID_CHECK(values.size() == 1) << "mixed precision: expected one pre-step check value";
@@ -49,9 +50,9 @@ class MixedPrecisionOptimizer : public Optimizer {
     const float scale = mp_->scaler.scale();
     const float multiplier = pending_factor_ / scale;
     pending_factor_ = 1.0f;
-    // Asked before (PreStepChecks): the gradients are up-cast and the check's value is known.
-    // Otherwise up-cast and check now, with one host synchronisation.
-    const bool local_bad = checked_ ? checked_bad_ : !std::isfinite(ReadScalars({UpCastGradients()})[0]);
+    // Asked before (PreStepChecks): the gradients are up-cast and the ranks' agreed check value
+    // is known. Otherwise up-cast, agree and check now, with one host synchronisation.
+    const bool bad = checked_ ? checked_bad_ : !std::isfinite(ReadScalars({AgreedCheck()})[0]);
     checked_ = false;
     for (size_t g = 0; g < groups_.size(); ++g) {
       ParamGroup& inner_group = inner_->param_groups()[g];
@@ -72,7 +73,6 @@ class MixedPrecisionOptimizer : public Optimizer {
         master.set_grad(mg);
       }
     }
-    const bool bad = mp_->any_rank ? mp_->any_rank(local_bad) : local_bad;
     mp_->last_step_scale = scale;
     mp_->last_step_skipped = !mp_->scaler.Update(bad);
     if (mp_->last_step_skipped) return;
@@ -161,6 +161,14 @@ class MixedPrecisionOptimizer : public Optimizer {
   // Each gradient up-cast into its f32 master gradient (the one rounding already happened in
   // backward; on a GPU a conversion kernel), and the sum of all of them as a device scalar
   // (undefined when no parameter has a gradient): no host synchronisation.
+  // This rank's check value (0 without gradients), summed over the ranks on the device.
+  Tensor AgreedCheck() {
+    Tensor check = UpCastGradients();
+    if (!check.defined()) check = Tensor::Zeros({}, DType::kF32, mp_->device);
+    if (mp_->sum_over_ranks) mp_->sum_over_ranks(check);
+    return check;
+  }
+
   Tensor UpCastGradients() {
     Tensor total;
     for (size_t g = 0; g < groups_.size(); ++g) {

@@ -14,7 +14,8 @@
 //     value, and so every reported loss, stays unscaled.
 // At each Step the wrapper up-casts the gradients into f32, divides the loss scale out (and any
 // clipping factor: MultiplyGradients), and checks them for inf/NaN; the ranks agree on whether
-// any found one (`any_rank`), every rank skips the step if so, and the LossScaler adjusts.
+// any found one (`sum_over_ranks`, on the device), every rank skips the step if so, and the
+// LossScaler adjusts.
 //
 // DeepSpeed's FP16_Optimizer / BF16_Optimizer and PyTorch's GradScaler are the models; unlike
 // AMP's autocast, the parameters themselves are half, so their memory halves too.
@@ -38,9 +39,15 @@ namespace braid {
 struct MixedPrecision {
   DType dtype = DType::kBF16;  // kBF16 or kF16
   LossScaler scaler{LossScalerOptions{/*dynamic=*/false, /*initial_scale=*/1.0f}};
-  // Whether any rank found a non-finite gradient; every rank calls it once per step, in step
-  // order (an all-reduce of one value). Null: this process alone decides.
-  std::function<bool(bool)> any_rank;
+  // How the ranks agree on a non-finite gradient: adds every rank's check value (the sum of its
+  // up-cast gradients, a one-element f32 tensor) into the tensor it is given, in place, before
+  // the step's one read: an all-reduce (sum) on `device`, where NCCL takes it, waited for. One
+  // rank's inf/NaN makes the sum non-finite on every rank (finite half gradients cannot
+  // overflow an f32 sum), so every rank skips that step. Every rank calls it once per step, in
+  // step order. Null: this process alone decides.
+  std::function<void(Tensor&)> sum_over_ranks;
+  // The model's device: where a rank without gradients makes its check value (0).
+  Device device = Device::CPU();
   // What the last step did (for the metrics file).
   bool last_step_skipped = false;
   float last_step_scale = 1.0f;  // the scale the last step's gradients carried

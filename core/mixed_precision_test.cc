@@ -119,16 +119,17 @@ TEST(MixedPrecisionTest, OverflowSkipsTheStepAndBacksOffTheScale) {
   EXPECT_EQ(opt->steps_taken(), 1);
 }
 
-// Every rank skips when any rank overflowed: the wrapper asks any_rank with its own finding and
-// follows the answer (over Gloo in tests/distributed/mixed_precision_overflow_test.cc).
+// Every rank skips when any rank overflowed: the wrapper hands sum_over_ranks its own check
+// value and follows the sum (over Gloo in tests/distributed/mixed_precision_overflow_test.cc).
 TEST(MixedPrecisionTest, FollowsTheRanksAgreement) {
   MixedPrecision mp;
   mp.dtype = DType::kBF16;
-  std::vector<bool> asked;
-  bool answer = true;
-  mp.any_rank = [&](bool local) {
-    asked.push_back(local);
-    return answer;
+  std::vector<bool> finite;
+  float other_rank = std::numeric_limits<float>::infinity();
+  mp.sum_over_ranks = [&](Tensor& check) {
+    ASSERT_EQ(check.numel(), 1);
+    finite.push_back(std::isfinite(check.item()));
+    check.CopyFrom(Tensor::Full({}, check.item() + other_rank));  // in place, as an all-reduce
   };
   Tensor p = HalfParam({1.0f}, DType::kBF16, "w");
   auto opt = MakeMp({p}, 0.5f, &mp);
@@ -136,15 +137,15 @@ TEST(MixedPrecisionTest, FollowsTheRanksAgreement) {
   opt->Step();  // clean here, but another rank overflowed
   EXPECT_TRUE(mp.last_step_skipped);
   EXPECT_EQ(p.ToFloatVector()[0], 1.0f);
-  answer = false;
+  other_rank = 0.0f;
   SetGrad(p, {1.0f});
   opt->Step();
   EXPECT_FALSE(mp.last_step_skipped);
   EXPECT_EQ(p.ToFloatVector()[0], 0.5f);
   SetGrad(p, {std::numeric_limits<float>::infinity()});
-  answer = true;
-  opt->Step();
-  EXPECT_EQ(asked, (std::vector<bool>{false, false, true}));
+  opt->Step();  // overflowed here, the others clean
+  EXPECT_TRUE(mp.last_step_skipped);
+  EXPECT_EQ(finite, (std::vector<bool>{true, true, false}));
 }
 
 TEST(MixedPrecisionTest, ClippingSeesUnscaledNormAndFoldsIntoTheUnscale) {

@@ -241,15 +241,19 @@ absl::Status Run::BuildModelAndPrecision() {
     mp_->dtype = DType::kBF16;  // bf16 has f32's exponent range: no loss scaling
   }
   // Every rank skips a step any rank found inf/NaN in (ZeRO's shards differ), so the replicas
-  // never diverge.
+  // never diverge. The check value is summed on the model's device, where NCCL moves it, and read
+  // with the step's other scalars. Masters in host memory (ZeRO-Offload) hand a host value: it
+  // travels through the device.
   Communicator* world = group_[0].get();
-  mp_->any_rank = [world](bool local) {
-    if (world->size() == 1) return local;
-    Tensor t = Tensor::Full({1}, local ? 1.0f : 0.0f);
-    absl::Status s = world->AllReduce(t, ReduceOp::kMax)->Wait();
-    BRAID_CHECK(s.ok()) << "agreeing on gradient overflow across ranks: " << s.ToString();
-    return t.item() > 0;
-  };
+  mp_->device = device_;
+  if (world->size() > 1) {
+    mp_->sum_over_ranks = [world, device = device_](Tensor& check) {
+      Tensor t = check.device() == device ? check : check.To(device);
+      absl::Status s = world->AllReduce(t, ReduceOp::kSum)->Wait();
+      BRAID_CHECK(s.ok()) << "agreeing on gradient overflow across ranks: " << s.ToString();
+      if (!(t.device() == check.device())) check.CopyFrom(t);
+    };
+  }
   CastParameters(*model_, mp_->dtype);
   make_optimizer_ = MixedPrecisionOptimizerFactory(std::move(make_optimizer_), mp_.get());
   ctx_.criterion = [mpp = mp_.get(), loss = ModelLoss(cfg_)](const Tensor& logits, const Batch& b) {

@@ -59,7 +59,9 @@ struct RankRun {
 };
 
 // One rank's steps; the world agrees on overflow as the training program makes it agree
-// (launcher/trainer.cc: an all-reduce of a host flag, which never waits for the device).
+// (launcher/trainer.cc: the check values summed on the device, read with the loss). After
+// Setup the communicator refuses host tensors, as NCCL does, so every collective of a step
+// must pass device tensors (mixed precision's overflow agreement among them).
 RankRun TrainRank(const Spec& spec, int rank, Communicator* comm, Device device) {
   RankRun run;
   testing::BlockLm model;
@@ -78,11 +80,10 @@ RankRun TrainRank(const Spec& spec, int rank, Communicator* comm, Device device)
     so.window = 1000;
     so.hysteresis = 1;
     mp->scaler = LossScaler(so);
-    mp->any_rank = [comm](bool local) {
-      Tensor t = Tensor::Full({1}, local ? 1.0f : 0.0f);
-      absl::Status s = comm->AllReduce(t, ReduceOp::kMax)->Wait();
+    mp->device = device;
+    mp->sum_over_ranks = [comm](Tensor& check) {
+      absl::Status s = comm->AllReduce(check, ReduceOp::kSum)->Wait();
       BRAID_CHECK(s.ok()) << s;
-      return t.item() > 0;
     };
     CastParameters(model, spec.dtype);
     factory = MixedPrecisionOptimizerFactory(factory, mp.get());
@@ -101,6 +102,10 @@ RankRun TrainRank(const Spec& spec, int rank, Communicator* comm, Device device)
   BRAID_CHECK(setup.ok()) << setup;
   const bool on_device = device.type == DeviceType::kCUDA;
   for (int s = 0; s < spec.steps; ++s) {
+    // DDP broadcasts its bucket order in a host tensor once, in its second step, when it
+    // rebuilds its buckets in the order the first backward made gradients ready (not yet on the
+    // device: NCCL would refuse it), so DDP is held to device tensors from its third step.
+    if (on_device && s == (spec.layer.strategy == "ddp" ? 2 : 0)) testing::RefuseHostTensors(comm);
     std::vector<Batch> micro;
     for (int i = 0; i < spec.accumulation; ++i) micro.push_back(testing::MakeLmBatch(s, rank, i, device));
     (*strategy)->optimizer()->SetLearningRate(0.01f);

@@ -1,10 +1,15 @@
 #include "tests/device_sync/fake_cuda.h"
 
+#include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <utility>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "backends/cuda/install.h"
 #include "backends/cuda/runtime.h"
@@ -47,7 +52,8 @@ class Block : public Module {
 };
 
 // A device tensor's bytes, as NCCL would read them on the device: a plain copy of the fake's
-// memory (host memory), invisible to the fake. CPU tensors are used as they are.
+// memory (host memory), invisible to the fake. Host tensors (where not refused) are used as
+// they are.
 Tensor Stage(const Tensor& t) {
   if (t.device().type == DeviceType::kCPU) return t;
   Tensor host = Tensor::Empty(t.shape(), t.dtype(), Device::CPU());
@@ -90,10 +96,35 @@ class DeviceWork final : public Work {
   bool written_ = false;
 };
 
+// NCCL's refusal of a tensor that is not in device memory (backends/nccl/collectives.cc,
+// CheckTensor): an error the caller gets from Wait, never a transfer. Once RefuseHostTensors
+// was called, a collective that still passes a host tensor while the model is on the device
+// fails the test as it would fail a GPU run under NCCL. Said on stderr too: a caller that
+// dropped the status still leaves the reason in the log.
+class RefusedWork final : public Work {
+ public:
+  explicit RefusedWork(absl::Status st) : st_(std::move(st)) {}
+  absl::Status Wait() override { return st_; }
+  bool IsCompleted() override { return true; }
+
+ private:
+  absl::Status st_;
+};
+
+absl::Status CheckOnDevice(const char* op, const Tensor& t) {
+  if (!t.defined() || t.device().type == DeviceType::kCUDA) return absl::OkStatus();
+  absl::Status st = absl::InvalidArgumentError(
+      absl::StrCat("fake-device ", op, ": tensor ", t.DescribeForError(),
+                   " is not on a CUDA device; NCCL moves CUDA device memory only"));
+  std::fprintf(stderr, "REFUSED (as NCCL would): %s\n", std::string(st.message()).c_str());
+  return st;
+}
+
 class DeviceMemoryCommunicator final : public Communicator {
  public:
-  DeviceMemoryCommunicator(std::unique_ptr<Communicator> inner, int* waits)
-      : inner_(std::move(inner)), waits_(waits) {
+  DeviceMemoryCommunicator(std::unique_ptr<Communicator> inner, int* waits,
+                           std::shared_ptr<std::atomic<bool>> refuse_host)
+      : inner_(std::move(inner)), waits_(waits), refuse_host_(std::move(refuse_host)) {
     set_timeout(inner_->timeout());
   }
   int rank() const override { return inner_->rank(); }
@@ -101,24 +132,29 @@ class DeviceMemoryCommunicator final : public Communicator {
   std::string name() const override { return "fake-device(" + inner_->name() + ")"; }
 
   std::shared_ptr<Work> AllReduce(Tensor& t, ReduceOp op) override {
+    if (auto r = Refuse("all-reduce", t)) return r;
     Tensor h = Stage(t);
     return Wrap(inner_->AllReduce(h, op), h, t);
   }
   std::shared_ptr<Work> ReduceScatter(const Tensor& input, Tensor& output, ReduceOp op,
                                       const std::vector<int64_t>& counts) override {
+    if (auto r = Refuse("reduce-scatter", input, output)) return r;
     Tensor in = Stage(input), out = Stage(output);
     return Wrap(inner_->ReduceScatter(in, out, op, counts), out, output, in);
   }
   std::shared_ptr<Work> AllGather(const Tensor& input, Tensor& output,
                                   const std::vector<int64_t>& counts) override {
+    if (auto r = Refuse("all-gather", input, output)) return r;
     Tensor in = Stage(input), out = Stage(output);
     return Wrap(inner_->AllGather(in, out, counts), out, output, in);
   }
   std::shared_ptr<Work> Broadcast(Tensor& t, int root) override {
+    if (auto r = Refuse("broadcast", t)) return r;
     Tensor h = Stage(t);
     return Wrap(inner_->Broadcast(h, root), h, t);
   }
   std::shared_ptr<Work> Reduce(Tensor& t, int root, ReduceOp op) override {
+    if (auto r = Refuse("reduce", t)) return r;
     Tensor h = Stage(t);
     return Wrap(inner_->Reduce(h, root, op), h, t);
   }
@@ -134,10 +170,19 @@ class DeviceMemoryCommunicator final : public Communicator {
   absl::StatusOr<std::unique_ptr<Communicator>> NewGroup(const std::vector<int>& ranks) override {
     absl::StatusOr<std::unique_ptr<Communicator>> sub = inner_->NewGroup(ranks);
     if (!sub.ok() || *sub == nullptr) return sub;
-    return std::unique_ptr<Communicator>(new DeviceMemoryCommunicator(std::move(*sub), waits_));
+    return std::unique_ptr<Communicator>(new DeviceMemoryCommunicator(std::move(*sub), waits_, refuse_host_));
   }
 
+  void RefuseHostTensors() { *refuse_host_ = true; }
+
  private:
+  std::shared_ptr<Work> Refuse(const char* op, const Tensor& a, const Tensor& b = Tensor()) {
+    if (!*refuse_host_) return nullptr;
+    absl::Status st = CheckOnDevice(op, a);
+    if (st.ok()) st = CheckOnDevice(op, b);
+    if (st.ok()) return nullptr;
+    return std::make_shared<RefusedWork>(std::move(st));
+  }
   std::shared_ptr<Work> Wrap(std::shared_ptr<Work> w, Tensor host, Tensor device,
                              Tensor input = Tensor()) {
     return std::make_shared<DeviceWork>(std::move(w), std::move(input), std::move(host),
@@ -145,6 +190,7 @@ class DeviceMemoryCommunicator final : public Communicator {
   }
   std::unique_ptr<Communicator> inner_;
   int* waits_;
+  std::shared_ptr<std::atomic<bool>> refuse_host_;  // shared by this rank's groups
 };
 
 }  // namespace
@@ -230,11 +276,19 @@ void RunRanksOnFakeDevices(int n, const std::function<void(int rank, Communicato
   for (int r = 0; r < n; ++r) {
     inner[size_t(r)]->set_timeout(absl::Seconds(60));
     group.push_back(std::make_unique<DeviceMemoryCommunicator>(
-        std::move(inner[size_t(r)]), collective_waits ? &(*collective_waits)[size_t(r)] : nullptr));
+        std::move(inner[size_t(r)]), collective_waits ? &(*collective_waits)[size_t(r)] : nullptr,
+        std::make_shared<std::atomic<bool>>(false)));
   }
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { body(r, group[size_t(r)].get()); });
   for (auto& t : threads) t.join();
+}
+
+void RefuseHostTensors(Communicator* comm) {
+  auto* device_comm = dynamic_cast<DeviceMemoryCommunicator*>(comm);
+  BRAID_CHECK(device_comm != nullptr) << "RefuseHostTensors: " << comm->name()
+                                      << " was not made by RunRanksOnFakeDevices";
+  device_comm->RefuseHostTensors();
 }
 
 }  // namespace braid::testing

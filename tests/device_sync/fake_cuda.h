@@ -51,12 +51,21 @@ Batch MakeLmBatch(int step, int replica, int i, Device device);
 // collective reads its inputs' device memory when it is issued (the eager fake has run every
 // operation enqueued before it) and writes its outputs' device memory when it completes, by
 // plain memory copies the fake does not see (its device memory is host memory), never through
-// the device API. So the fake's syncs() count only the waits the strategy itself makes. What it
+// the device API. So the fake's syncs() count only the waits the strategy itself makes. It
+// takes host tensors too until RefuseHostTensors. What it
 // does not model: NCCL's Work::Wait polls the operation's completion event, so on a GPU each
 // collective a strategy waits for also blocks the host until the device has run it.
 // `collective_waits`, when given, counts every Wait each rank made on a collective (index: rank).
 void RunRanksOnFakeDevices(int n, const std::function<void(int rank, Communicator* comm)>& body,
                            std::vector<int>* collective_waits = nullptr);
+
+// From now on `comm` (a communicator RunRanksOnFakeDevices handed a rank) and every group made
+// from it, before or after, refuse host tensors as NCCL does (backends/nccl/collectives.cc):
+// the Work's Wait returns the error, also printed on stderr. Called after Setup, so that every
+// collective of a training step must pass device tensors. Setup's own host-tensor collectives
+// (DDP's comparison of the ranks' models) and the pipeline's point-to-point messages are not
+// held to it.
+void RefuseHostTensors(Communicator* comm);
 
 }  // namespace braid::testing
 
