@@ -71,6 +71,12 @@ struct StrategyContext {
   // replica (the tensor-parallel group), after the strategy's own sum over `comm`: what a global
   // gradient norm needs when parameters are split inside a layer. Null: nothing to add.
   std::function<double(double)> model_parallel_sum;
+  // The same kind of sum, on the device, for ranks whose tensors NCCL moves (the pipeline's
+  // stages): adds the other parts' values into the one-element f32 tensor it is given, in place
+  // on this rank's device (an all-reduce, waited for). A strategy applies it to its squared
+  // gradient norm before the step's one read (ReadStepScalarsAndClip), then model_parallel_sum
+  // to the value read. Null: nothing to add.
+  std::function<void(Tensor&)> model_parallel_sum_on_device;
   // One micro-batch shaped as training's (its values do not matter), for a strategy that times
   // the model at Setup (the pipeline's cut by measured time); null when the caller has none.
   std::function<Batch()> sample_batch;

@@ -182,6 +182,8 @@ class DdpStrategy final : public Strategy, public DdpIntrospection {
   Options opts_;
   float max_grad_norm_ = 0;
   std::function<double(double)> model_parallel_sum_;  // tensor parallelism's, or null
+  std::function<void(Tensor&)> model_parallel_sum_on_device_;  // the pipeline's, or null
+  Device device_ = Device::CPU();
   std::unique_ptr<Reducer> reducer_;  // made at Setup: the trainable parameters and buckets
 
   // The step now running (one at a time, on the step's thread).
@@ -223,6 +225,8 @@ absl::Status DdpStrategy::Setup(Module& model, const OptimizerFactory& make_opti
   rank_ = comm_->rank();
   max_grad_norm_ = ctx.max_grad_norm;
   model_parallel_sum_ = ctx.model_parallel_sum;
+  model_parallel_sum_on_device_ = ctx.model_parallel_sum_on_device;
+  device_ = ctx.device;
   const double setup_start = NowUs();
 
   for (const auto& [n, p] : model.NamedParameters()) p.MoveTo(ctx.device);
@@ -374,9 +378,13 @@ absl::StatusOr<StepStats> DdpStrategy::TrainStep(const std::vector<Batch>& micro
     // Under tensor parallelism the norm also sums over the ranks holding the other slices.
     // The loss, this norm and the optimizer's checks reach the host in one read (on a GPU: the
     // step's one synchronisation of the device, core/micro_batches.h).
-    ReadStepScalarsAndClip(*optimizer(), trainable, max_grad_norm_, [this](double local) {
-      return model_parallel_sum_ ? model_parallel_sum_(local) : local;
-    }, &stats);
+    ReadStepScalarsAndClip(
+        *optimizer(), trainable, max_grad_norm_, device_,
+        [this](Tensor& squared) {
+          if (model_parallel_sum_on_device_) model_parallel_sum_on_device_(squared);
+        },
+        [this](double local) { return model_parallel_sum_ ? model_parallel_sum_(local) : local; },
+        &stats);
     optimizer()->Step();
     opt.end_us = NowUs();
     RecordEvent(opt);

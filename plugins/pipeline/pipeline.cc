@@ -226,17 +226,17 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
   StrategyContext inner_ctx = ctx;
   inner_ctx.comm = data_;
   inner_ctx.options = theirs;
+  // The squared norm summed over the stages on the device, where NCCL moves it, before the
+  // inner strategy's one read; tensor parallelism's sum (ctx.model_parallel_sum) stays on the
+  // value read.
   Communicator* pipe = pipe_;
-  std::function<double(double)> above = ctx.model_parallel_sum;
-  inner_ctx.model_parallel_sum = [pipe, above](double local) {
-    double sum = local;
+  std::function<void(Tensor&)> outer = ctx.model_parallel_sum_on_device;
+  inner_ctx.model_parallel_sum_on_device = [pipe, outer](Tensor& squared) {
     if (pipe->size() > 1) {
-      Tensor t = Tensor::Full({1}, float(local));
-      absl::Status st = pipe->AllReduce(t, ReduceOp::kSum)->Wait();
+      absl::Status st = pipe->AllReduce(squared, ReduceOp::kSum)->Wait();
       BRAID_CHECK(st.ok()) << "pipeline: all-reducing the gradient norm over the stages: " << st.message();
-      sum = double(t.item());
     }
-    return above ? above(sum) : sum;
+    if (outer) outer(squared);
   };
   inner_ctx.make_replica = nullptr;  // the stage is not a whole model
   inner_ctx.sample_batch = nullptr;

@@ -50,6 +50,8 @@ class SingleStrategy final : public Strategy {
     BRAID_RETURN_IF_ERROR(Adopt(model, make_optimizer(model.NamedParameters()), /*data=*/nullptr));
     max_grad_norm_ = ctx.max_grad_norm;
     model_parallel_sum_ = ctx.model_parallel_sum;
+    model_parallel_sum_on_device_ = ctx.model_parallel_sum_on_device;
+    device_ = ctx.device;
     return absl::OkStatus();
   }
 
@@ -70,9 +72,13 @@ class SingleStrategy final : public Strategy {
     // The step's one host synchronisation: the loss, the gradient norm (always measured;
     // max_grad_norm_ <= 0 only measures) and the optimizer's checks, read together; then clipped
     // when clipping is on.
-    ReadStepScalarsAndClip(*optimizer(), model()->Parameters(), max_grad_norm_, [this](double local) {
-      return model_parallel_sum_ ? model_parallel_sum_(local) : local;
-    }, &stats);
+    ReadStepScalarsAndClip(
+        *optimizer(), model()->Parameters(), max_grad_norm_, device_,
+        [this](Tensor& squared) {
+          if (model_parallel_sum_on_device_) model_parallel_sum_on_device_(squared);
+        },
+        [this](double local) { return model_parallel_sum_ ? model_parallel_sum_(local) : local; },
+        &stats);
     optimizer()->Step();
     stats.optimizer_s = Seconds(start);
     RecordPeaks();  // gradients are still held; the optimizer's state exists after its first step
@@ -104,6 +110,8 @@ class SingleStrategy final : public Strategy {
   int64_t peak_params_ = 0, peak_grads_ = 0, peak_state_ = 0;
   float max_grad_norm_ = 0;
   std::function<double(double)> model_parallel_sum_;  // tensor parallelism's, or null
+  std::function<void(Tensor&)> model_parallel_sum_on_device_;  // the pipeline's, or null
+  Device device_ = Device::CPU();
 };
 
 }  // namespace

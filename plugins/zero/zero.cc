@@ -126,6 +126,7 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
   world_ = comm_->size();
   max_grad_norm_ = ctx.max_grad_norm;
   model_parallel_sum_ = ctx.model_parallel_sum;
+  model_parallel_sum_on_device_ = ctx.model_parallel_sum_on_device;
   model_ = &model;
   for (const auto& [n, b] : model.NamedBuffers()) {
     if (IsDeferred(b)) braid::Materialize(b);
@@ -471,6 +472,7 @@ absl::StatusOr<StepStats> ZeroStrategy::TrainStep(const std::vector<Batch>& micr
       [this](Tensor& squared) {
         // world_ == 1: exactly what one process computes.
         if (world_ > 1) (void)Wait(comm_->AllReduce(squared, ReduceOp::kSum), "all-reducing the gradient norm");
+        if (model_parallel_sum_on_device_) model_parallel_sum_on_device_(squared);
       },
       [this](double sum) { return model_parallel_sum_ ? model_parallel_sum_(sum) : sum; }, &stats);
   optimizer_->Step();

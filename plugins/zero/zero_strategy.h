@@ -164,6 +164,7 @@ class ZeroStrategy final : public Strategy {
   int rank_ = 0, world_ = 1;
   float max_grad_norm_ = 0;
   std::function<double(double)> model_parallel_sum_;  // tensor parallelism's, or null
+  std::function<void(Tensor&)> model_parallel_sum_on_device_;  // the pipeline's, or null
   std::vector<Unit> units_;
   std::vector<Tensor> pieces_;  // views of this rank's shards, one per parameter piece
   // With offload_optimizer: host copies of the pieces (and of their gradients), which the

@@ -1,6 +1,5 @@
 #include "tests/device_sync/fake_cuda.h"
 
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -111,8 +110,9 @@ class RefusedWork final : public Work {
   absl::Status st_;
 };
 
-absl::Status CheckOnDevice(const char* op, const Tensor& t) {
+absl::Status CheckOnDevice(const char* op, const Tensor& t, const HostTensorFilter& still_host) {
   if (!t.defined() || t.device().type == DeviceType::kCUDA) return absl::OkStatus();
+  if (still_host && still_host(op, t)) return absl::OkStatus();
   absl::Status st = absl::InvalidArgumentError(
       absl::StrCat("fake-device ", op, ": tensor ", t.DescribeForError(),
                    " is not on a CUDA device; NCCL moves CUDA device memory only"));
@@ -120,11 +120,18 @@ absl::Status CheckOnDevice(const char* op, const Tensor& t) {
   return st;
 }
 
+// Whether a rank's communicators refuse host tensors yet, and which they still take. Only the
+// rank's own thread sets and reads it.
+struct Refusal {
+  bool on = false;
+  HostTensorFilter still_host;
+};
+
 class DeviceMemoryCommunicator final : public Communicator {
  public:
   DeviceMemoryCommunicator(std::unique_ptr<Communicator> inner, int* waits,
-                           std::shared_ptr<std::atomic<bool>> refuse_host)
-      : inner_(std::move(inner)), waits_(waits), refuse_host_(std::move(refuse_host)) {
+                           std::shared_ptr<Refusal> refusal)
+      : inner_(std::move(inner)), waits_(waits), refusal_(std::move(refusal)) {
     set_timeout(inner_->timeout());
   }
   int rank() const override { return inner_->rank(); }
@@ -170,16 +177,19 @@ class DeviceMemoryCommunicator final : public Communicator {
   absl::StatusOr<std::unique_ptr<Communicator>> NewGroup(const std::vector<int>& ranks) override {
     absl::StatusOr<std::unique_ptr<Communicator>> sub = inner_->NewGroup(ranks);
     if (!sub.ok() || *sub == nullptr) return sub;
-    return std::unique_ptr<Communicator>(new DeviceMemoryCommunicator(std::move(*sub), waits_, refuse_host_));
+    return std::unique_ptr<Communicator>(new DeviceMemoryCommunicator(std::move(*sub), waits_, refusal_));
   }
 
-  void RefuseHostTensors() { *refuse_host_ = true; }
+  void RefuseHostTensors(HostTensorFilter still_host) {
+    refusal_->still_host = std::move(still_host);
+    refusal_->on = true;
+  }
 
  private:
   std::shared_ptr<Work> Refuse(const char* op, const Tensor& a, const Tensor& b = Tensor()) {
-    if (!*refuse_host_) return nullptr;
-    absl::Status st = CheckOnDevice(op, a);
-    if (st.ok()) st = CheckOnDevice(op, b);
+    if (!refusal_->on) return nullptr;
+    absl::Status st = CheckOnDevice(op, a, refusal_->still_host);
+    if (st.ok()) st = CheckOnDevice(op, b, refusal_->still_host);
     if (st.ok()) return nullptr;
     return std::make_shared<RefusedWork>(std::move(st));
   }
@@ -190,7 +200,7 @@ class DeviceMemoryCommunicator final : public Communicator {
   }
   std::unique_ptr<Communicator> inner_;
   int* waits_;
-  std::shared_ptr<std::atomic<bool>> refuse_host_;  // shared by this rank's groups
+  std::shared_ptr<Refusal> refusal_;  // shared by this rank's groups
 };
 
 }  // namespace
@@ -277,18 +287,18 @@ void RunRanksOnFakeDevices(int n, const std::function<void(int rank, Communicato
     inner[size_t(r)]->set_timeout(absl::Seconds(60));
     group.push_back(std::make_unique<DeviceMemoryCommunicator>(
         std::move(inner[size_t(r)]), collective_waits ? &(*collective_waits)[size_t(r)] : nullptr,
-        std::make_shared<std::atomic<bool>>(false)));
+        std::make_shared<Refusal>()));
   }
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { body(r, group[size_t(r)].get()); });
   for (auto& t : threads) t.join();
 }
 
-void RefuseHostTensors(Communicator* comm) {
+void RefuseHostTensors(Communicator* comm, HostTensorFilter still_host) {
   auto* device_comm = dynamic_cast<DeviceMemoryCommunicator*>(comm);
   BRAID_CHECK(device_comm != nullptr) << "RefuseHostTensors: " << comm->name()
                                       << " was not made by RunRanksOnFakeDevices";
-  device_comm->RefuseHostTensors();
+  device_comm->RefuseHostTensors(std::move(still_host));
 }
 
 }  // namespace braid::testing

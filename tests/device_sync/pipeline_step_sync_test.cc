@@ -78,6 +78,16 @@ RankRun TrainRank(const Spec& spec, int rank, Communicator* comm, Device device)
   BRAID_CHECK(setup.ok()) << setup;
   const int replica = (*pipe)->data_parallel_rank();
   const bool on_device = device.type == DeviceType::kCUDA;
+  // As NCCL: every collective of a step on the device (the gradient norm's sum over the stages
+  // among them), but two still on the host: the pipeline's per-step statistics (an all-reduce of
+  // 2 + 3 x stages floats) and DDP's bucket order (a broadcast of i64, once, in its second step).
+  // Shape headers travel by send/recv, not held to it.
+  if (on_device) {
+    testing::RefuseHostTensors(comm, [](const std::string& op, const Tensor& t) {
+      return (op == "all-reduce" && t.dtype() == DType::kF32 && t.numel() == 2 + 3 * kStages) ||
+             (op == "broadcast" && t.dtype() == DType::kI64);
+    });
+  }
   for (int s = 0; s < spec.steps; ++s) {
     std::vector<Batch> micro;
     for (int i = 0; i < spec.micro_batches; ++i) micro.push_back(testing::MakeLmBatch(s, replica, i, device));
