@@ -12,6 +12,7 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 #include <netdb.h>
+#include <signal.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -508,6 +509,17 @@ class GlooCommunicator final : public Communicator {
   std::thread heartbeat_;
 };
 
+// Gloo writes to its peers' sockets without MSG_NOSIGNAL, so a peer that died would kill this
+// rank with SIGPIPE before any error could name the dead rank (the launcher gives workers the
+// default disposition). A process that left SIGPIPE at its default gets it ignored: the write
+// then fails with EPIPE, which becomes an error naming the collective and the ranks. A process
+// that chose a disposition of its own keeps it.
+void IgnoreSigpipeIfDefault() {
+  struct sigaction old;
+  if (::sigaction(SIGPIPE, nullptr, &old) != 0) return;
+  if ((old.sa_flags & SA_SIGINFO) == 0 && old.sa_handler == SIG_DFL) ::signal(SIGPIPE, SIG_IGN);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> MakeGlooCommunicator(
@@ -529,6 +541,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeGlooCommunicator(
     return absl::InvalidArgumentError("gloo communicator: the timeout must be positive");
   }
   BRAID_ASSIGN_OR_RETURN(Settings settings, ParseSettings(options.options));
+  IgnoreSigpipeIfDefault();
   if (settings.iface.empty()) {
     // Gloo's own lookup misreads getaddrinfo's errors and crashes on a name that does not
     // resolve, so resolve it here first.
