@@ -133,6 +133,7 @@ absl::Status FakeDeviceApi::DestroyStream(Stream stream) {
 absl::StatusOr<Event> FakeDeviceApi::CreateEvent() {
   std::lock_guard<std::mutex> lock(mu_);
   auto e = std::make_unique<EventState>();
+  e->id = next_event_id_++;
   void* h = e.get();
   events_[h] = std::move(e);
   return Event{h};
@@ -168,7 +169,9 @@ absl::Status FakeDeviceApi::RecordEvent(Event event, Stream stream) {
   Op op{Op::kRecord};
   op.event = e;
   op.generation = ++e->recorded;
-  StreamLocked(stream)->ops.push_back(op);
+  StreamState* s = StreamLocked(stream);
+  s->ops.push_back(op);
+  issued_.push_back(absl::StrCat(s->id, ":record:e", e->id));
   RunEagerLocked();
   return absl::OkStatus();
 }
@@ -185,7 +188,9 @@ absl::Status FakeDeviceApi::StreamWaitEvent(Stream stream, Event event) {
   Op op{Op::kWait};
   op.event = e;
   op.generation = e->recorded;  // the record current at this call, not any later one
-  StreamLocked(stream)->ops.push_back(op);
+  StreamState* s = StreamLocked(stream);
+  s->ops.push_back(op);
+  issued_.push_back(absl::StrCat(s->id, ":wait:e", e->id));
   RunEagerLocked();
   return absl::OkStatus();
 }
@@ -211,7 +216,9 @@ absl::Status FakeDeviceApi::MemcpyAsync(void* dst, const void* src, size_t bytes
   op.src = src;
   op.bytes = bytes;
   op.copy_kind = kind;
-  StreamLocked(stream)->ops.push_back(op);
+  StreamState* s = StreamLocked(stream);
+  s->ops.push_back(op);
+  issued_.push_back(absl::StrCat(s->id, ":", CopyKindName(kind), ":", bytes));
   RunEagerLocked();
   return absl::OkStatus();
 }
@@ -365,6 +372,16 @@ std::vector<std::string> FakeDeviceApi::log() const {
 void FakeDeviceApi::ClearLog() {
   std::lock_guard<std::mutex> lock(mu_);
   log_.clear();
+}
+
+std::vector<std::string> FakeDeviceApi::issued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return issued_;
+}
+
+void FakeDeviceApi::ClearIssued() {
+  std::lock_guard<std::mutex> lock(mu_);
+  issued_.clear();
 }
 
 std::vector<std::string> FakeDeviceApi::syncs() const {

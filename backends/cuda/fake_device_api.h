@@ -84,6 +84,13 @@ class FakeDeviceApi final : public DeviceApi {
   // host synchronisations (docs/GPU.md, "Synchronisation points").
   std::vector<std::string> syncs() const;
   void ClearSyncs();
+  // Every copy, event record and event wait in the order the host enqueued them (not run):
+  // "<stream id>:<kind>:<bytes>" for a copy, "<stream id>:record:e<event id>",
+  // "<stream id>:wait:e<event id>" (event ids 1, 2, ... in creation order). How a test sees that
+  // a copy was issued ahead of its use and that a stream, not the host, waits for it
+  // (core/async_copy.h).
+  std::vector<std::string> issued() const;
+  void ClearIssued();
 
   size_t device_bytes_in_use() const;
   int64_t malloc_calls() const;
@@ -94,6 +101,7 @@ class FakeDeviceApi final : public DeviceApi {
 
  private:
   struct EventState {
+    int id = 0;             // issued()'s number for it
     int64_t recorded = 0;   // how many times recorded
     int64_t completed = 0;  // how many of those records the stream has passed
   };
@@ -127,11 +135,13 @@ class FakeDeviceApi final : public DeviceApi {
   size_t device_in_use_ = 0;
   int64_t malloc_calls_ = 0;
   int next_stream_id_ = 1;
+  int next_event_id_ = 1;
   StreamState default_stream_;
   std::map<void*, std::unique_ptr<StreamState>> streams_;
   std::map<void*, std::unique_ptr<EventState>> events_;
   std::vector<std::string> log_;
   std::vector<std::string> syncs_;
+  std::vector<std::string> issued_;
 };
 
 }  // namespace braid::cuda

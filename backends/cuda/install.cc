@@ -3,6 +3,7 @@
 #include <memory>
 #include <utility>
 
+#include "backends/cuda/async_copy.h"
 #include "core/allocator.h"
 #include "core/check.h"
 #include "core/kernels.h"
@@ -105,6 +106,7 @@ void InstallCudaBackend(DeviceApiFactory factory) {
                                               [rt] { return rt->current_stream(); });
   });
   kernels::copy.Register(DeviceType::kCUDA, &CopyTensorCuda);
+  RegisterAsyncCopy(DeviceType::kCUDA, &CopyAsyncCuda);
   RegisterPinnedHostAllocator(DeviceType::kCUDA, [](Device compute) -> std::unique_ptr<Allocator> {
     // Portable pinned memory (cudaHostAllocPortable): the first device that asks pins it for all.
     return std::make_unique<PinnedHostAllocator>(&RuntimeOf(compute).api());

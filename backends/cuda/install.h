@@ -1,7 +1,7 @@
 // Wires the CUDA backend into core for DeviceType::kCUDA: each device's DeviceApi (from
 // `factory`), its caching allocator (what core's GetAllocator(cuda:N), and so every tensor's
-// storage and GetMemoryStats, use) and the copy kernel behind Tensor::To / CopyFrom between the
-// host and a CUDA device.
+// storage and GetMemoryStats, use), the copy kernel behind Tensor::To / CopyFrom between the
+// host and a CUDA device, and core's CopyAsync for CUDA devices (async_copy.h).
 //
 // Called once per process before any cuda tensor exists: by //backends/cuda:backend's static
 // initialiser with the CUDA runtime (--config=cuda), or by a test with the fake device.
