@@ -58,17 +58,31 @@ absl::Status RunMicroBatches(const std::string& who, Module& model,
 
 namespace {
 
-void ReadAndClip(Optimizer& optimizer, const Tensor& squared_norm, float max_norm,
-                 const std::function<double(double)>& global_sum, StepStats* stats) {
-  // Everything the host needs from the device this step, in one read: the mean loss, the
-  // squared gradient norm, the optimizer's own checks (mixed precision's inf/NaN).
+// Everything the host needs from the device this step, in one read: the mean loss, the
+// squared gradient norm, the optimizer's own checks (mixed precision's inf/NaN), and what the
+// strategy adds (`extra`, handed to `decide` before anything else happens).
+absl::Status ReadAndClip(Optimizer& optimizer, const Tensor& squared_norm, float max_norm,
+                         const std::function<double(double)>& global_sum,
+                         const std::vector<Tensor>& extra,
+                         const std::function<absl::Status(const std::vector<float>&)>& decide,
+                         StepStats* stats) {
   std::vector<Tensor> scalars = {stats->device_loss, squared_norm};
   const std::vector<Tensor> checks = optimizer.PreStepChecks();
   scalars.insert(scalars.end(), checks.begin(), checks.end());
-  const std::vector<float> values = ReadScalars(scalars);
+  const size_t n = scalars.size();
+  // Each scalar one value (an undefined one reads as 0), then the extra tensors' elements.
+  for (Tensor& s : scalars) {
+    if (!s.defined()) s = Tensor::Zeros({}, DType::kF32, Device::CPU());
+  }
+  scalars.insert(scalars.end(), extra.begin(), extra.end());
+  const std::vector<float> values = ReadValues(scalars);
+  if (decide) {
+    BRAID_RETURN_IF_ERROR(decide(std::vector<float>(values.begin() + long(n), values.end())));
+  }
   if (stats->device_loss.defined()) stats->loss = values[0];
-  optimizer.SetPreStepCheckResults(std::vector<float>(values.begin() + 2, values.end()));
+  optimizer.SetPreStepCheckResults(std::vector<float>(values.begin() + 2, values.begin() + long(n)));
   stats->grad_norm = ClipGradNormFromSquared(optimizer, double(values[1]), max_norm, global_sum);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -76,20 +90,32 @@ void ReadAndClip(Optimizer& optimizer, const Tensor& squared_norm, float max_nor
 void ReadStepScalarsAndClip(Optimizer& optimizer, const std::vector<Tensor>& params,
                             float max_norm, const std::function<double(double)>& global_sum,
                             StepStats* stats) {
-  ReadAndClip(optimizer, SquaredGradNormOnDevice(params), max_norm, global_sum, stats);
+  BRAID_CHECK_OK(ReadAndClip(optimizer, SquaredGradNormOnDevice(params), max_norm, global_sum, {},
+                             nullptr, stats));
+}
+
+absl::Status ReadStepScalarsAndClip(Optimizer& optimizer, const std::vector<Tensor>& params,
+                                    float max_norm, Device device,
+                                    const std::function<void(Tensor&)>& sum_over_ranks,
+                                    const std::function<double(double)>& global_sum,
+                                    const std::vector<Tensor>& extra,
+                                    const std::function<absl::Status(const std::vector<float>&)>& decide,
+                                    StepStats* stats) {
+  Tensor squared = SquaredGradNormOnDevice(params);
+  if (!squared.defined()) squared = Tensor::Zeros({}, DType::kF32, device);
+  BRAID_CHECK(squared.device() == device)
+      << "ReadStepScalarsAndClip: the gradients of " << squared.DescribeForError()
+      << " are not on " << device.ToString();
+  if (sum_over_ranks) sum_over_ranks(squared);
+  return ReadAndClip(optimizer, squared, max_norm, global_sum, extra, decide, stats);
 }
 
 void ReadStepScalarsAndClip(Optimizer& optimizer, const std::vector<Tensor>& params,
                             float max_norm, Device device,
                             const std::function<void(Tensor&)>& sum_over_ranks,
                             const std::function<double(double)>& global_sum, StepStats* stats) {
-  Tensor squared = SquaredGradNormOnDevice(params);
-  if (!squared.defined()) squared = Tensor::Zeros({}, DType::kF32, device);
-  BRAID_CHECK(squared.device() == device)
-      << "ReadStepScalarsAndClip: the gradients of " << squared.DescribeForError()
-      << " are not on " << device.ToString();
-  sum_over_ranks(squared);
-  ReadAndClip(optimizer, squared, max_norm, global_sum, stats);
+  BRAID_CHECK_OK(ReadStepScalarsAndClip(optimizer, params, max_norm, device, sum_over_ranks,
+                                        global_sum, {}, nullptr, stats));
 }
 
 }  // namespace braid

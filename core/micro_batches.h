@@ -67,6 +67,19 @@ void ReadStepScalarsAndClip(Optimizer& optimizer, const std::vector<Tensor>& par
                             const std::function<void(Tensor&)>& sum_over_ranks,
                             const std::function<double(double)>& global_sum, StepStats* stats);
 
+// The same, with values the strategy must see before anything is clipped or stepped, read in the
+// same transfer (DDP: every bucket's flags, which decide whether the step stands and which
+// parameters got no gradient on any rank): `decide` gets every element of `extra`, in order
+// (ReadValues), right after the read. An error from it is returned at once, with nothing clipped
+// and stats->grad_norm unset: the strategy then does not step.
+absl::Status ReadStepScalarsAndClip(Optimizer& optimizer, const std::vector<Tensor>& params,
+                                    float max_norm, Device device,
+                                    const std::function<void(Tensor&)>& sum_over_ranks,
+                                    const std::function<double(double)>& global_sum,
+                                    const std::vector<Tensor>& extra,
+                                    const std::function<absl::Status(const std::vector<float>&)>& decide,
+                                    StepStats* stats);
+
 }  // namespace braid
 
 #endif  // BRAID_CORE_MICRO_BATCHES_H_

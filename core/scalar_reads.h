@@ -19,6 +19,11 @@ namespace braid {
 // then read at once.
 std::vector<float> ReadScalars(const std::vector<Tensor>& scalars);
 
+// Every element of each of `tensors` (floating; an undefined tensor has none), as floats,
+// concatenated in order, with the same single device-to-host transfer: for values the host needs
+// with the step's scalars (DDP's bucket flags), so that they cost no synchronisation of their own.
+std::vector<float> ReadValues(const std::vector<Tensor>& tensors);
+
 }  // namespace braid
 
 #endif  // BRAID_CORE_SCALAR_READS_H_

@@ -279,7 +279,8 @@ absl::Status DdpStrategy::CheckSameModelEverywhere(Module& model) {
   for (const auto& [n, p] : model.NamedParameters()) add("param", n, p);
   for (const auto& [n, b] : model.NamedBuffers()) add("buffer", n, b);
   const int64_t h = fp.value();
-  Tensor t = Tensor::FromVector<int64_t>({h, -h}, {2});
+  // On the model's device: NCCL moves device memory only (a copy there and back, once, at Setup).
+  Tensor t = Tensor::FromVector<int64_t>({h, -h}, {2}).To(device_);
   absl::Status s = comm_->AllReduce(t, ReduceOp::kMax)->Wait();
   if (!s.ok()) {
     return Error(s.code(), absl::StrCat("comparing the ranks' models at Setup: ", s.message()));
@@ -360,35 +361,46 @@ absl::StatusOr<StepStats> DdpStrategy::TrainStep(const std::vector<Batch>& micro
       RunMicroBatches(name(), *model(), micro_batches, loss_fn, &stats, events);
   reducer_->EndPass();
 
-  absl::Status status = !local_error.ok()                ? local_error
-                        : !reducer_->comm_status().ok() ? reducer_->comm_status()
-                        : reducer_->peer_failed()
-                            ? Error(absl::StatusCode::kAborted,
-                                    absl::StrCat("step ", step_,
-                                                 " was abandoned by another rank "
-                                                 "(its error says why); no update was made"))
-                            : reducer_->unused_status();
-  if (status.ok()) {
+  absl::Status status = reducer_->comm_status();
+  if (!status.ok()) {
+    // A reduction failed: no further collective on this communicator.
+    if (!local_error.ok()) status = local_error;
+  } else {
     TraceEvent opt;
     opt.name = "optimizer";
     opt.start_us = NowUs();
-    // The norm of the averaged gradient, measured always (max_grad_norm_ <= 0 only measures)
-    // and clipped to max_grad_norm_ when clipping is on.
+    // The step's one read (on a GPU: its one synchronisation of the device, core/micro_batches.h):
+    // the loss, the norm of the averaged gradient (measured always; clipped to max_grad_norm_
+    // when clipping is on), the optimizer's checks and every bucket's flags, which decide,
+    // before anything is clipped or stepped, whether the step stands on every rank. A rank whose
+    // own loss was bad reads too, so that the collectives before the read (the norm's sum over
+    // other groups, mixed precision's overflow agreement) stay matched across the ranks.
     std::vector<Tensor> trainable = reducer_->Parameters();
-    // Under tensor parallelism the norm also sums over the ranks holding the other slices.
-    // The loss, this norm and the optimizer's checks reach the host in one read (on a GPU: the
-    // step's one synchronisation of the device, core/micro_batches.h).
-    ReadStepScalarsAndClip(
+    status = ReadStepScalarsAndClip(
         *optimizer(), trainable, max_grad_norm_, device_,
         [this](Tensor& squared) {
           if (model_parallel_sum_on_device_) model_parallel_sum_on_device_(squared);
         },
         [this](double local) { return model_parallel_sum_ ? model_parallel_sum_(local) : local; },
+        reducer_->ValuesToRead(),
+        [&](const std::vector<float>& values) -> absl::Status {
+          reducer_->Decide(values);
+          if (!local_error.ok()) return local_error;
+          if (reducer_->peer_failed()) {
+            return Error(absl::StatusCode::kAborted,
+                         absl::StrCat("step ", step_,
+                                      " was abandoned by another rank (its error says why); no "
+                                      "update was made"));
+          }
+          return reducer_->unused_status();
+        },
         &stats);
-    optimizer()->Step();
-    opt.end_us = NowUs();
-    RecordEvent(opt);
-    stats.optimizer_s = (opt.end_us - opt.start_us) * 1e-6;
+    if (status.ok()) {
+      optimizer()->Step();
+      opt.end_us = NowUs();
+      RecordEvent(opt);
+      stats.optimizer_s = (opt.end_us - opt.start_us) * 1e-6;
+    }
   }
   EndStepTrace();
   ++step_;

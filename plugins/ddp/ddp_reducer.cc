@@ -93,21 +93,23 @@ void Reducer::BuildBuckets(const std::vector<int>& order) {
 
 absl::Status Reducer::RebuildBuckets() {
   const double start = NowUs();
-  // Rank 0's order for everyone: ranks may see gradients become ready in different orders.
-  std::vector<int64_t> order(ready_order_.begin(), ready_order_.end());
-  BRAID_CHECK_EQ(order.size(), params_.size()) << "every parameter is marked ready once per pass";
-  Tensor t = Tensor::FromVector<int64_t>(order, {int64_t(order.size())});
-  absl::Status s = comm_->Broadcast(t, 0)->Wait();
-  if (!s.ok()) {
-    return Error(s.code(), absl::StrCat("broadcasting the bucket order: ", s.message()));
+  // Rank 0's order for everyone (ranks may see gradients become ready in different orders),
+  // which Decide read with the last step's other values.
+  std::vector<bool> seen(params_.size(), false);
+  for (int i : agreed_order_) {
+    if (i < 0 || size_t(i) >= params_.size() || seen[size_t(i)]) {
+      return Error(absl::StatusCode::kInternal,
+                   absl::StrCat("the bucket order broadcast from rank 0 is not a permutation of the ",
+                                params_.size(), " trainable parameters (", i, " at step ", step_,
+                                "): do all ranks build the same model?"));
+    }
+    seen[size_t(i)] = true;
   }
-  std::vector<int> agreed;
-  for (int64_t i : t.ToVector<int64_t>()) agreed.push_back(int(i));
-  BuildBuckets(agreed);
+  BuildBuckets(agreed_order_);
   rebuilt_ = true;
   rebuild_pending_ = false;
-  ready_order_.clear();
-  ready_order_.shrink_to_fit();
+  agreed_order_.clear();
+  agreed_order_.shrink_to_fit();
   TraceEvent e;
   e.name = "rebuild_buckets";
   e.start_us = start;
@@ -133,6 +135,9 @@ void Reducer::PrepareGrads() {
 
 void Reducer::BeginPass(bool sync) {
   in_pass_ = true;
+  // A pass whose order did not decide the layout (its step failed) leaves nothing behind.
+  if (sync && recording_order_) ready_order_.clear();
+  order_on_device_ = Tensor();
   sync_pass_ = sync;
   finish_queued_ = false;
   finished_ = false;
@@ -249,6 +254,27 @@ void Reducer::FinishSyncPass() {
                                                   " in step ", step_, ": ", s.message()));
     }
   }
+  if (recording_order_ && comm_status_.ok() && !buckets_.empty()) {
+    // Rank 0's readiness order to every rank, on the device: written there by fills (a copy from
+    // host memory would wait for the device), as f32 (exact below 2^24 parameters), and read
+    // with the step's other values (Decide), which also say whether this step was clean.
+    BRAID_CHECK_EQ(ready_order_.size(), params_.size()) << "every parameter is marked ready once per pass";
+    BRAID_CHECK(params_.size() < (size_t(1) << 24)) << "bucket order indices must be exact in f32";
+    order_on_device_ = Tensor::Empty({int64_t(params_.size())}, DType::kF32, buckets_.front().device);
+    if (comm_->rank() == 0) {
+      for (size_t j = 0; j < ready_order_.size(); ++j) {
+        order_on_device_.FlatRange(int64_t(j), 1).Fill(float(ready_order_[j]));
+      }
+    } else {
+      order_on_device_.Zero();  // overwritten by the broadcast
+    }
+    absl::Status s = comm_->Broadcast(order_on_device_, 0)->Wait();
+    if (!s.ok()) {
+      comm_status_ = Error(s.code(), absl::StrCat("broadcasting the bucket order in step ", step_,
+                                                  ": ", s.message()));
+      order_on_device_ = Tensor();
+    }
+  }
   waited_us_ = NowUs();
   if (comm_status_.ok()) Unpack();
   unpacked_us_ = NowUs();
@@ -264,44 +290,40 @@ void Reducer::FinishSyncPass() {
     e.end_us = b.done_us;
     RecordEvent(e);
   }
-  if (recording_order_) {
-    // The readiness order of the first clean step (the same verdict on every rank: peer_failed_
-    // comes from the reduced flags) decides the rebuilt layout.
-    if (comm_status_.ok() && !peer_failed_) {
-      recording_order_ = false;
-      rebuild_pending_ = !rebuilt_;
+}
+
+void Reducer::Unpack() {
+  // Every gradient copied out of its bucket (unless it is a view of it): whether some parameter
+  // got no gradient on any rank is known only after the step's one read (Decide), which then
+  // leaves that one undefined.
+  for (Param& p : params_) {
+    if (GradIsBucketView(p)) continue;
+    Tensor g = p.tensor.grad();
+    if (g.defined()) {
+      g.CopyFrom(GradSlot(p));
     } else {
-      ready_order_.clear();
+      p.tensor.set_grad(GradSlot(p).To(p.tensor.dtype()));  // a copy, rounded when f32 reduced
     }
   }
 }
 
-void Reducer::Unpack() {
+std::vector<Tensor> Reducer::ValuesToRead() const {
+  std::vector<Tensor> out;
+  for (const Bucket& b : buckets_) out.push_back(b.flags());
+  if (order_on_device_.defined()) out.push_back(order_on_device_);
+  return out;
+}
+
+void Reducer::Decide(const std::vector<float>& values) {
   const double n = comm_->size();
   const double all = 1.0 - 0.5 / n, none = 0.5 / n;  // thresholds on averaged 0/1 flags
   std::vector<std::string> missing;
-  // Every bucket's flags reach the host in one read (on a GPU: one synchronisation per step, not
-  // one per bucket): copied on the device into one f32 buffer (dtype-converting copies, which do
-  // not block), then read at once.
-  std::vector<float> all_flags;
-  if (!buckets_.empty()) {
-    int64_t total = 0;
-    for (const Bucket& b : buckets_) total += int64_t(b.params.size()) + 1;
-    Tensor packed = Tensor::Empty({total}, DType::kF32, buckets_.front().flat.device());
-    int64_t at = 0;
-    for (const Bucket& b : buckets_) {
-      const int64_t count = int64_t(b.params.size()) + 1;
-      packed.FlatRange(at, count).CopyFrom(b.flat.FlatRange(b.numel, count));
-      at += count;
-    }
-    all_flags = packed.ToFloatVector();
-  }
-  size_t next_flag = 0;
+  size_t next = 0;
   for (const Bucket& b : buckets_) {
-    const std::vector<float> flags(all_flags.begin() + long(next_flag),
-                                   all_flags.begin() + long(next_flag + b.params.size() + 1));
-    next_flag += b.params.size() + 1;
-    if (flags.back() < all) peer_failed_ = true;
+    BRAID_CHECK(next + b.params.size() + 1 <= values.size()) << "Decide: fewer values than ValuesToRead";
+    const float* flags = values.data() + next;
+    next += b.params.size() + 1;
+    if (flags[b.params.size()] < all) peer_failed_ = true;
     for (size_t s = 0; s < b.params.size(); ++s) {
       Param& p = params_[size_t(b.params[s])];
       const double used = flags[s];
@@ -310,18 +332,9 @@ void Reducer::Unpack() {
         missing.push_back(absl::StrCat("'", p.name, "' (on ", ranks_without, " of ", int(n),
                                        " ranks", p.used ? "" : ", this one included", ")"));
       }
-      if (used < none) {
-        // No rank produced a gradient: leave it undefined, as one process would, so that the
-        // optimizer skips the parameter instead of decaying it on a zero gradient.
-        p.tensor.ZeroGrad();
-      } else if (!GradIsBucketView(p)) {
-        Tensor g = p.tensor.grad();
-        if (g.defined()) {
-          g.CopyFrom(GradSlot(p));
-        } else {
-          p.tensor.set_grad(GradSlot(p).To(p.tensor.dtype()));  // a copy, rounded when f32 reduced
-        }
-      }
+      // No rank produced a gradient: leave it undefined, as one process would, so that the
+      // optimizer skips the parameter instead of decaying it on a zero gradient.
+      if (used < none) p.tensor.ZeroGrad();
     }
   }
   if (!missing.empty() && !peer_failed_) {
@@ -332,6 +345,20 @@ void Reducer::Unpack() {
                      ". Every parameter must contribute to the loss on every rank, or set the "
                      "strategy option find_unused_parameters=true (their gradient then counts as "
                      "zero in the average)"));
+  }
+  if (order_on_device_.defined()) {
+    // The readiness order of the first clean step (the same verdict on every rank: peer_failed_
+    // comes from the reduced flags) decides the rebuilt layout; otherwise the next step records.
+    BRAID_CHECK_EQ(values.size(), next + params_.size()) << "Decide: the bucket order is missing";
+    if (!peer_failed_ && comm_status_.ok()) {
+      agreed_order_.clear();
+      for (size_t j = 0; j < params_.size(); ++j) agreed_order_.push_back(int(std::lround(values[next + j])));
+      recording_order_ = false;
+      rebuild_pending_ = !rebuilt_;
+      ready_order_.clear();
+      ready_order_.shrink_to_fit();
+    }
+    order_on_device_ = Tensor();
   }
 }
 

@@ -6,15 +6,18 @@
 // per step; which parameters share a bucket is AssignBuckets (ddp_buckets.h).
 //
 // The layout starts in reverse registration order (roughly the order backward produces
-// gradients) and is rebuilt once, after the first step, in the order gradients actually became
-// ready on rank 0 (broadcast, so that every rank uses the same layout).
+// gradients) and is rebuilt once, after the first clean step, in the order gradients actually
+// became ready on rank 0 (broadcast on the device at the end of that step's backward and read
+// with the step's other values, so that every rank uses the same layout).
 //
 // Each bucket carries, after its gradients, one flag per parameter (1: this rank produced a
 // gradient for it this step) and one "step ok" flag. They are averaged with the gradients, so
 // every rank learns, at no extra collective, which parameters some rank left without a gradient
 // and whether some rank abandoned the step; all ranks therefore reach the same verdict and return
 // the same error instead of one rank skipping a collective the others wait for. The flags are
-// exact in f32; in 16-bit buckets they stay reliable up to a few hundred ranks.
+// exact in f32; in 16-bit buckets they stay reliable up to a few hundred ranks. The flags reach the
+// host with the step's loss and gradient norm, in its one read (ValuesToRead, then Decide): on a
+// GPU a DDP step waits for the device once.
 #ifndef BRAID_PLUGINS_DDP_DDP_REDUCER_H_
 #define BRAID_PLUGINS_DDP_DDP_REDUCER_H_
 
@@ -72,7 +75,16 @@ class Reducer {
   // A backward pass has returned: later gradients belong to no training step.
   void EndPass() { in_pass_ = false; }
 
-  // The verdicts of the step, the same on every rank.
+  // What the step's one read must bring to the host for Decide (on the bucket's device): every
+  // bucket's flags, then, in the step whose readiness order decides the rebuilt layout, rank 0's
+  // order (broadcast on the device). Empty when there are no buckets.
+  std::vector<Tensor> ValuesToRead() const;
+  // After that read (`values`: ValuesToRead's elements, in order), before clipping and stepping:
+  // reaches the verdicts below, leaves undefined the gradients no rank produced (as one process
+  // would, so that the optimizer skips them), and plans the layout's rebuild.
+  void Decide(const std::vector<float>& values);
+
+  // The verdicts of the step, the same on every rank (peer_failed and unused_status after Decide).
   const absl::Status& comm_status() const { return comm_status_; }
   bool peer_failed() const { return peer_failed_; }
   const absl::Status& unused_status() const { return unused_status_; }
@@ -108,6 +120,7 @@ class Reducer {
     Device device;
     int64_t numel = 0;  // gradient elements; the flags follow
     Tensor flat;        // numel + params.size() + 1 elements
+    Tensor flags() const { return flat.FlatRange(numel, int64_t(params.size()) + 1); }
     int pending = 0;    // parameters not yet ready in this pass
     std::shared_ptr<Work> work;
     double ready_us = 0, launch_us = 0, done_us = 0;
@@ -148,6 +161,10 @@ class Reducer {
   bool rebuild_pending_ = false;
   std::vector<int> ready_order_;  // of the first synchronising pass, until the rebuild
   bool recording_order_ = true;
+  // Rank 0's ready_order_ as f32 on the device, broadcast at the end of a recording pass (empty
+  // otherwise); the layout it decided, for the next BeginStep.
+  Tensor order_on_device_;
+  std::vector<int> agreed_order_;
 
   // State of the backward pass now running (one at a time, on the step's thread).
   int64_t step_ = 0;

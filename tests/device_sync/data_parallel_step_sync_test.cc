@@ -1,16 +1,17 @@
 // How many times a data-parallel training step makes each rank's host wait for its CUDA device
-// (issue 28; docs/GPU.md, "Synchronisation points"): ZeRO stages 1, 2 and 3 once, DDP twice.
+// (issue 28; docs/GPU.md, "Synchronisation points"): ZeRO stages 1, 2 and 3 and DDP once.
 //
 // Two ranks as threads, rank r on cuda:r, each a fake device (tests/device_sync/fake_cuda.h)
 // behind the CUDA backend's runtime; their collectives move device memory as NCCL does, without
 // the host waiting for the device, so what the fakes record is what the strategy's own code
 // waits for. ZeRO's one read holds the rank's mean loss, the squared gradient norm summed over
 // both ranks' shards on the device (an all-reduce of one device scalar) and mixed precision's
-// inf/NaN flag (core/micro_batches.h). DDP reads the same, after one read of every bucket's
-// flags (which parameters each rank used, whether a rank abandoned the step: what decides how
-// the averaged gradients are unpacked, or that the step fails, before anything is stepped). The
-// same steps on CPU ranks over the in-process communicator give the same losses and norms, bit
-// for bit in f32.
+// inf/NaN flag (core/micro_batches.h). DDP reads the same and, in that same read, every bucket's
+// flags (which parameters each rank used, whether a rank abandoned the step: what decides which
+// gradients stay undefined, or that the step fails, before anything is clipped or stepped) and,
+// in its first step, rank 0's bucket order. From before Setup every collective must pass device
+// tensors, as NCCL requires. The same steps on CPU ranks over the in-process communicator give
+// the same losses and norms, bit for bit in f32.
 #include <cmath>
 #include <memory>
 #include <string>
@@ -59,9 +60,10 @@ struct RankRun {
 };
 
 // One rank's steps; the world agrees on overflow as the training program makes it agree
-// (launcher/trainer.cc: the check values summed on the device, read with the loss). After
-// Setup the communicator refuses host tensors, as NCCL does, so every collective of a step
-// must pass device tensors (mixed precision's overflow agreement among them).
+// (launcher/trainer.cc: the check values summed on the device, read with the loss). From before
+// Setup the communicator refuses host tensors, as NCCL does, so every collective of Setup and of
+// a step must pass device tensors (DDP's comparison of the ranks' models and its bucket order,
+// mixed precision's overflow agreement among them).
 RankRun TrainRank(const Spec& spec, int rank, Communicator* comm, Device device) {
   RankRun run;
   testing::BlockLm model;
@@ -98,14 +100,11 @@ RankRun TrainRank(const Spec& spec, int rank, Communicator* comm, Device device)
   ctx.comm = comm;
   ctx.max_grad_norm = spec.max_grad_norm;
   if (spec.layer.stage > 0) ctx.options["stage"] = absl::StrCat(spec.layer.stage);
+  const bool on_device = device.type == DeviceType::kCUDA;
+  if (on_device) testing::RefuseHostTensors(comm);
   absl::Status setup = (*strategy)->Setup(model, factory, ctx);
   BRAID_CHECK(setup.ok()) << setup;
-  const bool on_device = device.type == DeviceType::kCUDA;
   for (int s = 0; s < spec.steps; ++s) {
-    // DDP broadcasts its bucket order in a host tensor once, in its second step, when it
-    // rebuilds its buckets in the order the first backward made gradients ready (not yet on the
-    // device: NCCL would refuse it), so DDP is held to device tensors from its third step.
-    if (on_device && s == (spec.layer.strategy == "ddp" ? 2 : 0)) testing::RefuseHostTensors(comm);
     std::vector<Batch> micro;
     for (int i = 0; i < spec.accumulation; ++i) micro.push_back(testing::MakeLmBatch(s, rank, i, device));
     (*strategy)->optimizer()->SetLearningRate(0.01f);
@@ -147,7 +146,7 @@ class DataParallelStepSyncTest : public ::testing::TestWithParam<Layer> {
   }
 
   // Every step of `spec` on the fake GPUs synchronises each rank's host exactly as often as its
-  // strategy should: once (ZeRO), twice (DDP).
+  // strategy should: once.
   static std::vector<RankRun> ExpectOneSyncPerStep(const Spec& spec) {
     std::vector<RankRun> gpu = Train(spec, /*on_device=*/true);
     for (int r = 0; r < kRanks; ++r) {
@@ -238,7 +237,7 @@ TEST_P(DataParallelStepSyncTest, F16LossScalingSkipsOverflowsWithOneSyncPerStep)
 
 INSTANTIATE_TEST_SUITE_P(Strategies, DataParallelStepSyncTest,
                          ::testing::Values(Layer{"zero", 1, 1}, Layer{"zero", 2, 1}, Layer{"zero", 3, 1},
-                                           Layer{"ddp", 0, 2}),
+                                           Layer{"ddp", 0, 1}),
                          [](const ::testing::TestParamInfo<Layer>& p) {
                            return absl::StrCat(p.param.strategy, p.param.stage);
                          });
