@@ -16,7 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/module.h"
-#include "models/gpt/kv_cache.h"
+#include "models/nn/kv_cache.h"
 #include "models/nn/layers.h"
 
 namespace braid::models {

@@ -1,6 +1,6 @@
 // The cached forward (generation) against the plain one: logits at every position equal the
 // full-sequence forward's, whether the prefix went in at once or a token at a time.
-#include "models/gpt/kv_cache.h"
+#include "models/nn/kv_cache.h"
 
 #include <random>
 

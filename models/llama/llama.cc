@@ -93,8 +93,8 @@ class Attention : public Module {
     return (*o_proj_)(ops::GroupedQueryAttention(q, k, v).Reshape({b, t, h * head_dim_}));
   }
   // Inference with the cache: the new positions' q and k rotated at their place after the
-  // cached ones, attention over the cache on the host (llama_kv_cache.h).
-  Tensor ForwardCached(const Tensor& x, LlamaKvCache& cache, int64_t layer) {
+  // cached ones, attention over the cache on the host (models/nn/kv_cache.h).
+  Tensor ForwardCached(const Tensor& x, KvCache& cache, int64_t layer) {
     Tensor q = (*q_proj_)(x), k = (*k_proj_)(x), v = (*v_proj_)(x);
     const int64_t b = q.size(0), t = q.size(1);
     const int64_t h = q.size(-1) / head_dim_, hkv = k.size(-1) / head_dim_;
@@ -146,7 +146,7 @@ class DecoderLayer : public Module {
     Tensor h = ops::Add(x, (*self_attn_)((*input_layernorm_)(x)));
     return ops::Add(h, (*mlp_)((*post_attention_layernorm_)(h)));
   }
-  Tensor ForwardCached(const Tensor& x, LlamaKvCache& cache, int64_t layer) {
+  Tensor ForwardCached(const Tensor& x, KvCache& cache, int64_t layer) {
     Tensor h = ops::Add(x, self_attn_->ForwardCached((*input_layernorm_)(x), cache, layer));
     return ops::Add(h, (*mlp_)((*post_attention_layernorm_)(h)));
   }
@@ -221,7 +221,7 @@ std::vector<PipelineLayer> Llama::PipelineLayers() {
   return layers_;
 }
 
-Tensor Llama::ForwardCached(const Tensor& ids, LlamaKvCache& cache) {
+Tensor Llama::ForwardCached(const Tensor& ids, KvCache& cache) {
   BRAID_CHECK(ids.ndim() == 2 && ids.dtype() == DType::kI32 && ids.size(0) == cache.batch())
       << "Llama::ForwardCached takes i32 token ids [" << cache.batch() << ", T], got "
       << ids.DescribeForError();
@@ -237,8 +237,8 @@ Tensor Llama::ForwardCached(const Tensor& ids, LlamaKvCache& cache) {
   return (*lm_head_)((*norm_)(x));
 }
 
-LlamaKvCache Llama::NewKvCache(int64_t batch) const {
-  return LlamaKvCache(cfg_.n_layer, batch, cfg_.block_size);
+KvCache Llama::NewKvCache(int64_t batch) const {
+  return KvCache(cfg_.n_layer, batch, cfg_.block_size);
 }
 
 Tensor Llama::Forward(const Tensor& ids) {

@@ -22,7 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/module.h"
-#include "models/llama/llama_kv_cache.h"
+#include "models/nn/kv_cache.h"
 #include "models/nn/layers.h"
 
 namespace braid::models {
@@ -69,8 +69,8 @@ class Llama : public Module {
   // Inference: ids [B, t] are the t positions after the cache's (cache.length() + t <=
   // block_size); returns their logits [B, t, vocab_size] and adds them to the cache. Equal to the
   // last t positions of Forward over the whole sequence, up to f32 rounding (llama_test).
-  Tensor ForwardCached(const Tensor& ids, LlamaKvCache& cache);
-  LlamaKvCache NewKvCache(int64_t batch = 1) const;  // room for block_size positions
+  Tensor ForwardCached(const Tensor& ids, KvCache& cache);
+  KvCache NewKvCache(int64_t batch = 1) const;  // room for block_size positions
   // embedding, model.layers.0 .. model.layers.{n-1}, head (model.norm and lm_head).
   std::vector<PipelineLayer> PipelineLayers() override;
   const LlamaConfig& config() const { return cfg_; }

@@ -115,7 +115,7 @@ class LlamaDecoder : public TokenDecoder {
 
  private:
   Llama& llama_;
-  LlamaKvCache cache_;
+  KvCache cache_;
 };
 
 absl::StatusOr<std::unique_ptr<Module>> BuildLlama(const config::ModelConfig& m, uint64_t seed,

@@ -210,7 +210,7 @@ TEST(Llama, CachedLogitsEqualTheFullForward) {
       autograd::NoGradGuard no_grad;
       full = m(ids);
     }
-    LlamaKvCache cache = m.NewKvCache(2);
+    KvCache cache = m.NewKvCache(2);
     EXPECT_EQ(cache.capacity(), c.block_size);
     int64_t at = 0;
     for (int64_t step : {5, 1, 1, 3, 2}) {
@@ -237,7 +237,7 @@ TEST(Llama, AWrongCacheChangesTheLogits) {
     autograd::NoGradGuard no_grad;
     full = m(a);
   }
-  LlamaKvCache cache = m.NewKvCache();
+  KvCache cache = m.NewKvCache();
   m.ForwardCached(Columns(b, 0, 7), cache);
   Tensor last = m.ForwardCached(Columns(a, 7, 8), cache);
   EXPECT_GT(testing::MaxRelDiff(last.ToFloatVector(), Positions(full, 7, 8)), 1e-3);

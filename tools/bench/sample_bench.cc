@@ -1,4 +1,4 @@
-// Generation speed with and without the key/value cache (models/gpt/kv_cache.h), one process:
+// Generation speed with and without the key/value cache (models/nn/kv_cache.h), one process:
 // gpt-mini's shape (random weights: speed does not depend on them), greedy, N new tokens after a
 // one-token prompt, for several N. With the cache each token runs through the model once; without
 // it (what nanoGPT's generate does) the whole context runs again for every token, so its time per
