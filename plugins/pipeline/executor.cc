@@ -301,7 +301,7 @@ absl::Status PipelineStrategy::RunRest(const std::vector<Batch>& mbs, StepStats*
     const Action& a = schedule_[next_action_];
     if (a.op == Op::kBackward) {
       return Error(absl::StatusCode::kInternal,
-                   absl::StrCat("the data-axis strategy \"", inner_->name(), "\" ran fewer backward "
+                   absl::StrCat("the data-axis strategy \"", inner()->name(), "\" ran fewer backward "
                                 "passes than the schedule has (", tokens_, "); it must call the loss "
                                 "function once per micro-batch it is given"));
     }
@@ -334,11 +334,11 @@ absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& 
   // and steps the view's parameters.
   std::vector<Batch> tokens;
   for (int i = 0; i < tokens_; ++i) tokens.push_back(micro_batches[size_t(i % k_)]);
-  absl::StatusOr<StepStats> inner = inner_->TrainStep(tokens, [this, &micro_batches, &stats](Module&, const Batch&) {
+  absl::StatusOr<StepStats> data_step = inner()->TrainStep(tokens, [this, &micro_batches, &stats](Module&, const Batch&) {
     return NextBackward(micro_batches, &stats);
   });
   CloseBackward();
-  absl::Status rest = status_.ok() && inner.ok() ? RunRest(micro_batches, &stats) : absl::OkStatus();
+  absl::Status rest = status_.ok() && data_step.ok() ? RunRest(micro_batches, &stats) : absl::OkStatus();
   double comm_start = NowS();
   for (auto& w : sends_) (void)w->Wait();
   for (auto& w : tie_works_) (void)w->Wait();
@@ -346,16 +346,16 @@ absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& 
   tie_works_.clear();
   flight_.clear();
   BRAID_RETURN_IF_ERROR(status_);
-  if (!inner.ok()) return inner.status();
+  if (!data_step.ok()) return data_step.status();
   BRAID_RETURN_IF_ERROR(rest);
   RefreshTiesAtNextForward();
-  stats.comm_exposed_s = inner->comm_exposed_s + (NowS() - comm_start);
-  stats.backward_s = inner->backward_s;
-  stats.optimizer_s = inner->optimizer_s;
-  stats.grad_norm = inner->grad_norm;
-  stats.comm_bytes = inner->comm_bytes;
-  stats.comm_bytes_overlapped = inner->comm_bytes_overlapped;
-  stats.comm_what = inner->comm_what.empty() ? "" : absl::StrCat(inner->comm_what, " over each stage's replicas");
+  stats.comm_exposed_s = data_step->comm_exposed_s + (NowS() - comm_start);
+  stats.backward_s = data_step->backward_s;
+  stats.optimizer_s = data_step->optimizer_s;
+  stats.grad_norm = data_step->grad_norm;
+  stats.comm_bytes = data_step->comm_bytes;
+  stats.comm_bytes_overlapped = data_step->comm_bytes_overlapped;
+  stats.comm_what = data_step->comm_what.empty() ? "" : absl::StrCat(data_step->comm_what, " over each stage's replicas");
   const double opt_start = NowS() - stats.optimizer_s;
   // One all-reduce over the pipeline carries what one stage alone knows, added to the others'
   // zeros: the loss (only the last stage saw it), every stage's busy time (summed), and each
@@ -366,7 +366,7 @@ absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& 
   std::vector<float> shared(2 + 3 * p, 0.0f);
   // The mean loss reached the host with the data-axis layer's one read of the step's scalars:
   // on the last stage its tokens' mean is the mean loss (NextBackward).
-  shared[0] = last ? inner->loss : 0.0f;
+  shared[0] = last ? data_step->loss : 0.0f;
   shared[1] = float(step_busy_);
   const size_t mine = 2 + 3 * size_t(stage_);
   shared[mine] = float(step_last_ - step_first_);
@@ -428,11 +428,12 @@ void PipelineStrategy::WriteTrace() const {
 // span (zeroing gradients, the tied-weight and data-parallel reductions, the optimizer step)
 // does not, and is reported beside it as its share of this rank's step.
 std::vector<std::string> PipelineStrategy::SummaryLines() const {
-  if (measured_steps_ == 0 || span_s_ <= 0) return {};
+  std::vector<std::string> lines = WrappingStrategy::SummaryLines();
+  if (measured_steps_ == 0 || span_s_ <= 0) return lines;
   const double bubble = 1 - pipe_busy_s_ / (stages_ * span_s_);
   const double idle = 1 - busy_s_ / span_s_;
   const double outside = step_s_ > 0 ? 1 - span_s_ / step_s_ : 0;
-  return {absl::StrFormat(
+  lines.push_back(absl::StrFormat(
       "pipeline (stage %d of %d, %d micro-batch(es), %s%s%s): bubble %.1f%% measured, bubble "
       "formula %.1f%% (idle share of %d stages x the schedule's span, stage 0's first forward to "
       "the last compute of any stage, steps 2..%d); this stage idle %.1f%%; outside the span (gradient zeroing, "
@@ -440,7 +441,8 @@ std::vector<std::string> PipelineStrategy::SummaryLines() const {
       stage_, stages_, k_, opts_.schedule, opts_.chunks > 1 ? absl::StrCat(" x", opts_.chunks).c_str() : "",
       opts_.split_backward ? ", split backward" : "",
       100 * bubble, 100 * BubbleFormula(opts_.schedule, {stages_, k_, opts_.chunks}), stages_, steps_,
-      100 * idle, 100 * outside, double(act_peak_) / (1 << 20))};
+      100 * idle, 100 * outside, double(act_peak_) / (1 << 20)));
+  return lines;
 }
 
 }  // namespace braid::pipeline

@@ -65,16 +65,12 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
   if (ctx.comm == nullptr) return Invalid("no communicator in the strategy context");
   if (!make_optimizer) return Invalid("no optimizer factory given");
   if (!ctx.criterion) return Invalid("no criterion in the strategy context: the last stage computes the loss");
-  if (inner_ == nullptr) {
-    return Error(absl::StatusCode::kFailedPrecondition,
-                 "serves the pipeline axis over a data-axis strategy (single, ddp, zero, a user's); "
-                 "give it with Wrap before Setup");
-  }
+  BRAID_RETURN_IF_ERROR(RequireWrapped());
   // The options are the stack's: the pipeline's own keys are read here, the rest belong to the
-  // data-axis layer below (whichever of the two the config named).
-  std::map<std::string, std::string> mine, theirs;
+  // data-axis layer below (whichever of the two the config named: ContextBelow hands them down).
+  std::map<std::string, std::string> mine;
   for (auto& [k, v] : ctx.options) {
-    (IsPipelineOption(k) ? mine : theirs)[k] = v;
+    if (OwnsOption(k)) mine[k] = v;
   }
   BRAID_ASSIGN_OR_RETURN(opts_, ParseOptions(mine, ctx.mesh ? ctx.mesh->shape().pipeline : 0));
   world_ = ctx.comm;
@@ -164,9 +160,7 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
   // This stage's view holds the parameters it owns (a tied one on its first stage only); the
   // data-axis layer materialises them as it keeps them (ZeRO-3: its shard), unless it wants
   // them whole from here. Parameters of other stages are never allocated.
-  StrategyContext probe = ctx;
-  probe.options = theirs;
-  const bool inner_defers = inner_->wants_deferred_init(probe);
+  const bool inner_defers = inner()->wants_deferred_init(ContextBelow(ctx));
   for (auto& [n, p] : model.NamedParameters()) {
     const bool used = used_by[n].count(stage_) > 0;
     const bool owned = used && owner_[n] == stage_;
@@ -223,9 +217,8 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
   // The data-axis layer trains the view over this stage's replicas. The norm it clips by sums
   // over the stages too (a tied weight counts once: on its owner), then over what the layer
   // above adds (tensor parallelism's group).
-  StrategyContext inner_ctx = ctx;
+  StrategyContext inner_ctx = ContextBelow(ctx);
   inner_ctx.comm = data_;
-  inner_ctx.options = theirs;
   // The squared norm summed over the stages on the device, where NCCL moves it, before the
   // inner strategy's one read; tensor parallelism's sum (ctx.model_parallel_sum) stays on the
   // value read.
@@ -240,10 +233,10 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
   };
   inner_ctx.make_replica = nullptr;  // the stage is not a whole model
   inner_ctx.sample_batch = nullptr;
-  BRAID_RETURN_IF_ERROR(inner_->Setup(*view_, make_optimizer, inner_ctx));
-  if (inner_->data_parallel_size() != dp_size_ || inner_->data_parallel_rank() != dp_) {
-    return Invalid(absl::StrCat("the data-axis strategy \"", inner_->name(), "\" trains ",
-                                inner_->data_parallel_size(), " replica(s) of each stage, but the layout has ",
+  BRAID_RETURN_IF_ERROR(inner()->Setup(*view_, make_optimizer, inner_ctx));
+  if (inner()->data_parallel_size() != dp_size_ || inner()->data_parallel_rank() != dp_) {
+    return Invalid(absl::StrCat("the data-axis strategy \"", inner()->name(), "\" trains ",
+                                inner()->data_parallel_size(), " replica(s) of each stage, but the layout has ",
                                 dp_size_, "; it must train over the communicator it is given"));
   }
   // The owner of a tied weight sends its value, whole, when its first forward of a step has it
@@ -340,7 +333,7 @@ absl::StatusOr<std::map<std::string, Tensor>> PipelineStrategy::FullStateDict() 
   if (model_ == nullptr) return Error(absl::StatusCode::kFailedPrecondition, "FullStateDict before Setup");
   // The stage's own parameters whole from the data-axis layer (gathered if it shards them),
   // then each parameter from the stage that owns it, to every stage of this replica.
-  BRAID_ASSIGN_OR_RETURN(auto mine, inner_->FullStateDict());
+  BRAID_ASSIGN_OR_RETURN(auto mine, inner()->FullStateDict());
   std::map<std::string, Tensor> out;
   for (auto& [n, p] : model_->NamedParameters()) {
     auto it = owner_.find(n);
@@ -372,7 +365,7 @@ absl::Status PipelineStrategy::LoadFullStateDict(const std::map<std::string, Ten
   for (auto& [n, b] : view_->NamedBuffers()) {
     if (state.count(n)) mine[n] = state.at(n);
   }
-  BRAID_RETURN_IF_ERROR(inner_->LoadFullStateDict(mine));
+  BRAID_RETURN_IF_ERROR(inner()->LoadFullStateDict(mine));
   for (Tie& t : ties_) {
     if (!t.owner) Tensor(t.param).CopyFrom(state.at(t.name));
   }

@@ -31,6 +31,7 @@
 #include "core/plugin_api.h"
 #include "core/registry.h"
 #include "core/strategy.h"
+#include "core/wrapping_strategy.h"
 #include "plugins/pipeline/partition.h"
 #include "plugins/pipeline/schedule.h"
 #include "plugins/pipeline/stage_view.h"
@@ -46,55 +47,49 @@ inline absl::Status Error(absl::StatusCode code, const std::string& msg) {
 inline absl::Status Invalid(const std::string& msg) { return Error(absl::StatusCode::kInvalidArgument, msg); }
 inline double NowS() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
 
-class PipelineStrategy final : public Strategy {
+// A layer over the strategy below it (WrappingStrategy): the data axis of every stage is that
+// strategy's (ddp, zero 1-3, single, a user's). It reduces, shards and steps the stage's
+// parameters, handed to it as a StageView, and answers what this layer does not change (the
+// optimizer, the data-parallel place, the memory peaks).
+class PipelineStrategy final : public WrappingStrategy {
  public:
-  std::string name() const override {
-    return inner_ ? absl::StrCat(kName, "(", inner_->name(), ")") : kName;
-  }
-  // The data axis of every stage is the wrapped strategy's (ddp, zero 1-3, single, a user's):
-  // it reduces, shards and steps the stage's parameters, handed to it as a StageView.
-  absl::Status Wrap(std::unique_ptr<Strategy> inner) override {
-    inner_ = std::move(inner);
-    return absl::OkStatus();
-  }
+  std::string name() const override { return NameOver(kName); }
   // Always: each stage materialises only its own layers (and ZeRO-3 below only its shards).
   bool wants_deferred_init(const StrategyContext&) const override { return true; }
   absl::Status Setup(Module& model, const OptimizerFactory& make_optimizer,
                      const StrategyContext& ctx) override;
   absl::StatusOr<StepStats> TrainStep(const std::vector<Batch>& micro_batches,
                                       const LossFn& loss_fn) override;
-  Optimizer* optimizer() override { return inner_ ? inner_->optimizer() : nullptr; }
-  std::vector<std::pair<std::string, int64_t>> ModelStatePeaks() const override {
-    return inner_ ? inner_->ModelStatePeaks() : std::vector<std::pair<std::string, int64_t>>{};
-  }
   absl::StatusOr<std::map<std::string, Tensor>> FullStateDict() override;
   absl::Status LoadFullStateDict(const std::map<std::string, Tensor>& state) override;
-  int data_parallel_rank() const override { return dp_; }
-  int data_parallel_size() const override { return dp_size_; }
   // Every stage of a replica borrows the whole model for the evaluation (each parameter
   // broadcast from the stage that owns it, whole: gathered by the data-axis layer first), runs
   // it, then gives back what is not its own: simple, and the evaluation runs as one process
   // would, at the price of holding the whole model for its duration.
   absl::Status Evaluate(const std::function<void(Module&)>& eval) override;
+  // The data-axis layer's lines, then the measured bubble.
   std::vector<std::string> SummaryLines() const override;
   // The data-axis layer's chunks of the stage's parameters and optimizer state (the names are
   // the model's); the step count is written by stage 0 only, and a tied weight's copy on a
   // stage that does not own it is not written (it follows the owner).
   absl::StatusOr<std::vector<StateChunk>> StateChunks(bool create) override {
     if (view_ == nullptr) return Error(absl::StatusCode::kFailedPrecondition, "StateChunks before Setup");
-    BRAID_ASSIGN_OR_RETURN(std::vector<StateChunk> chunks, inner_->StateChunks(create));
+    BRAID_ASSIGN_OR_RETURN(std::vector<StateChunk> chunks, WrappingStrategy::StateChunks(create));
     for (StateChunk& c : chunks) {
       if (c.name == "optimizer/step") c.write = c.write && stage_ == 0;
     }
     return chunks;
   }
   absl::Status AfterStateLoaded(const std::vector<StateChunk>& chunks) override {
-    BRAID_RETURN_IF_ERROR(inner_->AfterStateLoaded(chunks));
+    BRAID_RETURN_IF_ERROR(WrappingStrategy::AfterStateLoaded(chunks));
     RefreshTiesAtNextForward();  // the copies of tied weights follow their owners' loaded values
     return absl::OkStatus();
   }
 
  private:
+  // Its options (stages, schedule, ...: partition.h); the data-axis layer gets the others.
+  bool OwnsOption(const std::string& key) const override { return IsPipelineOption(key); }
+
   struct Chunk {
     int virtual_stage;
     std::vector<PipelineLayer> layers;
@@ -151,8 +146,7 @@ class PipelineStrategy final : public Strategy {
   std::vector<std::unique_ptr<Communicator>> groups_;  // the groups this strategy made
   Communicator* pipe_ = nullptr;   // this replica's stages
   Communicator* data_ = nullptr;   // this stage's replicas
-  std::unique_ptr<Strategy> inner_;   // the data axis
-  std::unique_ptr<StageView> view_;   // what inner_ trains
+  std::unique_ptr<StageView> view_;   // what the data-axis layer (inner()) trains
   std::vector<Tie> ties_;
   // At the next forward, owners send their tied weights' values and copies receive them.
   bool tie_send_ = false, tie_receive_ = false;

@@ -19,6 +19,7 @@
 #include "core/plugin_api.h"
 #include "core/registry.h"
 #include "core/strategy.h"
+#include "core/wrapping_strategy.h"
 #include "plugins/tensor_parallel/parallel_ops.h"
 #include "plugins/tensor_parallel/plan.h"
 
@@ -42,33 +43,16 @@ absl::StatusOr<Plan> PlanFor(const StrategyContext& ctx) {
   return RegisteredPlan(ctx.config->model().name());
 }
 
-class TensorParallelStrategy : public Strategy {
+// A layer over the strategy below it (WrappingStrategy): the optimizer, the data-parallel place,
+// the memory peaks, reloading checkpoint chunks and deferred initialisation are that strategy's
+// (under ZeRO-3 the plan materialises each parameter it splits just before slicing it).
+class TensorParallelStrategy : public WrappingStrategy {
  public:
-  std::string name() const override {
-    return inner_ ? absl::StrCat(kName, "(", inner_->name(), ")") : kName;
-  }
-
-  absl::Status Wrap(std::unique_ptr<Strategy> inner) override {
-    inner_ = std::move(inner);
-    return absl::OkStatus();
-  }
-  // As the layer below wants it (ZeRO-3: no parameter memory until it materialises its shards):
-  // the plan materialises each parameter it splits one at a time, just before slicing it.
-  bool wants_deferred_init(const StrategyContext& ctx) const override {
-    if (inner_ == nullptr) return false;
-    StrategyContext inner_ctx = ctx;  // asked with the options Setup will hand it: not ours
-    inner_ctx.options.erase("plan");
-    inner_ctx.options.erase("sequence_parallel");
-    return inner_->wants_deferred_init(inner_ctx);
-  }
+  std::string name() const override { return NameOver(kName); }
 
   absl::Status Setup(Module& model, const OptimizerFactory& make_optimizer,
                      const StrategyContext& ctx) override {
-    if (inner_ == nullptr) {
-      return Error(absl::StatusCode::kFailedPrecondition,
-                   "wraps another strategy (ddp, zero, pipeline, single); give it with Wrap "
-                   "before Setup");
-    }
+    BRAID_RETURN_IF_ERROR(RequireWrapped());
     if (ctx.mesh == nullptr) {
       return Error(absl::StatusCode::kInvalidArgument,
                    "needs the rank layout: add `parallel { tensor: N }` to the config");
@@ -116,10 +100,8 @@ class TensorParallelStrategy : public Strategy {
     shards_ = std::move(*shards);
     local_parameters_ = model.NumParameters();
 
-    StrategyContext inner_ctx = ctx;
+    StrategyContext inner_ctx = ContextBelow(ctx);  // without plan and sequence_parallel
     inner_ctx.comm = &ctx.mesh->model_replica();
-    inner_ctx.options.erase("plan");  // ours, not the wrapped strategy's
-    inner_ctx.options.erase("sequence_parallel");
     Communicator* g = group_;
     inner_ctx.model_parallel_sum = [g](double local) {
       Tensor t = Tensor::Full({1}, float(local));
@@ -136,7 +118,7 @@ class TensorParallelStrategy : public Strategy {
       };
       inner_ctx.criterion = criterion_;
     }
-    return inner_->Setup(model, make_optimizer, inner_ctx);
+    return inner()->Setup(model, make_optimizer, inner_ctx);
   }
 
   absl::StatusOr<StepStats> TrainStep(const std::vector<Batch>& micro_batches,
@@ -145,11 +127,11 @@ class TensorParallelStrategy : public Strategy {
     absl::StatusOr<StepStats> stats;
     if (criterion_) {
       CriterionFn crit = criterion_;
-      stats = inner_->TrainStep(micro_batches, [crit](Module& m, const Batch& b) {
+      stats = inner()->TrainStep(micro_batches, [crit](Module& m, const Batch& b) {
         return crit(m(b.inputs), b);
       });
     } else {
-      stats = inner_->TrainStep(micro_batches, loss);
+      stats = inner()->TrainStep(micro_batches, loss);
     }
     if (stats.ok()) {
       ++steps_;
@@ -159,10 +141,8 @@ class TensorParallelStrategy : public Strategy {
     return stats;
   }
 
-  Optimizer* optimizer() override { return inner_->optimizer(); }
-
   absl::StatusOr<std::map<std::string, Tensor>> FullStateDict() override {
-    BRAID_ASSIGN_OR_RETURN(auto state, inner_->FullStateDict());
+    BRAID_ASSIGN_OR_RETURN(auto state, inner()->FullStateDict());
     // Every rank of the group gathers every split tensor, in the same (sorted) order.
     for (auto& [name, spec] : shards_) {
       auto it = state.find(name);
@@ -187,13 +167,13 @@ class TensorParallelStrategy : public Strategy {
       }
       it->second = SliceForRank(it->second, spec, group_->rank(), group_->size());
     }
-    return inner_->LoadFullStateDict(local);
+    return inner()->LoadFullStateDict(local);
   }
 
   // The wrapped strategy's chunks are of this rank's slices: each is placed in the full tensor
   // (its runs mapped through the slice), and a replicated tensor is written by tensor rank 0 only.
   absl::StatusOr<std::vector<StateChunk>> StateChunks(bool create) override {
-    BRAID_ASSIGN_OR_RETURN(std::vector<StateChunk> chunks, inner_->StateChunks(create));
+    BRAID_ASSIGN_OR_RETURN(std::vector<StateChunk> chunks, inner()->StateChunks(create));
     const int rank = group_->rank(), size = group_->size();
     for (StateChunk& c : chunks) {
       // "optimizer/<param>/<slot>" is placed like <param>.
@@ -212,13 +192,6 @@ class TensorParallelStrategy : public Strategy {
     }
     return chunks;
   }
-  absl::Status AfterStateLoaded(const std::vector<StateChunk>& chunks) override {
-    return inner_->AfterStateLoaded(chunks);
-  }
-
-  int data_parallel_rank() const override { return inner_->data_parallel_rank(); }
-  int data_parallel_size() const override { return inner_->data_parallel_size(); }
-
   absl::Status Evaluate(const std::function<void(Module&)>& eval) override {
     if (plan_.output_vocab_sharded) {
       return Error(absl::StatusCode::kUnimplemented,
@@ -226,23 +199,19 @@ class TensorParallelStrategy : public Strategy {
                    "supported yet beyond its loss (EvaluateLoss); evaluate the saved weights "
                    "with one process");
     }
-    return inner_->Evaluate(eval);
+    return inner()->Evaluate(eval);
   }
   // The loss from this rank's vocabulary columns, as in training: the full logits are never
   // gathered (a GPT-2 batch's would be gigabytes).
   absl::StatusOr<double> EvaluateLoss(const std::vector<Batch>& batches,
                                       const LossFn& loss) override {
-    if (!criterion_) return inner_->EvaluateLoss(batches, loss);
+    if (!criterion_) return inner()->EvaluateLoss(batches, loss);
     CriterionFn crit = criterion_;
-    return inner_->EvaluateLoss(batches, [crit](Module& m, const Batch& b) { return crit(m(b.inputs), b); });
-  }
-
-  std::vector<std::pair<std::string, int64_t>> ModelStatePeaks() const override {
-    return inner_->ModelStatePeaks();
+    return inner()->EvaluateLoss(batches, [crit](Module& m, const Batch& b) { return crit(m(b.inputs), b); });
   }
 
   std::vector<std::string> SummaryLines() const override {
-    std::vector<std::string> lines = inner_->SummaryLines();
+    std::vector<std::string> lines = WrappingStrategy::SummaryLines();
     const double mib = 1.0 / (1 << 20);
     lines.push_back(absl::StrFormat(
         "tensor parallel: %d ranks%s, plan %s: %d of %d parameters on this rank (%d tensors "
@@ -256,7 +225,11 @@ class TensorParallelStrategy : public Strategy {
   }
 
  private:
-  std::unique_ptr<Strategy> inner_;
+  // From the config's parallel section; tests without a config give them as options.
+  bool OwnsOption(const std::string& key) const override {
+    return key == "plan" || key == "sequence_parallel";
+  }
+
   std::string plan_spec_;
   bool sequence_parallel_ = false;
   Plan plan_;

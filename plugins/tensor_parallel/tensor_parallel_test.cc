@@ -570,7 +570,8 @@ TEST_F(StrategyTest, SetupWithoutAMeshOrAnInnerStrategySaysWhatToDo) {
   models::Gpt model(SmallGpt());
   StrategyContext ctx;
   absl::Status st = (*tp)->Setup(model, testing::GroupedByWeightDecay(false, 0.1f, 0), ctx);
-  EXPECT_THAT(std::string(st.message()), HasSubstr("wraps another strategy"));
+  EXPECT_THAT(std::string(st.message()), AllOf(HasSubstr("is a layer over another strategy"),
+                                               HasSubstr("give that one with Wrap before Setup")));
   ASSERT_TRUE((*tp)->Wrap(*Registry::Get().MakeStrategy("single")).ok());
   st = (*tp)->Setup(model, testing::GroupedByWeightDecay(false, 0.1f, 0), ctx);
   EXPECT_THAT(std::string(st.message()), HasSubstr("parallel { tensor: N }"));
