@@ -72,6 +72,20 @@ class TensorParallelStrategy : public WrappingStrategy {
     group_ = &ctx.mesh->tensor();
     if (ctx.config != nullptr) {
       const auto& m = ctx.config->model();
+      // The vocabulary-parallel cross-entropy takes the place of the model's loss; a model that
+      // registers a loss of its own (label smoothing, a classification loss) would silently train
+      // on another objective, so it is refused (every rank sees the same config: no rank waits).
+      if (plan_.output_vocab_sharded) {
+        absl::StatusOr<ModelSpec> spec = Registry::Get().GetModel(m.name());
+        if (spec.ok() && spec->loss) {
+          return Error(absl::StatusCode::kInvalidArgument,
+                       absl::StrCat("model \"", m.name(), "\" has a loss of its own (ModelSpec::loss), but plan ",
+                                    plan_.name, " says 'output vocab_sharded', which would replace it by "
+                                    "the vocabulary-parallel cross-entropy; give parallel.tensor_plan a plan "
+                                    "without that line (its head unsplit), or leave ModelSpec::loss unset if "
+                                    "the loss is a cross-entropy over the output"));
+        }
+      }
       for (const std::string& field : plan_.divides) {
         // A shape field of the config, or one of the model's own options (n_kv_head).
         int64_t v = 0;
@@ -103,11 +117,14 @@ class TensorParallelStrategy : public WrappingStrategy {
     StrategyContext inner_ctx = ContextBelow(ctx);  // without plan and sequence_parallel
     inner_ctx.comm = &ctx.mesh->model_replica();
     Communicator* g = group_;
-    inner_ctx.model_parallel_sum = [g](double local) {
-      Tensor t = Tensor::Full({1}, float(local));
-      absl::Status st = g->AllReduce(t, ReduceOp::kSum)->Wait();
+    // The gradient norm's squares of the other slices added on the device, where NCCL moves
+    // them, before the inner strategy's one read (every rank of the group computes the same
+    // loss: nothing to add to it); then what a layer above adds.
+    std::function<void(Tensor&, Tensor&)> outer = ctx.model_parallel_sum_on_device;
+    inner_ctx.model_parallel_sum_on_device = [g, outer](Tensor& squared, Tensor& loss) {
+      absl::Status st = g->AllReduce(squared, ReduceOp::kSum)->Wait();
       BRAID_CHECK(st.ok()) << "tensor parallel: all-reducing the gradient norm: " << st.message();
-      return double(t.item());
+      if (outer) outer(squared, loss);
     };
     // Replicas of the whole model cannot be made: its layers are split.
     inner_ctx.make_replica = nullptr;

@@ -4,6 +4,7 @@
 // single and DDP. Multi-process runs over Gloo (TP x PP x DP) are in tests/distributed.
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
@@ -11,7 +12,9 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "backends/in_process/run_ranks.h"
 #include "core/autograd.h"
 #include "core/config/train_config.pb.h"
@@ -563,6 +566,63 @@ TEST_F(StrategyTest, HeadsTheTensorSizeDoesNotDivideAreRefusedAtStart) {
     EXPECT_THAT(std::string(st.message()),
                 HasSubstr("model.n_head (3) is not a multiple of parallel.tensor (2)"));
   });
+}
+
+// A model with a loss of its own under a plan whose output is vocab_sharded: the plan would
+// replace that loss by the vocabulary-parallel cross-entropy, so Setup refuses on every rank, in
+// one line naming the model, the plan's line and what to do. The same model with a plan file
+// that leaves the output whole is accepted (its loss is then the one the trainer uses).
+TEST_F(StrategyTest, AModelsOwnLossUnderAVocabShardedOutputIsRefusedAtStart) {
+  absl::StatusOr<ModelSpec> gpt = Registry::Get().GetModel("gpt-mini");
+  ASSERT_TRUE(gpt.ok()) << gpt.status();
+  ModelSpec own = *gpt;
+  own.is_default = false;
+  own.loss = [](const Tensor& out, const Batch& b) { return ops::CrossEntropy(out, b.targets); };
+  ASSERT_NE(own.tensor_plan.find("vocab_sharded"), std::string::npos);
+  if (!Registry::Get().GetModel("gpt-own-loss").ok()) {
+    ASSERT_TRUE(Registry::Get().AddModel("gpt-own-loss", own).ok());
+  }
+  // GPT's plan without its output line, the head (tied to wte) and wte left whole.
+  std::string whole_output;
+  for (absl::string_view line : absl::StrSplit(own.tensor_plan, '\n')) {
+    if (absl::StrContains(line, "vocab_sharded") || absl::StartsWith(line, "lm_head") ||
+        absl::StartsWith(line, "wte ")) {
+      continue;
+    }
+    absl::StrAppend(&whole_output, line, "\n");
+  }
+  const std::string plan_file = ::testing::TempDir() + "/whole_output.plan";
+  {
+    std::ofstream out(plan_file);
+    out << whole_output;
+  }
+  config::TrainConfig cfg;
+  cfg.mutable_model()->set_name("gpt-own-loss");
+  for (bool with_plan_file : {false, true}) {
+    if (with_plan_file) cfg.mutable_parallel()->set_tensor_plan(plan_file);
+    testing::RunRanks(2, [&](int rank, Communicator* comm) {
+      auto mesh = DeviceMesh::Create(*comm, {2, 1, 1});
+      ASSERT_TRUE(mesh.ok());
+      auto tp = Registry::Get().MakeStrategy("tensor_parallel");
+      ASSERT_TRUE((*tp)->Wrap(*Registry::Get().MakeStrategy("single")).ok());
+      StrategyContext ctx;
+      ctx.comm = comm;
+      ctx.mesh = mesh->get();
+      ctx.config = &cfg;
+      models::Gpt model(SmallGpt());
+      absl::Status st = (*tp)->Setup(model, testing::GroupedByWeightDecay(false, 0.1f, 0), ctx);
+      if (with_plan_file) {
+        EXPECT_TRUE(st.ok()) << st;
+        return;
+      }
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+      const std::string msg(st.message());
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+      EXPECT_THAT(msg, AllOf(HasSubstr("model \"gpt-own-loss\" has a loss of its own"),
+                             HasSubstr("plan gpt-own-loss says 'output vocab_sharded'"),
+                             HasSubstr("give parallel.tensor_plan a plan without that line")));
+    });
+  }
 }
 
 TEST_F(StrategyTest, SetupWithoutAMeshOrAnInnerStrategySaysWhatToDo) {
