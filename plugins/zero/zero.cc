@@ -125,7 +125,6 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
   rank_ = comm_->rank();
   world_ = comm_->size();
   max_grad_norm_ = ctx.max_grad_norm;
-  model_parallel_sum_ = ctx.model_parallel_sum;
   model_parallel_sum_on_device_ = ctx.model_parallel_sum_on_device;
   model_ = &model;
   for (const auto& [n, b] : model.NamedBuffers()) {
@@ -261,21 +260,63 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
   return absl::OkStatus();
 }
 
-// offload_param: the unit's shard copied from host memory to the device (on CUDA a
-// host-to-device copy, from page-locked memory with pin_memory), for its all-gather.
-void ZeroStrategy::StageIn(Unit& u) {
-  if (!opts_.offload_param || u.param_shard.has_data()) return;
-  u.param_shard.storage()->Reallocate();
-  params_.Add(Bytes(u.shard));
-  u.param_shard.CopyFrom(u.host_shard);
+// offload_param: the unit's shard copied from host memory to the device for its all-gather (on
+// CUDA a host-to-device copy on the copy stream, a DMA from page-locked memory with
+// pin_memory), which the host never waits for. `ahead`: only issued, so that it runs while the
+// units before it compute (PrefetchAfter); otherwise the current stream, which the gather is
+// ordered after, also waits for it (on the device).
+void ZeroStrategy::StageIn(Unit& u, bool ahead) {
+  if (!opts_.offload_param) return;
+  if (!u.param_shard.has_data()) {
+    u.param_shard.storage()->Reallocate();
+    params_.Add(Bytes(u.shard));
+    u.copy_in = CopyAsync(u.host_shard, u.param_shard, CopyQueue::kCopy);
+  }
+  if (!ahead) u.copy_in->OrderBeforeCurrentStream();
 }
 
-// offload_param: the device-side copy given back once its all-gather is done. Nothing is copied
-// out: the optimizer steps the host shard itself.
+// offload_param: the device-side copy given back once its all-gather is done (or at the end of
+// the step, staged ahead and never gathered). Nothing is copied out: the optimizer steps the host
+// shard itself. The memory goes back to the current stream's pool, so that stream first waits
+// for the copy that writes it (already so after a gather).
 void ZeroStrategy::StageOut(Unit& u) {
   if (!opts_.offload_param || !u.param_shard.has_data()) return;
+  u.copy_in->OrderBeforeCurrentStream();
   u.param_shard.storage()->Release();
   params_.Sub(Bytes(u.shard));
+}
+
+// Before the optimizer writes host memory a copy reads (offload_param's host shards, the
+// offload_optimizer pieces copied back last step) or reads host memory a copy writes (the
+// gradients): every such copy was ordered before the compute stream (StageIn / StageOut, or
+// enqueued on it), and the step's one read (ReadStepScalarsAndClip) has synchronised that stream,
+// so each is done. Asked of the device without waiting; one still in flight is a broken
+// invariant, not a race to lose.
+void ZeroStrategy::CheckHostCopiesDone(const std::vector<std::unique_ptr<InFlightCopy>>& grad_copies) {
+  for (Unit& u : units_) {
+    if (!u.copy_in) continue;
+    BRAID_CHECK(u.copy_in->Done()) << "zero: the optimizer would write the host shard of unit '"
+                                   << u.name << "' while its copy to the device still reads it";
+    if (!u.param_shard.has_data()) u.copy_in.reset();
+  }
+  for (const auto& c : param_copies_) {
+    BRAID_CHECK(c->Done()) << "zero: the optimizer would write offloaded parameters still being "
+                              "copied to the device";
+  }
+  param_copies_.clear();
+  for (const auto& c : grad_copies) {
+    BRAID_CHECK(c->Done()) << "zero: the optimizer would read gradients still being copied to the host";
+  }
+}
+
+// For writers of offloaded state outside a step (loading a checkpoint): the host waits for every
+// copy that may still read it. Not per step.
+void ZeroStrategy::SettleHostCopies() {
+  for (Unit& u : units_) {
+    if (u.copy_in) u.copy_in->Wait();
+  }
+  for (const auto& c : param_copies_) c->Wait();
+  param_copies_.clear();
 }
 
 // Gives the unit's full buffer memory and launches the all-gather of the shards into it.
@@ -329,8 +370,17 @@ void ZeroStrategy::PrefetchAfter(int unit, const std::vector<int>& order) {
     Unit& next = units_[size_t(*it)];
     if (budget >= 0 && next.padded > budget) break;
     Prefetch(next);
-    if (budget < 0) break;
+    if (budget < 0) {
+      ++it;
+      break;
+    }
     budget -= next.padded;
+  }
+  // offload_param: the shard of the unit after the prefetched ones starts its copy to the device
+  // now, so the copy runs while the units before it compute, ahead of its own gather.
+  if (opts_.offload_param && it != order.end()) {
+    Unit& after = units_[size_t(*it)];
+    if (after.gathered == 0 && !after.prefetch && !after.flat.has_data()) StageIn(after, /*ahead=*/true);
   }
 }
 
@@ -458,9 +508,18 @@ absl::StatusOr<StepStats> ZeroStrategy::TrainStep(const std::vector<Batch>& micr
     }
   }
 
+  for (Unit& u : units_) {
+    if (u.gathered == 0) StageOut(u);  // staged ahead of a gather the step did not make
+  }
+
   absl::Time start = absl::Now();
+  std::vector<std::unique_ptr<InFlightCopy>> grad_copies;
   if (host_step()) {
-    for (size_t i = 0; i < pieces_.size(); ++i) host_pieces_[i].grad().CopyFrom(pieces_[i].grad());
+    // Enqueued behind backward on the compute stream, which the one read below synchronises:
+    // the host finds them done there instead of waiting for each piece.
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      grad_copies.push_back(CopyAsync(pieces_[i].grad(), host_pieces_[i].grad(), CopyQueue::kCompute));
+    }
   }
   // The global norm over every rank's shard; every rank scales by the same factor (through the
   // optimizer, which steps the host copies under offload). The shards' squared norms are taken
@@ -469,15 +528,19 @@ absl::StatusOr<StepStats> ZeroStrategy::TrainStep(const std::vector<Batch>& micr
   // synchronisation (core/micro_batches.h).
   ReadStepScalarsAndClip(
       *optimizer_, pieces_, max_grad_norm_, units_.front().grad_shard.device(),
-      [this](Tensor& squared) {
+      [this, &stats](Tensor& squared) {
         // world_ == 1: exactly what one process computes.
         if (world_ > 1) (void)Wait(comm_->AllReduce(squared, ReduceOp::kSum), "all-reducing the gradient norm");
         if (model_parallel_sum_on_device_) model_parallel_sum_on_device_(squared);
       },
-      [this](double sum) { return model_parallel_sum_ ? model_parallel_sum_(sum) : sum; }, &stats);
+      /*global_sum=*/nullptr, &stats);
+  CheckHostCopiesDone(grad_copies);
   optimizer_->Step();
   if (opts_.offload_optimizer && !opts_.offload_param) {
-    for (size_t i = 0; i < pieces_.size(); ++i) Tensor(pieces_[i]).CopyFrom(host_pieces_[i]);
+    // The host pieces are next written by the next step's optimizer, after its one read.
+    for (size_t i = 0; i < pieces_.size(); ++i) {
+      param_copies_.push_back(CopyAsync(host_pieces_[i], pieces_[i], CopyQueue::kCompute));
+    }
   }
   if (optim_.peak == 0) {  // the optimizer makes its state at its first step
     int64_t bytes = 0;

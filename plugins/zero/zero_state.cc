@@ -28,6 +28,7 @@ absl::StatusOr<std::map<std::string, Tensor>> ZeroStrategy::FullStateDict() {
 
 absl::Status ZeroStrategy::LoadFullStateDict(const std::map<std::string, Tensor>& state) {
   if (model_ == nullptr) return Error(absl::StatusCode::kFailedPrecondition, "LoadFullStateDict before Setup");
+  SettleHostCopies();  // no copy may still read the host shards written below
   // The optimizer's host copies follow whatever was loaded.
   auto refresh_host = [this] {
     if (opts_.offload_param) return;  // the optimizer steps the host shards themselves
@@ -95,6 +96,7 @@ absl::Status ZeroStrategy::LoadFullStateDict(const std::map<std::string, Tensor>
 // written by rank 0.
 absl::StatusOr<std::vector<StateChunk>> ZeroStrategy::StateChunks(bool create) {
   if (model_ == nullptr) return Error(absl::StatusCode::kFailedPrecondition, "StateChunks before Setup");
+  SettleHostCopies();  // a load writes the host shards these chunks point at
   std::vector<StateChunk> out;
   std::map<std::string, size_t> by_piece;  // the optimizer's piece name -> chunk
   std::map<std::string, bool> in_units;

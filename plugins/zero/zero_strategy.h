@@ -12,9 +12,9 @@
 //   stage 3: as 2, and the parameters too are kept as shards: a unit's are all-gathered just
 //            before its forward and again before its backward, and released right after.
 //            With offload_param (ZeRO-Infinity), the shards live in host memory: a unit's shard
-//            is copied to the device for its all-gather (with the prefetch, when there is one)
-//            and the copy given back once the gather is done; the optimizer steps the host
-//            shards in place.
+//            is copied to the device for its all-gather (asynchronously, on the copy stream,
+//            issued one unit ahead of the prefetched gather) and the copy given back once the
+//            gather is done; the optimizer steps the host shards in place.
 // The optimizer steps views of the shard, one per parameter piece, so each piece keeps its
 // parameter's weight-decay attribute. The step equals one step of one process on the global batch.
 #ifndef BRAID_PLUGINS_ZERO_ZERO_STRATEGY_H_
@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/async_copy.h"
 #include "core/autograd.h"
 #include "core/communicator.h"
 #include "core/module.h"
@@ -70,6 +71,9 @@ struct Unit {
   // device-side copy of host_shard, which has memory only while the unit is being gathered.
   Tensor param_shard;
   Tensor host_shard;  // [shard], offload_param: where this rank's parameters live (host memory)
+  // offload_param: the copy of host_shard into param_shard on the device's copy stream, issued
+  // ahead of the gather; kept until the optimizer's step checks it is done (it reads host_shard).
+  std::shared_ptr<InFlightCopy> copy_in;
   bool persistent = false;  // stage 3: never released (small units)
   int gathered = 0;         // stage 3: nesting depth of uses (forward/backward)
   std::shared_ptr<Work> prefetch;  // stage 3: an all-gather launched ahead of use
@@ -145,7 +149,7 @@ class ZeroStrategy final : public Strategy {
   absl::Status Materialize(Unit& u);
   void InstallStage3Hooks();
   void Gather(Unit& u);
-  void StageIn(Unit& u);
+  void StageIn(Unit& u, bool ahead = false);
   void StageOut(Unit& u);
   std::shared_ptr<Work> StartGather(Unit& u);
   void Regather(Unit& u, const char* what);
@@ -154,6 +158,8 @@ class ZeroStrategy final : public Strategy {
   void PrefetchAfter(int unit, const std::vector<int>& order);
   void Record(int unit, std::vector<int>* order);
   void PrepareGrads(Unit& u);
+  void CheckHostCopiesDone(const std::vector<std::unique_ptr<InFlightCopy>>& grad_copies);
+  void SettleHostCopies();
   void LaunchReduceScatter(Unit& u);
   void FinishReduceScatter(Unit& u, StepStats* stats);
   void FinishMicroBatch(bool last, StepStats* stats);
@@ -163,8 +169,8 @@ class ZeroStrategy final : public Strategy {
   Communicator* comm_ = nullptr;
   int rank_ = 0, world_ = 1;
   float max_grad_norm_ = 0;
-  std::function<double(double)> model_parallel_sum_;  // tensor parallelism's, or null
-  std::function<void(Tensor&)> model_parallel_sum_on_device_;  // the pipeline's, or null
+  // The layers above's sums (the pipeline's stages, tensor parallelism's group), or null.
+  std::function<void(Tensor&, Tensor&)> model_parallel_sum_on_device_;
   std::vector<Unit> units_;
   std::vector<Tensor> pieces_;  // views of this rank's shards, one per parameter piece
   // With offload_optimizer: host copies of the pieces (and of their gradients), which the
@@ -178,6 +184,9 @@ class ZeroStrategy final : public Strategy {
   bool orders_known_ = false;
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<std::pair<Module*, uint64_t>> module_hooks_;
+  // offload_optimizer: the updated pieces' copies back to the device, enqueued on the compute
+  // stream after the optimizer's step; the next step's one read finds them done.
+  std::vector<std::unique_ptr<InFlightCopy>> param_copies_;
   absl::Status comm_status_;
   bool in_backward_ = false;
   std::vector<int> in_flight_;  // units whose reduce-scatter was launched, oldest first
