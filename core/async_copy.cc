@@ -23,6 +23,7 @@ class DoneCopy final : public InFlightCopy {
  public:
   void OrderBeforeCurrentStream() override {}
   bool Done() override { return true; }
+  void Wait() override {}
 };
 
 }  // namespace

@@ -44,6 +44,9 @@ class InFlightCopy {
   virtual void OrderBeforeCurrentStream() = 0;
   // Whether the device has made the copy; asks without waiting.
   virtual bool Done() = 0;
+  // Blocks the host until the device has made it: for a writer of the host side outside the
+  // training step (loading a checkpoint into offloaded state), never per step.
+  virtual void Wait() = 0;
 };
 
 // Enqueues dst <- src: the same numel and dtype, one side on a device, the other in host memory

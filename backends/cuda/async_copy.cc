@@ -67,6 +67,7 @@ class CudaInFlightCopy final : public InFlightCopy {
     BRAID_CHECK_OK(done.status());
     return *done;
   }
+  void Wait() override { BRAID_CHECK_OK(rt_.api().SynchronizeEvent(done_)); }
 
  private:
   DeviceRuntime& rt_;

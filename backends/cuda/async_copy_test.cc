@@ -85,6 +85,11 @@ TEST_F(AsyncCopyTest, AComputeStreamCopyIsInStreamOrder) {
   EXPECT_TRUE(c->Done());
   EXPECT_EQ(host.ToFloatVector(), (std::vector<float>{5, 6}));
   EXPECT_TRUE(Fake().syncs().empty());
+  // Wait is the host's explicit wait, the one kind a test would count.
+  std::unique_ptr<InFlightCopy> again = CopyAsync(dev, host, CopyQueue::kCopy);
+  again->Wait();
+  EXPECT_TRUE(again->Done());
+  EXPECT_EQ(Fake().syncs(), (std::vector<std::string>{"event"}));
 }
 
 // Once the device has passed them: a copy per step does not grow the device's events.
