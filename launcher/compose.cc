@@ -205,10 +205,23 @@ absl::StatusOr<Stack> ComposeStack(int tensor, int pipeline, int data, const std
 absl::StatusOr<std::unique_ptr<Strategy>> BuildStack(const Stack& stack) {
   BRAID_CHECK(!stack.layers.empty()) << "an empty stack";
   std::unique_ptr<Strategy> inner;
+  const Layer* below = nullptr;
   for (auto it = stack.layers.rbegin(); it != stack.layers.rend(); ++it) {
     BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Strategy> layer, Registry::Get().MakeStrategy(it->strategy));
-    if (inner != nullptr) BRAID_RETURN_IF_ERROR(layer->Wrap(std::move(inner)));
+    if (inner != nullptr) {
+      // A strategy declaring an outer axis that does not take the layer below (Strategy::Wrap's
+      // default refuses): refused here, before the model is built, naming both layers.
+      if (absl::Status st = layer->Wrap(std::move(inner)); !st.ok()) {
+        return Invalid(absl::StrCat("layers ", Named(it->strategy, it->axes), " and ",
+                                    Named(below->strategy, below->axes), " do not stack: ",
+                                    Q(it->strategy), " did not take the layer below (", st.message(),
+                                    "); a strategy serving the ", absl::StrJoin(it->axes, " and "),
+                                    " axis wraps the one below it: derive it from WrappingStrategy "
+                                    "(core/wrapping_strategy.h)"));
+      }
+    }
     inner = std::move(layer);
+    below = &*it;
   }
   return inner;
 }

@@ -66,7 +66,8 @@ absl::StatusOr<Stack> ComposeStack(int tensor, int pipeline, int data, const std
                                    const std::vector<std::string>& features = {});
 
 // Makes the stack's strategies (registered already) and wraps each in the one above it;
-// returns the outermost.
+// returns the outermost. InvalidArgument, one line naming the two layers, when a layer does not
+// take the one below (its Wrap refuses: it is no WrappingStrategy).
 absl::StatusOr<std::unique_ptr<Strategy>> BuildStack(const Stack& stack);
 
 }  // namespace braid::launcher

@@ -10,6 +10,9 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/check.h"
+#include "core/registry.h"
+#include "core/wrapping_strategy.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -184,6 +187,78 @@ TEST(ComposeStack, NamingALayerThatIsNotTheDataAxisIsRefused) {
                     HasSubstr("\"ddp\""), HasSubstr("\"localsgd\"")));
   EXPECT_THAT(Compose(1, 1, 2, "no_such", c),
               HasSubstr("strategy.name \"no_such\": no plugin registers it"));
+}
+
+// Strategies registered for BuildStack: a data-axis one, a layer over it, and a strategy that
+// declares the tensor axis but does not take the layer below.
+class DataLayer final : public Strategy {
+ public:
+  std::string name() const override { return "compose_test_data"; }
+  absl::Status Setup(Module&, const OptimizerFactory&, const StrategyContext&) override {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<StepStats> TrainStep(const std::vector<Batch>&, const LossFn&) override {
+    return StepStats();
+  }
+};
+class TensorLayer final : public WrappingStrategy {
+ public:
+  std::string name() const override { return NameOver("compose_test_tensor"); }
+  absl::Status Setup(Module& model, const OptimizerFactory& make_optimizer,
+                     const StrategyContext& ctx) override {
+    BRAID_RETURN_IF_ERROR(RequireWrapped());
+    return inner()->Setup(model, make_optimizer, ContextBelow(ctx));
+  }
+};
+class NotALayer final : public Strategy {
+ public:
+  std::string name() const override { return "compose_test_alone"; }
+  absl::Status Setup(Module&, const OptimizerFactory&, const StrategyContext&) override {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<StepStats> TrainStep(const std::vector<Batch>&, const LossFn&) override {
+    return StepStats();
+  }
+};
+
+void RegisterBuildStackStrategies() {
+  static const bool done = [] {
+    Registry& r = Registry::Get();
+    BRAID_CHECK(r.AddStrategy("compose_test_data", [] { return std::make_unique<DataLayer>(); }).ok());
+    BRAID_CHECK(r.AddStrategy("compose_test_tensor", [] { return std::make_unique<TensorLayer>(); },
+                              StrategyTraits{{}, {kAxisTensor}})
+                    .ok());
+    BRAID_CHECK(r.AddStrategy("compose_test_alone", [] { return std::make_unique<NotALayer>(); },
+                              StrategyTraits{{}, {kAxisTensor}})
+                    .ok());
+    return true;
+  }();
+  (void)done;
+}
+
+TEST(BuildStack, WrapsEachLayerInTheOneAboveIt) {
+  RegisterBuildStackStrategies();
+  absl::StatusOr<std::unique_ptr<Strategy>> s =
+      BuildStack(Stack{{{"compose_test_tensor", {kAxisTensor}}, {"compose_test_data", {kAxisData}}}});
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)->name(), "compose_test_tensor(compose_test_data)");
+}
+
+// A strategy that declares the tensor axis but does not take the layer below is refused while
+// the stack is built, before any model exists, in one line naming both layers.
+TEST(BuildStack, ALayerThatDoesNotWrapIsRefusedNamingBothLayers) {
+  RegisterBuildStackStrategies();
+  absl::StatusOr<std::unique_ptr<Strategy>> s =
+      BuildStack(Stack{{{"compose_test_alone", {kAxisTensor}}, {"compose_test_data", {kAxisData}}}});
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(s.status())) << s.status();
+  const std::string msg(s.status().message());
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  EXPECT_EQ(msg,
+            "layers \"compose_test_alone\" (tensor axis) and \"compose_test_data\" (data axis) do "
+            "not stack: \"compose_test_alone\" did not take the layer below (compose_test_alone "
+            "does not wrap another strategy); a strategy serving the tensor axis wraps the one below "
+            "it: derive it from WrappingStrategy (core/wrapping_strategy.h)");
 }
 
 }  // namespace
