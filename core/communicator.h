@@ -37,6 +37,15 @@ class Work {
   // Blocks until done or the timeout (the communicator's default when infinite is not given).
   virtual absl::Status Wait() = 0;
   virtual bool IsCompleted() = 0;
+  // For a result only device work consumes: orders the device's compute work after the
+  // operation without blocking the host (NCCL: the compute stream waits for the operation's
+  // completion event), so the host goes on enqueueing while the collective runs. A host read of
+  // the result still sees it, since reads go through that stream. Returns an error known now (a
+  // refused or failed operation); one that comes later (a timeout, a peer's failure) is the
+  // communicator's: its watchdog aborts it and says why, and every later call and Wait reports
+  // it. The default, for communicators whose results land in host-visible memory (in-process,
+  // Gloo), is Wait().
+  virtual absl::Status WaitOnDevice() { return Wait(); }
 };
 
 // The per-rank block sizes of a ReduceScatter / AllGather buffer of `total` elements: `counts`

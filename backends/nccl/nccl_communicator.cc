@@ -161,6 +161,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicatorImpl::NewGroup(
 
 NcclCommunicatorImpl::~NcclCommunicatorImpl() {
   State& s = *state_;
+  // First the watchdog: its timeouts read the store. The wait below bounds what it watched.
+  s.StopWatchdog();
   // Stop publishing first: the store may go away right after the communicator.
   std::unique_ptr<ProgressPublisher> publisher;
   {

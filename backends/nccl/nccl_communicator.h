@@ -12,7 +12,8 @@
 // (cudaStreamLegacy), which also orders every blocking stream of the process; Braid's CUDA
 // backend has no "current stream" yet. A Work records an event on the communicator's stream;
 // Wait polls that event (and NCCL's asynchronous error state) until it completes or the timeout
-// passes. The tensors of an operation are kept alive by the communicator until it completes,
+// passes; WaitOnDevice makes the legacy default stream wait for it (cudaStreamWaitEvent) and
+// returns, the communicator's watchdog thread then applying the same timeout. The tensors of an operation are kept alive by the communicator until it completes,
 // even when its Work is dropped.
 //
 // Timeouts: a Wait that times out aborts the NCCL communicator (ncclCommAbort: every later call

@@ -302,6 +302,32 @@ TEST_F(SingleGpuTest, OperationsRunAfterWhatTheCallerQueuedBefore) {
   EXPECT_EQ(DownloadValues(out), v);
 }
 
+// WaitOnDevice returns without waiting for the GPU and orders the legacy default stream (so
+// every blocking stream, like Braid's compute stream) after the collective: a copy enqueued on
+// a blocking stream of the test's own, then synchronised, reads the gathered values. (One GPU
+// cannot make the collective itself slow on demand, so this checks the result and the
+// completion, not that a stream that did not wait would have read too early.)
+TEST_F(SingleGpuTest, WaitOnDeviceOrdersABlockingStreamAfterTheCollective) {
+  const int64_t n = 1 << 16;
+  std::vector<double> v = Values(DType::kF32, n, 12);
+  Tensor in = DeviceTensorWith(v, DType::kF32);
+  Tensor out = DeviceTensor(n, DType::kF32);
+  Tensor copy = DeviceTensor(n, DType::kF32);
+  FillBytes(out, 0x7f);
+  FillBytes(copy, 0x7f);
+  std::shared_ptr<Work> w = comm_->AllGather(in, out);
+  ASSERT_TRUE(w->WaitOnDevice().ok());
+  cudaStream_t blocking = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&blocking), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(copy.raw_data(), out.raw_data(), n * sizeof(float),
+                            cudaMemcpyDeviceToDevice, blocking),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(blocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamDestroy(blocking), cudaSuccess);
+  EXPECT_EQ(DownloadValues(copy), v);
+  EXPECT_TRUE(w->Wait().ok());
+}
+
 TEST_F(SingleGpuTest, GroupedCallsLaunchAtTheEndOfTheGroup) {
   NcclCommunicator* nccl = NcclCommunicator::From(comm_.get());
   std::vector<double> a = Values(DType::kF32, 64, 1), b = Values(DType::kI64, 33, 2);

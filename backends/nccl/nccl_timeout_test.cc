@@ -76,6 +76,38 @@ TEST(NcclTimeoutTest, AWaitThatTimesOutSaysWhatAndAbortsTheCommunicator) {
   ASSERT_TRUE((*fresh)->AllReduce(x, ReduceOp::kSum)->Wait().ok());
 }
 
+// One GPU: the same hold, but the collective is waited for on the device (WaitOnDevice), so
+// nobody waits on the host: the watchdog times it out by itself, aborts the communicator and
+// every later call reports why; the compute stream's wait ends with the abort.
+TEST(NcclTimeoutTest, TheWatchdogTimesOutACollectiveWaitedForOnTheDevice) {
+  int gpus = 0;
+  BRAID_REQUIRE_GPUS(1, gpus);
+  InMemoryStore store;
+  auto made = MakeNccl(0, 1, &store, 0, absl::Milliseconds(300), {{"group_name", "dp"}});
+  ASSERT_TRUE(made.ok()) << made.status();
+  Communicator& comm = **made;
+  Tensor x = DeviceTensor(256, 0);
+  ASSERT_TRUE(comm.AllReduce(x, ReduceOp::kSum)->WaitOnDevice().ok());  // #0: ends normally
+
+  static int hold_ms = 3000;
+  ASSERT_EQ(cudaLaunchHostFunc(cudaStreamLegacy, SleepMs, &hold_ms), cudaSuccess);
+  std::shared_ptr<Work> late = comm.AllReduce(x, ReduceOp::kMax);  // #1
+  EXPECT_TRUE(late->WaitOnDevice().ok()) << "the host does not wait";
+  NcclCommunicator* nccl = NcclCommunicator::From(&comm);
+  // The watchdog's thread aborts it; nothing on this thread waits for the GPU meanwhile.
+  while (!nccl->aborted()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_TRUE(late->IsCompleted());
+  absl::Status st = late->Wait();
+  EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
+  EXPECT_THAT(Message(st), HasSubstr("AllReduce(max, f32, 256 elements) #1"));
+  EXPECT_THAT(Message(st), HasSubstr("group 'dp' (1 rank)"));
+  EXPECT_THAT(Message(st), HasSubstr("timed out after 300ms on rank 0 (cuda:0)"));
+  absl::Status after = comm.Barrier()->Wait();
+  EXPECT_EQ(after.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(Message(after), HasSubstr("the communicator was aborted (timeout of AllReduce"));
+  EXPECT_EQ(cudaStreamSynchronize(cudaStreamLegacy), cudaSuccess);
+}
+
 // One GPU: a world of two whose rank 1 never comes. Creation is bounded by the timeout and
 // names the rank that did not join.
 TEST(NcclTimeoutTest, CreationWithoutTheOtherRanksTimesOutNamingThem) {

@@ -26,11 +26,22 @@ Event::~Event() {
 }
 
 State::~State() {
+  StopWatchdog();
   JoinAborter();
   ScopedDevice d;
   d.Enter(device_index).IgnoreError();
   if (ready != nullptr) cudaEventDestroy(ready);
   if (stream != nullptr) cudaStreamDestroy(stream);
+}
+
+void State::StopWatchdog() {
+  std::unique_ptr<Watchdog> dog;
+  {
+    absl::MutexLock lock(&mu);
+    watchdog_stopped = true;
+    dog = std::move(watchdog);
+  }
+  dog.reset();  // joins its thread, outside the lock its sweeps take
 }
 
 std::string State::Describe() const {

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "backends/nccl/progress.h"
+#include "backends/nccl/watchdog.h"
 #include "core/store.h"
 #include "core/tensor.h"
 
@@ -71,8 +72,17 @@ struct State {
   // until the communicator is destroyed with an idle stream.
   std::vector<Tensor> zombies;
   std::thread aborter;  // runs ncclCommAbort
+  // Times out the operations ordered on the device (Work::WaitOnDevice), which no host Wait
+  // watches; made at the first. Stopped (and never made again) when the communicator is
+  // destroyed, before its store may go away.
+  std::unique_ptr<Watchdog> watchdog;
+  bool watchdog_stopped = false;
+  bool watchdog_reported = false;  // it said why it aborted, once
 
   ~State();
+
+  // Stops the watchdog: call without holding `mu` (a sweep in progress takes it).
+  void StopWatchdog();
 
   void JoinAborter() {
     if (aborter.joinable()) aborter.join();

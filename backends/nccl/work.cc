@@ -2,6 +2,8 @@
 #include "backends/nccl/work.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -12,6 +14,49 @@
 #include "backends/nccl/progress.h"
 
 namespace braid::nccl::internal {
+namespace {
+
+// How often the watchdog polls the operations ordered on the device (PyTorch's NCCL watchdog
+// sleeps 100 ms between its polls too): a cudaEventQuery each, nothing the training thread
+// waits for.
+constexpr absl::Duration kWatchdogPeriod = absl::Milliseconds(100);
+
+// What the watchdog found, said on stderr: nobody may be waiting on the host to hear it, and
+// the abort it caused is what every later call on the communicator reports.
+void Report(const absl::Status& st) {
+  std::fprintf(stderr, "NCCL watchdog: %s\n", std::string(st.message()).c_str());
+}
+
+// Hands `op` to the state's watchdog (made on first use), due `timeout` from now. The closures
+// hold the state by pointer: the watchdog is the state's and is stopped before it goes away.
+void WatchLocked(State& s, std::shared_ptr<Op> op, absl::Duration timeout) {
+  if (s.watchdog_stopped) return;  // the communicator is being destroyed; it waits for its ops
+  if (s.watchdog == nullptr) s.watchdog = std::make_unique<Watchdog>(kWatchdogPeriod);
+  State* state = &s;
+  s.watchdog->Add({[state, op] {
+                     absl::MutexLock lock(&state->mu);
+                     const bool already = op->completed;
+                     std::optional<absl::Status> done = PollLocked(*state, *op);
+                     if (!done.has_value()) return false;
+                     // An asynchronous NCCL or CUDA error this poll found (and aborted on).
+                     if (!already && !done->ok() && !state->watchdog_reported) {
+                       state->watchdog_reported = true;
+                       Report(*done);
+                     }
+                     return true;
+                   },
+                   [state, op, timeout] {
+                     absl::Status st = TimedOut(*state, *op, timeout);
+                     absl::MutexLock lock(&state->mu);
+                     if (!st.ok() && !state->watchdog_reported) {
+                       state->watchdog_reported = true;
+                       Report(st);
+                     }
+                   },
+                   absl::Now() + timeout});
+}
+
+}  // namespace
 
 absl::Status NcclWork::Wait() {
   const absl::Time start = absl::Now();
@@ -19,7 +64,7 @@ absl::Status NcclWork::Wait() {
   while (true) {
     {
       absl::MutexLock lock(&state_->mu);
-      std::optional<absl::Status> done = PollLocked();
+      std::optional<absl::Status> done = PollLocked(*state_, *op_);
       if (done.has_value()) return *done;
     }
     if (absl::Now() - start >= timeout_) break;
@@ -32,18 +77,44 @@ absl::Status NcclWork::Wait() {
       nap = std::min(nap * 2, absl::Milliseconds(2));
     }
   }
-  return TimedOut();
+  return TimedOut(*state_, *op_, timeout_);
 }
 
 bool NcclWork::IsCompleted() {
   absl::MutexLock lock(&state_->mu);
   if (!op_->launched && !op_->completed) return false;  // its group is still open
-  return PollLocked().has_value();
+  return PollLocked(*state_, *op_).has_value();
 }
 
-std::optional<absl::Status> NcclWork::PollLocked() {
+absl::Status NcclWork::WaitOnDevice() {
   State& s = *state_;
-  Op& op = *op_;
+  {
+    absl::MutexLock lock(&s.mu);
+    std::optional<absl::Status> done = PollLocked(s, *op_);
+    if (done.has_value()) return *done;  // ended (or failed, or its group is still open)
+    ScopedDevice device;
+    absl::Status st = device.Enter(s.device_index);
+    // The legacy default stream's wait is an action every blocking stream then waits for
+    // (CUDA's legacy-stream rule), as the communicator's ordering of its calls relies on.
+    if (st.ok()) {
+      st = CudaStatus(cudaStreamWaitEvent(cudaStreamLegacy, op_->done->event, 0),
+                      absl::StrCat("making the compute stream wait for NCCL ", Label(*op_)));
+    }
+    if (!st.ok()) {
+      s.AbortLocked(std::string(st.message()));
+      s.FailLocked(*op_, st);
+      return st;
+    }
+    WatchLocked(s, op_, timeout_);
+  }
+  return absl::OkStatus();
+}
+
+std::string Label(const Op& op) {
+  return op.seq >= 0 ? absl::StrCat(op.what, " #", op.seq) : op.what;
+}
+
+std::optional<absl::Status> PollLocked(State& s, Op& op) {
   if (op.completed) return op.status;
   if (!op.launched) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -62,7 +133,7 @@ std::optional<absl::Status> NcclWork::PollLocked() {
     // Destroyed while this was running: the destructor waited, and gave up.
     op.completed = true;
     op.status = absl::CancelledError(absl::StrCat(
-        "NCCL ", Label(), " on ", s.Where(), ": the communicator was destroyed before it ended"));
+        "NCCL ", Label(op), " on ", s.Where(), ": the communicator was destroyed before it ended"));
     return op.status;
   }
   if (q == cudaSuccess) {
@@ -82,7 +153,7 @@ std::optional<absl::Status> NcclWork::PollLocked() {
   if (r == ncclSuccess && async != ncclSuccess && async != ncclInProgress) r = async;
   if (r != ncclSuccess) {
     absl::Status st = absl::UnavailableError(absl::StrCat(
-        "NCCL ", Label(), " in ", s.Describe(), " failed on rank ", s.rank, ": ",
+        "NCCL ", Label(op), " in ", s.Describe(), " failed on rank ", s.rank, ": ",
         NcclMessage(r, s.comm),
         ". NCCL reports an asynchronous error (a peer exited, or the network or a GPU failed); "
         "the communicator has been aborted. ",
@@ -95,23 +166,19 @@ std::optional<absl::Status> NcclWork::PollLocked() {
   return std::nullopt;
 }
 
-std::string NcclWork::Label() const {
-  return op_->seq >= 0 ? absl::StrCat(op_->what, " #", op_->seq) : op_->what;
-}
-
-absl::Status NcclWork::TimedOut() {
+absl::Status TimedOut(State& state, Op& op, absl::Duration timeout) {
   Store* store;
   std::string prefix;
   int size, rank;
   {
-    absl::MutexLock lock(&state_->mu);
+    absl::MutexLock lock(&state.mu);
     // It may have finished while we slept.
-    std::optional<absl::Status> done = PollLocked();
+    std::optional<absl::Status> done = PollLocked(state, op);
     if (done.has_value()) return *done;
-    store = state_->store;
-    prefix = state_->prefix;
-    size = state_->size;
-    rank = state_->rank;
+    store = state.store;
+    prefix = state.prefix;
+    size = state.size;
+    rank = state.rank;
   }
   // Outside the lock: the store may be slow, and the communicator's thread may go on.
   std::string who;
@@ -135,10 +202,10 @@ absl::Status NcclWork::TimedOut() {
       std::string last =
           p.seq < 0 ? std::string("nothing yet") : absl::StrCat("#", p.seq, " ", p.what);
       states.push_back(absl::StrCat("rank ", r, ": ", last));
-      if (op_->seq >= 0 && p.seq < op_->seq) behind_ranks.push_back(r);
+      if (op.seq >= 0 && p.seq < op.seq) behind_ranks.push_back(r);
     }
-    if (op_->seq < 0) {
-      who = absl::StrCat("NCCL cannot tell whether rank ", op_->peer,
+    if (op.seq < 0) {
+      who = absl::StrCat("NCCL cannot tell whether rank ", op.peer,
                          " posted the matching operation. Last collective each rank started, "
                          "per the store's progress keys: ",
                          states.empty() ? "(none readable)" : absl::StrJoin(states, "; "), ".");
@@ -164,19 +231,19 @@ absl::Status NcclWork::TimedOut() {
                          absl::StrJoin(unknown, ", "), " could not be read.");
     }
   }
-  absl::MutexLock lock(&state_->mu);
-  std::optional<absl::Status> done = PollLocked();
+  absl::MutexLock lock(&state.mu);
+  std::optional<absl::Status> done = PollLocked(state, op);
   if (done.has_value()) return *done;
   absl::Status st = absl::DeadlineExceededError(
-      absl::StrCat("NCCL ", Label(), " in ", state_->Describe(), " timed out after ",
-                   absl::FormatDuration(timeout_), " on rank ", rank,
-                   " (cuda:", state_->device_index, "): ", who,
+      absl::StrCat("NCCL ", Label(op), " in ", state.Describe(), " timed out after ",
+                   absl::FormatDuration(timeout), " on rank ", rank,
+                   " (cuda:", state.device_index, "): ", who,
                    " The communicator has been aborted (ncclCommAbort); create a new one to go "
                    "on. ",
-                   state_->RecentOps()));
-  state_->AbortLocked(absl::StrCat("timeout of ", Label()));
-  op_->completed = true;
-  op_->status = st;
+                   state.RecentOps()));
+  state.AbortLocked(absl::StrCat("timeout of ", Label(op)));
+  op.completed = true;
+  op.status = st;
   return st;
 }
 

@@ -247,7 +247,8 @@ void Reducer::FinishSyncPass() {
       << "every bucket is launched by the end of backward";
   for (; next_done_ < buckets_.size(); ++next_done_) {
     Bucket& b = buckets_[next_done_];
-    absl::Status s = b.work->Wait();
+    // Unpacked and read by device work only: on NCCL the compute stream waits, not the host.
+    absl::Status s = b.work->WaitOnDevice();
     b.done_us = NowUs();
     if (!s.ok() && comm_status_.ok()) {
       comm_status_ = Error(s.code(), absl::StrCat("gradient reduction of bucket ", next_done_,

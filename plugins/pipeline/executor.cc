@@ -105,7 +105,8 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
       if (vs == 0) {
         f.input = batch.inputs;
       } else {
-        BRAID_RETURN_IF_ERROR(f.act_work->Wait());
+        // The chunk's kernels read it: on NCCL the compute stream waits, not the host.
+        BRAID_RETURN_IF_ERROR(f.act_work->WaitOnDevice());
         events_.push_back({absl::StrCat("wait activation ", MicroBatchName(a, opts_.chunks)), start, NowS()});
         start = NowS();
         f.input = f.recv_act.Detach();
@@ -227,7 +228,7 @@ Tensor PipelineStrategy::NextBackward(const std::vector<Batch>& mbs, StepStats* 
   if (vs == last) {
     surrogate = tokens_ == k_ ? f.loss : ops::Scale(f.loss, float(tokens_) / float(k_));
   } else {
-    absl::Status st = f.grad_work->Wait();
+    absl::Status st = f.grad_work->WaitOnDevice();  // read by the backward's kernels only
     if (!st.ok()) {
       if (status_.ok()) status_ = st;
       return Tensor();
@@ -340,8 +341,10 @@ absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& 
   CloseBackward();
   absl::Status rest = status_.ok() && data_step.ok() ? RunRest(micro_batches, &stats) : absl::OkStatus();
   double comm_start = NowS();
-  for (auto& w : sends_) (void)w->Wait();
-  for (auto& w : tie_works_) (void)w->Wait();
+  // The sent tensors are rewritten only by later device work (the communicator keeps them
+  // alive): on NCCL the compute stream waits for the sends, not the host.
+  for (auto& w : sends_) (void)w->WaitOnDevice();
+  for (auto& w : tie_works_) (void)w->WaitOnDevice();
   sends_.clear();
   tie_works_.clear();
   flight_.clear();

@@ -226,7 +226,7 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
   std::function<void(Tensor&)> outer = ctx.model_parallel_sum_on_device;
   inner_ctx.model_parallel_sum_on_device = [pipe, outer](Tensor& squared) {
     if (pipe->size() > 1) {
-      absl::Status st = pipe->AllReduce(squared, ReduceOp::kSum)->Wait();
+      absl::Status st = pipe->AllReduce(squared, ReduceOp::kSum)->WaitOnDevice();  // then read
       BRAID_CHECK(st.ok()) << "pipeline: all-reducing the gradient norm over the stages: " << st.message();
     }
     if (outer) outer(squared);

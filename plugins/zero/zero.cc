@@ -330,20 +330,20 @@ std::shared_ptr<Work> ZeroStrategy::StartGather(Unit& u) {
 // A unit that stays gathered (persistent), all-gathered again from the shards as they are now.
 void ZeroStrategy::Regather(Unit& u, const char* what) {
   StageIn(u);
-  (void)Wait(comm_->AllGather(u.param_shard, u.flat), what);
+  (void)WaitOnDevice(comm_->AllGather(u.param_shard, u.flat), what);
   StageOut(u);
 }
 
 void ZeroStrategy::Gather(Unit& u) {
   if (u.gathered++ > 0) return;
-  if (u.prefetch) {  // launched ahead of use: wait for it
-    (void)Wait(u.prefetch, "all-gathering parameters (prefetched)");
+  if (u.prefetch) {  // launched ahead of use: the unit's kernels wait for it
+    (void)WaitOnDevice(u.prefetch, "all-gathering parameters (prefetched)");
     u.prefetch.reset();
     StageOut(u);
     return;
   }
   if (u.flat.has_data()) return;  // persistent
-  (void)Wait(StartGather(u), "all-gathering parameters");
+  (void)WaitOnDevice(StartGather(u), "all-gathering parameters");
   StageOut(u);
 }
 
@@ -424,7 +424,7 @@ void ZeroStrategy::LaunchReduceScatter(Unit& u) {
   u.pending_out = Tensor::Empty({u.shard}, dtype_, u.grad_shard.device());
   transient_.Add(Bytes(u.shard));
   u.pending = comm_->ReduceScatter(u.flat_grad, u.pending_out, ReduceOp::kAvg);
-  if (!opts_.overlap_comm) (void)Wait(u.pending, "reduce-scattering gradients");
+  if (!opts_.overlap_comm) (void)WaitOnDevice(u.pending, "reduce-scattering gradients");
 }
 
 // Waits for a unit's reduce-scatter and adds the result into its gradient shard; stage 2/3 then
@@ -433,7 +433,7 @@ void ZeroStrategy::FinishReduceScatter(Unit& u, StepStats* stats) {
   if (!u.pending) return;
   u.reduced = true;
   absl::Time start = absl::Now();
-  if (Wait(u.pending, "reduce-scattering gradients").ok()) {
+  if (WaitOnDevice(u.pending, "reduce-scattering gradients").ok()) {
     if (opts_.stage == 1) {
       u.grad_shard.CopyFrom(u.pending_out);  // once per step, over the local gradients
     } else {
@@ -499,7 +499,7 @@ absl::StatusOr<StepStats> ZeroStrategy::TrainStep(const std::vector<Batch>& micr
   // the step right after a forward that prefetched a unit it did not use.)
   for (Unit& u : units_) {
     if (!u.prefetch) continue;
-    (void)Wait(u.prefetch, "all-gathering parameters (prefetched)");
+    (void)WaitOnDevice(u.prefetch, "all-gathering parameters (prefetched)");
     u.prefetch.reset();
     StageOut(u);
     if (u.gathered == 0 && !u.persistent) {
@@ -530,7 +530,7 @@ absl::StatusOr<StepStats> ZeroStrategy::TrainStep(const std::vector<Batch>& micr
       *optimizer_, pieces_, max_grad_norm_, units_.front().grad_shard.device(),
       [this, &stats](Tensor& squared) {
         // world_ == 1: exactly what one process computes.
-        if (world_ > 1) (void)Wait(comm_->AllReduce(squared, ReduceOp::kSum), "all-reducing the gradient norm");
+        if (world_ > 1) (void)WaitOnDevice(comm_->AllReduce(squared, ReduceOp::kSum), "all-reducing the gradient norm");
         if (model_parallel_sum_on_device_) model_parallel_sum_on_device_(squared);
       },
       /*global_sum=*/nullptr, &stats);
@@ -556,7 +556,7 @@ absl::StatusOr<StepStats> ZeroStrategy::TrainStep(const std::vector<Batch>& micr
     if (opts_.stage < 3) {
       Tensor own = u.flat.FlatRange(int64_t(rank_) * u.shard, u.shard).Clone();
       transient_.Add(Bytes(u.shard));
-      (void)Wait(comm_->AllGather(own, u.flat), "all-gathering parameters");
+      (void)WaitOnDevice(comm_->AllGather(own, u.flat), "all-gathering parameters");
       transient_.Sub(Bytes(u.shard));
     } else if (u.persistent) {
       Regather(u, "all-gathering persistent parameters");

@@ -138,7 +138,14 @@ class ZeroStrategy final : public Strategy {
     return {b, std::min(u.numel, b + u.shard)};
   }
   absl::Status Wait(const std::shared_ptr<Work>& w, const char* what) {
-    absl::Status st = w->Wait();
+    return Record(w->Wait(), what);
+  }
+  // For a collective whose result only device work reads (kernels, or copies on the compute
+  // stream): on NCCL the compute stream waits for it and the host goes on (Work::WaitOnDevice).
+  absl::Status WaitOnDevice(const std::shared_ptr<Work>& w, const char* what) {
+    return Record(w->WaitOnDevice(), what);
+  }
+  absl::Status Record(absl::Status st, const char* what) {
     if (!st.ok() && comm_status_.ok()) {
       comm_status_ = Error(st.code(), absl::StrCat(what, ": ", st.message()));
     }

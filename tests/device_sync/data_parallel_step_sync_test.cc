@@ -57,6 +57,7 @@ struct RankRun {
   std::vector<float> losses, norms;
   std::vector<std::vector<std::string>> syncs;  // per step, on the device (empty on the CPU)
   std::vector<bool> skipped;
+  std::vector<testing::CollectiveWaits> waits;  // per step, on the device
 };
 
 // One rank's steps; the world agrees on overflow as the training program makes it agree
@@ -64,7 +65,8 @@ struct RankRun {
 // Setup the communicator refuses host tensors, as NCCL does, so every collective of Setup and of
 // a step must pass device tensors (DDP's comparison of the ranks' models and its bucket order,
 // mixed precision's overflow agreement among them).
-RankRun TrainRank(const Spec& spec, int rank, Communicator* comm, Device device) {
+RankRun TrainRank(const Spec& spec, int rank, Communicator* comm, Device device,
+                  const testing::CollectiveWaits* waits = nullptr) {
   RankRun run;
   testing::BlockLm model;
   auto mp = std::make_unique<MixedPrecision>();
@@ -109,8 +111,12 @@ RankRun TrainRank(const Spec& spec, int rank, Communicator* comm, Device device)
     for (int i = 0; i < spec.accumulation; ++i) micro.push_back(testing::MakeLmBatch(s, rank, i, device));
     (*strategy)->optimizer()->SetLearningRate(0.01f);
     if (on_device) testing::Fake(device.index).ClearSyncs();
+    const testing::CollectiveWaits before = waits != nullptr ? *waits : testing::CollectiveWaits{};
     absl::StatusOr<StepStats> st = (*strategy)->TrainStep(micro, loss_fn);
     BRAID_CHECK(st.ok()) << st.status();
+    if (waits != nullptr) {
+      run.waits.push_back({waits->host - before.host, waits->device - before.device});
+    }
     run.syncs.push_back(on_device ? testing::Fake(device.index).syncs() : std::vector<std::string>{});
     run.losses.push_back(st->loss);
     run.norms.push_back(st->grad_norm);
@@ -121,11 +127,13 @@ RankRun TrainRank(const Spec& spec, int rank, Communicator* comm, Device device)
 
 std::vector<RankRun> Train(const Spec& spec, bool on_device) {
   std::vector<RankRun> runs(kRanks);
+  std::vector<testing::CollectiveWaits> waits;
   auto body = [&](int rank, Communicator* comm) {
-    runs[size_t(rank)] = TrainRank(spec, rank, comm, on_device ? Device::CUDA(rank) : Device::CPU());
+    runs[size_t(rank)] = TrainRank(spec, rank, comm, on_device ? Device::CUDA(rank) : Device::CPU(),
+                                   on_device ? &waits[size_t(rank)] : nullptr);
   };
   if (on_device) {
-    testing::RunRanksOnFakeDevices(kRanks, body);
+    testing::RunRanksOnFakeDevices(kRanks, body, &waits);
   } else {
     testing::RunRanks(kRanks, body);
   }
@@ -183,6 +191,36 @@ TEST_P(DataParallelStepSyncTest, F32StepWithClippingSynchronisesOnceAndMatchesTh
   // The ranks read different data: their shards' squared norms differ, so the equal norms above
   // are the sum over both ranks.
   EXPECT_NE(cpu[0].losses.front(), cpu[1].losses.front());
+}
+
+// Every collective a step waits for feeds device work only (ZeRO's all-gathers and
+// reduce-scatters, the norm's all-reduce that the step's one read then reads, DDP's bucket
+// all-reduces), so each is a stream wait (Work::WaitOnDevice): on NCCL the compute stream waits
+// for the collective's event and the host goes on. A host wait (Work::Wait) on a collective
+// would block the host on the GPU under NCCL, where the fakes' syncs() cannot see it.
+TEST_P(DataParallelStepSyncTest, CollectivesAreWaitedForOnTheDeviceNotTheHost) {
+  Spec spec;
+  spec.layer = GetParam();
+  spec.max_grad_norm = 0.05f;
+  spec.accumulation = 2;
+  spec.steps = 4;
+  std::vector<RankRun> gpu = Train(spec, /*on_device=*/true);
+  // DDP's first step broadcasts its bucket order, once, and waits for it on the host.
+  const size_t first = spec.layer.strategy == "ddp" ? 1 : 0;
+  for (int r = 0; r < kRanks; ++r) {
+    const RankRun& run = gpu[size_t(r)];
+    ASSERT_EQ(run.waits.size(), size_t(spec.steps));
+    for (size_t s = first; s < run.waits.size(); ++s) {
+      EXPECT_EQ(run.waits[s].host, 0) << spec.layer.strategy << " " << spec.layer.stage << ", rank " << r
+                                      << ", step " << s << ": collectives waited for on the host";
+      // ZeRO: at least one reduce-scatter per micro-batch. DDP reduces only the last
+      // micro-batch's buckets and may find one done by a poll (IsCompleted, no wait of either
+      // kind), which the threads' timing decides: only its host count is held.
+      if (spec.layer.strategy == "zero") {
+        EXPECT_GE(run.waits[s].device, spec.accumulation) << "rank " << r << ", step " << s;
+      }
+    }
+  }
 }
 
 TEST_P(DataParallelStepSyncTest, AccumulatingMicroBatchesStillSynchronisesOncePerStep) {

@@ -62,11 +62,22 @@ Tensor Stage(const Tensor& t) {
 
 class DeviceWork final : public Work {
  public:
-  DeviceWork(std::shared_ptr<Work> inner, Tensor input, Tensor host, Tensor device, int* waits)
+  DeviceWork(std::shared_ptr<Work> inner, Tensor input, Tensor host, Tensor device,
+             CollectiveWaits* waits)
       : inner_(std::move(inner)), input_(std::move(input)), host_(std::move(host)),
         device_(std::move(device)), waits_(waits) {}
   absl::Status Wait() override {
-    if (waits_ != nullptr) ++*waits_;
+    if (waits_ != nullptr) ++waits_->host;
+    absl::Status st = inner_->Wait();
+    if (st.ok()) WriteBack();
+    return st;
+  }
+  // NCCL's WaitOnDevice makes the compute stream wait for the collective's event. The eager
+  // fake runs each kernel as it is enqueued, so the kernels after this wait can only see the
+  // result if it is in device memory now: the rendezvous with the other ranks (threads) is
+  // made here, which on a GPU is the network's and the device's business, never the host's.
+  absl::Status WaitOnDevice() override {
+    if (waits_ != nullptr) ++waits_->device;
     absl::Status st = inner_->Wait();
     if (st.ok()) WriteBack();
     return st;
@@ -91,7 +102,7 @@ class DeviceWork final : public Work {
   std::shared_ptr<Work> inner_;
   Tensor input_;  // the staged input, alive until the Work is
   Tensor host_, device_;
-  int* waits_;
+  CollectiveWaits* waits_;
   bool written_ = false;
 };
 
@@ -129,7 +140,7 @@ struct Refusal {
 
 class DeviceMemoryCommunicator final : public Communicator {
  public:
-  DeviceMemoryCommunicator(std::unique_ptr<Communicator> inner, int* waits,
+  DeviceMemoryCommunicator(std::unique_ptr<Communicator> inner, CollectiveWaits* waits,
                            std::shared_ptr<Refusal> refusal)
       : inner_(std::move(inner)), waits_(waits), refusal_(std::move(refusal)) {
     set_timeout(inner_->timeout());
@@ -199,7 +210,7 @@ class DeviceMemoryCommunicator final : public Communicator {
                                         std::move(device), waits_);
   }
   std::unique_ptr<Communicator> inner_;
-  int* waits_;
+  CollectiveWaits* waits_;
   std::shared_ptr<Refusal> refusal_;  // shared by this rank's groups
 };
 
@@ -279,9 +290,9 @@ Batch MakeLmBatch(int step, int replica, int i, Device device) {
 }
 
 void RunRanksOnFakeDevices(int n, const std::function<void(int rank, Communicator* comm)>& body,
-                           std::vector<int>* collective_waits) {
+                           std::vector<CollectiveWaits>* collective_waits) {
   std::vector<std::unique_ptr<Communicator>> inner = MakeInProcessGroup(n);
-  if (collective_waits != nullptr) collective_waits->assign(size_t(n), 0);
+  if (collective_waits != nullptr) collective_waits->assign(size_t(n), CollectiveWaits{});
   std::vector<std::unique_ptr<Communicator>> group;
   for (int r = 0; r < n; ++r) {
     inner[size_t(r)]->set_timeout(absl::Seconds(60));

@@ -52,12 +52,17 @@ Batch MakeLmBatch(int step, int replica, int i, Device device);
 // operation enqueued before it) and writes its outputs' device memory when it completes, by
 // plain memory copies the fake does not see (its device memory is host memory), never through
 // the device API. So the fake's syncs() count only the waits the strategy itself makes. It
-// takes host tensors too until RefuseHostTensors. What it
-// does not model: NCCL's Work::Wait polls the operation's completion event, so on a GPU each
-// collective a strategy waits for also blocks the host until the device has run it.
-// `collective_waits`, when given, counts every Wait each rank made on a collective (index: rank).
+// takes host tensors too until RefuseHostTensors. Its Works keep NCCL's two kinds of wait
+// apart: on a GPU, Wait polls the operation's completion event, so the host blocks until the
+// device has run the collective (a host wait the fakes' syncs() do not see), while WaitOnDevice
+// only makes the compute stream wait for that event. `collective_waits`, when given, counts
+// each rank's waits of each kind (index: rank), reset by the caller whenever it likes.
+struct CollectiveWaits {
+  int host = 0;    // Work::Wait: on a GPU under NCCL, the host waits for the device
+  int device = 0;  // Work::WaitOnDevice: the compute stream waits, the host goes on
+};
 void RunRanksOnFakeDevices(int n, const std::function<void(int rank, Communicator* comm)>& body,
-                           std::vector<int>* collective_waits = nullptr);
+                           std::vector<CollectiveWaits>* collective_waits = nullptr);
 
 // From now on `comm` (a communicator RunRanksOnFakeDevices handed a rank) and every group made
 // from it, before or after, refuse host tensors as NCCL does (backends/nccl/collectives.cc):

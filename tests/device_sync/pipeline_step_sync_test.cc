@@ -49,9 +49,11 @@ constexpr int kStages = 2;
 struct RankRun {
   std::vector<float> losses, norms;
   std::vector<std::vector<std::string>> syncs;  // per step, on the device (empty on the CPU)
+  std::vector<testing::CollectiveWaits> waits;  // per step, on the device
 };
 
-RankRun TrainRank(const Spec& spec, int rank, Communicator* comm, Device device) {
+RankRun TrainRank(const Spec& spec, int rank, Communicator* comm, Device device,
+                  const testing::CollectiveWaits* waits = nullptr) {
   RankRun run;
   testing::BlockLm model;
   auto pipe = Registry::Get().MakeStrategy("pipeline");
@@ -93,8 +95,10 @@ RankRun TrainRank(const Spec& spec, int rank, Communicator* comm, Device device)
     for (int i = 0; i < spec.micro_batches; ++i) micro.push_back(testing::MakeLmBatch(s, replica, i, device));
     (*pipe)->optimizer()->SetLearningRate(0.01f);
     if (on_device) testing::Fake(device.index).ClearSyncs();
+    const testing::CollectiveWaits before = waits != nullptr ? *waits : testing::CollectiveWaits{};
     absl::StatusOr<StepStats> st = (*pipe)->TrainStep(micro, LossFn());
     BRAID_CHECK(st.ok()) << st.status();
+    if (waits != nullptr) run.waits.push_back({waits->host - before.host, waits->device - before.device});
     run.syncs.push_back(on_device ? testing::Fake(device.index).syncs() : std::vector<std::string>{});
     run.losses.push_back(st->loss);
     run.norms.push_back(st->grad_norm);
@@ -105,11 +109,13 @@ RankRun TrainRank(const Spec& spec, int rank, Communicator* comm, Device device)
 std::vector<RankRun> Train(const Spec& spec, bool on_device) {
   const int world = kStages * spec.replicas;
   std::vector<RankRun> runs(static_cast<size_t>(world));
+  std::vector<testing::CollectiveWaits> waits;
   auto body = [&](int rank, Communicator* comm) {
-    runs[size_t(rank)] = TrainRank(spec, rank, comm, on_device ? Device::CUDA(rank) : Device::CPU());
+    runs[size_t(rank)] = TrainRank(spec, rank, comm, on_device ? Device::CUDA(rank) : Device::CPU(),
+                                   on_device ? &waits[size_t(rank)] : nullptr);
   };
   if (on_device) {
-    testing::RunRanksOnFakeDevices(world, body);
+    testing::RunRanksOnFakeDevices(world, body, &waits);
   } else {
     testing::RunRanks(world, body);
   }
@@ -143,6 +149,13 @@ class PipelineStepSyncTest : public ::testing::Test {
             << spec.schedule << " x" << spec.virtual_stages << " over " << spec.inner << ", rank " << r
             << ", step " << s << " synchronised the host " << gpu[r].syncs[s].size()
             << " times: " << absl::StrJoin(gpu[r].syncs[s], ", ");
+        // Each stage receives one activation (a later stage) or one gradient (an earlier one)
+        // per micro-batch and chunk, consumed by its kernels, and its sends are only rewritten
+        // by later kernels: all waited for on the device. After the first step (shape headers)
+        // the host waits for at most one collective a step, the per-step statistics'.
+        EXPECT_GE(gpu[r].waits[s].device, spec.micro_batches * spec.virtual_stages)
+            << "rank " << r << ", step " << s;
+        if (s > 0) EXPECT_LE(gpu[r].waits[s].host, 1) << "rank " << r << ", step " << s;
         EXPECT_EQ(gpu[r].losses[s], cpu[r].losses[s]) << "rank " << r << ", step " << s;
         EXPECT_EQ(gpu[r].norms[s], cpu[r].norms[s]) << "rank " << r << ", step " << s;
         EXPECT_GT(cpu[r].norms[s], spec.max_grad_norm) << "rank " << r << ", step " << s;
