@@ -9,7 +9,28 @@
 namespace braid {
 
 KeptInputs::Kept::~Kept() {
-  if (store_ != nullptr) store_->held_ -= bytes_;
+  if (store_ == nullptr) return;
+  store_->held_ -= bytes_;
+  if (host_buffer_.defined()) store_->GiveHostBuffer(std::move(host_buffer_));
+}
+
+Tensor KeptInputs::TakeHostBuffer(int64_t numel, DType dtype, Device device) {
+  {
+    std::lock_guard<std::mutex> lock(spares_mu_);
+    for (size_t i = 0; i < spares_.size(); ++i) {
+      if (spares_[i].numel() != numel || spares_[i].dtype() != dtype) continue;
+      Tensor t = std::move(spares_[i]);
+      spares_.erase(spares_.begin() + long(i));
+      return t;
+    }
+  }
+  // Page-locked where the backend has it, so the copies are the device's DMA.
+  return Tensor::Empty({numel}, dtype, OffloadHost(device, /*pin=*/true));
+}
+
+void KeptInputs::GiveHostBuffer(Tensor buffer) {
+  std::lock_guard<std::mutex> lock(spares_mu_);
+  spares_.push_back(std::move(buffer));
 }
 
 KeptInputs::KeptInputs(Options options) : options_(options) {}
@@ -42,8 +63,13 @@ std::shared_ptr<KeptInputs::Kept> KeptInputs::Keep(const Tensor& input) {
     part = input.FlatRange(offset, kept->counts_[size_t(group.rank())]).Clone();
   }
   if (options_.to_host && input.device().type != DeviceType::kCPU) {
-    // Page-locked where the backend has it, so the copies are the device's DMA.
-    part = part.To(OffloadHost(input.device(), /*pin=*/true));
+    kept->host_buffer_ = TakeHostBuffer(part.numel(), part.dtype(), input.device());
+    Tensor host = kept->host_buffer_.Reshape(part.shape());
+    // The copy stream waits for the forward that made `part`; the compute stream waits for the
+    // copy before anything it enqueues from now on (the allocator's reuse of part's memory once
+    // dropped included). No host wait.
+    CopyAsync(part.Detach(), host, CopyQueue::kCopy)->OrderBeforeCurrentStream();
+    part = host;
   }
   kept->part_ = std::move(part);
   kept->bytes_ = int64_t(kept->part_.nbytes());
@@ -54,7 +80,13 @@ std::shared_ptr<KeptInputs::Kept> KeptInputs::Keep(const Tensor& input) {
 
 Tensor KeptInputs::Restore(const Kept& kept) {
   Tensor part = kept.part_;
-  if (part.device() != kept.device_) part = part.To(kept.device_);
+  if (part.device() != kept.device_) {
+    Tensor back = Tensor::Empty(part.shape(), part.dtype(), kept.device_);
+    // The recompute, enqueued after this on the compute stream, waits for the copy back; the
+    // host buffer goes back to the store only when the Kept is destroyed, after the recompute.
+    CopyAsync(part, back, CopyQueue::kCopy)->OrderBeforeCurrentStream();
+    part = back;
+  }
   if (kept.counts_.empty()) return part;
   Communicator& group = *options_.partition_group;
   Tensor full = Tensor::Empty({NumElements(kept.shape_)}, part.dtype(), kept.device_);

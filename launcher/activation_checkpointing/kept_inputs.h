@@ -11,8 +11,15 @@
 //     sequence parallelism they are split along the sequence already, and are not partitioned.
 //   - to_host (cpu_checkpointing): the kept part is copied to host memory (page-locked where the
 //     device's backend offers it, core/pinned_host.h) and back to the device before the
-//     recompute, both through Tensor copies, so the device's backend (CUDA: its DeviceApi) does
-//     the moving. On a CPU device the input is in host memory already: nothing is moved.
+//     recompute, both asynchronously on the device's copy stream (core/async_copy.h): the copy
+//     out waits on the device for the forward that made the input, the compute stream waits for
+//     it before the device memory is given back, and the recompute's stream waits for the copy
+//     back; the host never waits. The host buffers are the store's and are reused (a buffer goes
+//     back to the store when its Kept is destroyed): allocating and freeing page-locked memory
+//     per input would synchronise the device each time (cudaFreeHost). Reuse is safe without
+//     asking the device because every copy of a buffer is ordered before the compute stream, and
+//     the next copy into it waits for the compute stream's position. On a CPU device the input
+//     is in host memory already: nothing is moved.
 // Both together: the slice goes to the host, comes back, and is gathered.
 //
 // Every kept input is counted while a checkpoint holds it (held_bytes, peak_held_bytes): the
@@ -23,9 +30,11 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "core/async_copy.h"
 #include "core/communicator.h"
 #include "core/tensor.h"
 
@@ -54,6 +63,7 @@ class KeptInputs {
     Kept() = default;
     KeptInputs* store_ = nullptr;  // the store outlives every Kept: it is the policy's
     Tensor part_;
+    Tensor host_buffer_;  // cpu_checkpointing: the store's flat buffer part_ views
     Shape shape_;
     Device device_;
     std::vector<int64_t> counts_;  // per rank, when partitioned
@@ -83,8 +93,13 @@ class KeptInputs {
   bool partitioned() const { return options_.partition_group != nullptr &&
                                     options_.partition_group->size() > 1; }
   void Count(int64_t bytes);
+  // cpu_checkpointing's host buffers: a spare one of `numel` elements of `dtype`, or a new one.
+  Tensor TakeHostBuffer(int64_t numel, DType dtype, Device device);
+  void GiveHostBuffer(Tensor buffer);
 
   Options options_;
+  std::mutex spares_mu_;
+  std::vector<Tensor> spares_;  // flat host buffers no Kept holds
   std::atomic<int64_t> held_{0}, peak_{0}, kept_{0}, gathered_{0};
 };
 

@@ -5,6 +5,7 @@
 // nothing on a CPU device.
 #include "launcher/activation_checkpointing/kept_inputs.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -91,7 +92,10 @@ class KeptInputsOnCuda : public ::testing::Test {
 
 // cpu_checkpointing: the kept input leaves the device for page-locked host memory (the device's
 // bytes go back to its allocator) and returns, bit for bit, before the recompute; the fake logs
-// one device-to-host copy at Keep and one host-to-device copy at Restore, of the input's bytes.
+// one device-to-host copy at Keep and one host-to-device copy at Restore, of the input's bytes,
+// both on the copy stream and waited for by the compute stream, never by the host; the next
+// input of that size reuses the host buffer (no page-locked allocation or free per input: a free
+// would synchronise the device).
 TEST_F(KeptInputsOnCuda, CpuCheckpointingKeepsTheInputInPinnedHostMemory) {
   const Device gpu = Device::CUDA(0);
   KeptInputs::Options o;
@@ -102,6 +106,8 @@ TEST_F(KeptInputsOnCuda, CpuCheckpointingKeepsTheInputInPinnedHostMemory) {
   const int64_t with_input = GetMemoryStats(gpu).current_bytes;
   Fake().RunAll();
   Fake().ClearLog();
+  Fake().ClearSyncs();
+  Fake().ClearIssued();
   std::shared_ptr<KeptInputs::Kept> kept = store.Keep(input);
   EXPECT_EQ(kept->part().device(), PinnedHost());
   EXPECT_TRUE(Fake().IsPinned(kept->part().raw_data()));
@@ -110,6 +116,18 @@ TEST_F(KeptInputsOnCuda, CpuCheckpointingKeepsTheInputInPinnedHostMemory) {
   EXPECT_EQ(GetMemoryStats(gpu).current_bytes, with_input - 6 * 8 * 4);
   Tensor back = store.Restore(*kept);
   EXPECT_EQ(back.device(), gpu);
+  EXPECT_TRUE(Fake().syncs().empty()) << ::testing::PrintToString(Fake().syncs());
+  cuda::DeviceRuntime& rt = cuda::RuntimeOf(gpu);
+  const std::string copy = absl::StrCat(Fake().StreamId(rt.copy_stream()), ":");
+  const std::string compute = absl::StrCat(Fake().StreamId(rt.compute_stream()), ":");
+  std::vector<std::string> waits;  // the compute stream's waits, and the copies before them
+  for (const std::string& op : Fake().issued()) {
+    if (op.rfind(copy + "D2H", 0) == 0 || op.rfind(copy + "H2D", 0) == 0 || op.rfind(compute + "wait", 0) == 0) {
+      waits.push_back(op.substr(0, op.rfind(':')));
+    }
+  }
+  EXPECT_EQ(waits, (std::vector<std::string>{copy + "D2H", compute + "wait", copy + "H2D", compute + "wait"}))
+      << ::testing::PrintToString(Fake().issued());
   Fake().RunAll();
   const std::vector<std::string> log = Fake().log();
   ASSERT_EQ(log.size(), 2u) << ::testing::PrintToString(log);
@@ -117,6 +135,17 @@ TEST_F(KeptInputsOnCuda, CpuCheckpointingKeepsTheInputInPinnedHostMemory) {
   EXPECT_NE(log[1].find(":H2D:192"), std::string::npos) << log[1];
   EXPECT_EQ(back.ToFloatVector(), host_values.ToFloatVector());
   EXPECT_EQ(store.ToString(gpu), "in pinned host memory (cpu_checkpointing)");
+
+  const void* buffer = kept->part().raw_data();
+  kept.reset();  // after the recompute: the buffer goes back to the store
+  const int64_t pinned_allocs = GetMemoryStats(PinnedHost()).num_allocs;
+  std::shared_ptr<KeptInputs::Kept> next = store.Keep(host_values.To(gpu));
+  EXPECT_EQ(next->part().raw_data(), buffer);
+  EXPECT_EQ(GetMemoryStats(PinnedHost()).num_allocs, pinned_allocs);
+  Fake().RunAll();
+  EXPECT_EQ(store.Restore(*next).ToFloatVector(), host_values.ToFloatVector());
+  const std::vector<std::string> syncs = Fake().syncs();  // the reads above, no pinned free
+  EXPECT_EQ(std::count(syncs.begin(), syncs.end(), "free_pinned"), 0) << ::testing::PrintToString(syncs);
 }
 
 }  // namespace
