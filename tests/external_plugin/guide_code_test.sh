@@ -2,8 +2,9 @@
 # The guide's code blocks cannot drift from code that compiles: every block of
 # docs/WRITING_A_STRATEGY.md preceded by `<!-- code: FILE#REGION -->` must equal, line for line
 # (indentation removed), the lines between `// [START REGION]` and `// [END REGION]` in FILE,
-# which Bazel compiles (tests/external_plugin/external_example.cc) and the tests run. The test
-# fails if a tagged block differs, if a region is missing, or if there are no tagged blocks.
+# which Bazel compiles (tests/external_plugin/external_example.cc, core/wrapping_strategy_test.cc)
+# and the tests run. The test fails if a tagged block differs, if a region is missing, or if
+# there are no tagged blocks.
 set -u
 root="$TEST_SRCDIR/braid"
 /usr/bin/python3 - "$root" <<'PY'
