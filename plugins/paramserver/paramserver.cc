@@ -30,6 +30,16 @@
 //     computes its next gradient with the parameters it has, as long as at most `max_staleness`
 //     of its pushes are unanswered; otherwise it waits for fresh parameters.
 //
+// Host synchronisations on a GPU (docs/GPU.md, "Synchronisation points"). The headers and a
+// push's statistics travel in device memory (the communicator moves device tensors), and what the
+// host knows is copied into them, or what it needs copied out of them, by copies it does not wait
+// for (core/async_copy.h) on the compute stream. Each rank's one read then covers them: a worker's
+// loss and norm read (ComputeGradient), after which it checks the header of the reply it received
+// before (its version); the server's read of the mean gradient's squared norm in sync mode
+// (ApplyMean), after which it checks the pushes' headers and adds their statistics. In sync mode
+// every rank thus waits for its device once per step; async mode still reads each push as it
+// comes.
+//
 // The building blocks live beside this file: the options and their parser in
 // paramserver_options.h, the parameters as one flat vector (FlatLayout) in flat_layout.h.
 #include <algorithm>
@@ -48,6 +58,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/async_copy.h"
 #include "core/autograd.h"
 #include "core/communicator.h"
 #include "core/micro_batches.h"
@@ -89,6 +100,7 @@ constexpr int64_t kPushExtras = 3;
 struct Push {
   int64_t step = 0;
   Tensor header, payload;             // sent
+  Tensor header_host, extras_host;    // what the host copied into them, alive until answered
   Tensor reply_header, reply_params;  // received
   std::vector<std::shared_ptr<Work>> works;
 
@@ -110,6 +122,10 @@ struct Peer {
   int rank = 0;
   Tensor header, payload;             // received
   Tensor reply_header, reply_params;  // sent
+  // Sync mode: the received header and statistics copied to the host, read after the step's one
+  // read; the reply's header as the host wrote it, alive until the next step.
+  Tensor header_host, extras_host, reply_header_host;
+  std::vector<std::unique_ptr<InFlightCopy>> copies;
   std::vector<std::shared_ptr<Work>> recvs;
   bool received = false;
 };
@@ -179,6 +195,10 @@ class ParamServerStrategy final : public Strategy, public ParamServerIntrospecti
   // Server side.
   absl::StatusOr<StepStats> ServerStep();
   absl::StatusOr<int64_t> TakePush(Peer& peer, int64_t step, PushSums* sums);
+  absl::Status ReceivePush(Peer& peer);
+  absl::Status CheckPush(Peer& peer, int64_t step, PushSums* sums);
+  float ApplyMean(const Tensor& mean, const std::function<absl::Status()>& after_read,
+                  absl::Status* checked, StepStats* stats);
   float Apply(const Tensor& gradient, int64_t computed_on, StepStats* stats);
   void SendReply(Peer& peer, int64_t step);
   absl::Status WaitForReplies();
@@ -196,6 +216,14 @@ class ParamServerStrategy final : public Strategy, public ParamServerIntrospecti
   // ones whose buffers can be reused.
   std::deque<Push> in_flight_;
   std::vector<Push> spare_;
+  // Replies whose header is on its way to the host (no wait), checked after the next read.
+  struct ReplyCheck {
+    int64_t step = 0;
+    Tensor header_host;
+    std::unique_ptr<InFlightCopy> copy;
+  };
+  std::vector<ReplyCheck> reply_checks_;
+  absl::Status CheckReplies(bool wait);
 
   // Server: one entry per worker, in rank order, and the reply sends of the current step.
   std::vector<Peer> peers_;
@@ -351,6 +379,27 @@ absl::Status ParamServerStrategy::ComputeGradient(const std::vector<Batch>& micr
       ReadScalars({stats->device_loss, SquaredGradNormOnDevice(model_->Parameters())});
   stats->loss = read[0];
   stats->grad_norm = float(std::sqrt(double(read[1])));
+  // That read synchronised the stream the last replies' headers were copied out on.
+  return CheckReplies(/*wait=*/false);
+}
+
+// The headers of the replies received so far: each must answer its push, and the last gives the
+// version the next push is computed on. Copied out with no wait; `wait` only where no read has
+// synchronised the device since (the final state).
+absl::Status ParamServerStrategy::CheckReplies(bool wait) {
+  std::vector<ReplyCheck> checks;
+  checks.swap(reply_checks_);
+  for (ReplyCheck& c : checks) {
+    if (wait) c.copy->Wait();
+    BRAID_CHECK(c.copy->Done()) << "paramserver: a reply's header is read before its copy to the host is done";
+    const std::vector<int64_t> header = c.header_host.ToVector<int64_t>();
+    if (header[1] != c.step) {
+      return Failed(absl::StatusCode::kInternal,
+                    absl::StrCat("rank ", comm_->rank(), " expected the reply to its step ", c.step,
+                                 " push but got one for step ", header[1]));
+    }
+    stats_.version = header[0];
+  }
   return absl::OkStatus();
 }
 
@@ -365,11 +414,14 @@ void ParamServerStrategy::SendPush(int64_t step, const StepStats& stats) {
   }
   p.step = step;
   layout_.CopyGradsTo(p.payload);
-  p.payload.FlatRange(layout_.numel(), kPushExtras)
-      .CopyFrom(Tensor::FromVector(
-          std::vector<float>{stats.loss, float(stats.forward_s), float(stats.backward_s)},
-          {kPushExtras}, device_));
-  p.header = Tensor::FromVector(std::vector<int64_t>{step, stats_.version}, {2}, device_);
+  // Host values into device memory by copies the host does not wait for: the buffers stay in the
+  // push until it is answered.
+  p.extras_host = Tensor::FromVector(
+      std::vector<float>{stats.loss, float(stats.forward_s), float(stats.backward_s)}, {kPushExtras});
+  (void)CopyAsync(p.extras_host, p.payload.FlatRange(layout_.numel(), kPushExtras), CopyQueue::kCompute);
+  p.header_host = Tensor::FromVector(std::vector<int64_t>{step, stats_.version}, {2});
+  p.header = Tensor::Empty({2}, DType::kI64, device_);
+  (void)CopyAsync(p.header_host, p.header, CopyQueue::kCompute);
   p.reply_header = Tensor::Empty({2}, DType::kI64, device_);
   const int server = opts_.server_rank;
   // The reply's receives are posted with the push, so the server's answer never waits for us.
@@ -384,14 +436,13 @@ void ParamServerStrategy::SendPush(int64_t step, const StepStats& stats) {
 absl::Status ParamServerStrategy::FinishOldestPush() {
   Push& p = in_flight_.front();
   for (const auto& w : p.works) BRAID_RETURN_IF_ERROR(w->Wait());
-  std::vector<int64_t> header = p.reply_header.ToVector<int64_t>();
-  if (header[1] != p.step) {
-    return Failed(absl::StatusCode::kInternal,
-                  absl::StrCat("rank ", comm_->rank(), " expected the reply to its step ", p.step,
-                               " push but got one for step ", header[1]));
-  }
+  // The header is checked after the next read (CheckReplies): reading it now would wait.
+  ReplyCheck check;
+  check.step = p.step;
+  check.header_host = Tensor::Empty({2}, DType::kI64);
+  check.copy = CopyAsync(p.reply_header, check.header_host, CopyQueue::kCompute);
+  reply_checks_.push_back(std::move(check));
   layout_.CopyParamsFrom(p.reply_params);
-  stats_.version = header[0];
   p.works.clear();
   spare_.push_back(std::move(p));
   in_flight_.pop_front();
@@ -416,15 +467,7 @@ absl::StatusOr<StepStats> ParamServerStrategy::ServerStep() {
   if (opts_.mode == Mode::kSync) {
     // Wait for all, then one update with the mean gradient (summed in rank order, so the result
     // does not depend on arrival order).
-    for (Peer& peer : peers_) {
-      BRAID_ASSIGN_OR_RETURN(int64_t computed_on, TakePush(peer, step, &sums));
-      if (computed_on != stats_.version) {
-        return Failed(absl::StatusCode::kInternal,
-                      absl::StrCat("worker rank ", peer.rank, " computed its step ", step,
-                                   " gradient on version ", computed_on, ", not the current ",
-                                   stats_.version));
-      }
-    }
+    for (Peer& peer : peers_) BRAID_RETURN_IF_ERROR(ReceivePush(peer));
     Tensor mean;
     {
       autograd::NoGradGuard no_grad;
@@ -434,7 +477,16 @@ absl::StatusOr<StepStats> ParamServerStrategy::ServerStep() {
       }
       mean = ops::Scale(mean, 1.0f / float(peers_.size()));
     }
-    norm_sum = Apply(mean, stats_.version, &stats);
+    // The headers and statistics are checked after the norm's read, before anything is stepped.
+    absl::Status checked;
+    norm_sum = ApplyMean(
+        mean,
+        [&]() -> absl::Status {
+          for (Peer& peer : peers_) BRAID_RETURN_IF_ERROR(CheckPush(peer, step, &sums));
+          return absl::OkStatus();
+        },
+        &checked, &stats);
+    BRAID_RETURN_IF_ERROR(checked);
     for (Peer& peer : peers_) SendReply(peer, step);
   } else {
     // Apply each push as it arrives and answer that worker at once. The communicator has no
@@ -509,6 +561,74 @@ absl::StatusOr<int64_t> ParamServerStrategy::TakePush(Peer& peer, int64_t step, 
   return header[1];
 }
 
+// Sync mode: waits for `peer`'s push to arrive (the communicator's wait) and copies its header
+// and statistics to the host without waiting for the device (CheckPush reads them).
+absl::Status ParamServerStrategy::ReceivePush(Peer& peer) {
+  for (const auto& w : peer.recvs) BRAID_RETURN_IF_ERROR(w->Wait());
+  peer.received = true;
+  if (!peer.header_host.defined()) {
+    peer.header_host = Tensor::Empty({2}, DType::kI64);
+    peer.extras_host = Tensor::Empty({kPushExtras}, DType::kF32);
+  }
+  peer.copies.clear();
+  peer.copies.push_back(CopyAsync(peer.header, peer.header_host, CopyQueue::kCompute));
+  peer.copies.push_back(
+      CopyAsync(peer.payload.FlatRange(layout_.numel(), kPushExtras), peer.extras_host, CopyQueue::kCompute));
+  return absl::OkStatus();
+}
+
+// Sync mode, after the step's read: `peer`'s push is the one due, on the current version; adds
+// its loss and times to `sums`.
+absl::Status ParamServerStrategy::CheckPush(Peer& peer, int64_t step, PushSums* sums) {
+  for (const auto& c : peer.copies) {
+    BRAID_CHECK(c->Done()) << "paramserver: a push's header is read before its copy to the host is done";
+  }
+  peer.copies.clear();
+  const std::vector<int64_t> header = peer.header_host.ToVector<int64_t>();
+  if (header[0] != step) {
+    return Failed(absl::StatusCode::kFailedPrecondition,
+                  absl::StrCat("worker rank ", peer.rank, " pushed its step ", header[0],
+                               " gradient during the server's step ", step,
+                               "; every rank must call TrainStep the same number of times"));
+  }
+  if (header[1] != stats_.version) {
+    return Failed(absl::StatusCode::kInternal,
+                  absl::StrCat("worker rank ", peer.rank, " computed its step ", step,
+                               " gradient on version ", header[1], ", not the current ",
+                               stats_.version));
+  }
+  const std::vector<float> extras = peer.extras_host.ToFloatVector();
+  sums->loss += extras[0];
+  sums->forward_s += extras[1];
+  sums->backward_s += extras[2];
+  return absl::OkStatus();
+}
+
+// Sync mode's update with the mean gradient: its squared norm is computed on the device and read
+// in the step's one host synchronisation, after which `after_read` (the pushes' checks) runs; its
+// error goes to `checked` and nothing is stepped. Clips as Apply does (the same factor, through
+// the optimizer) and returns the norm before clipping.
+float ParamServerStrategy::ApplyMean(const Tensor& mean, const std::function<absl::Status()>& after_read,
+                                     absl::Status* checked, StepStats* stats) {
+  absl::Time start = absl::Now();
+  layout_.UseAsGrads(mean);
+  const std::vector<Tensor> params = model_->Parameters();
+  const float squared = ReadScalars({SquaredGradNormOnDevice(params)})[0];
+  *checked = after_read();
+  if (!checked->ok()) {
+    optimizer_->ZeroGrad();
+    return 0;
+  }
+  const float norm =
+      ClipGradNormFromSquared(*optimizer_, squared, max_grad_norm_, [](double sum) { return sum; });
+  optimizer_->Step();
+  optimizer_->ZeroGrad();
+  ++stats_.version;
+  ++stats_.gradients_applied;
+  stats->optimizer_s += Seconds(start);
+  return norm;
+}
+
 // One optimizer update with `gradient` (flat, numel values), computed on parameters of version
 // `computed_on`. Returns the gradient's norm before clipping (measured whether or not clipping
 // is on: ClipGradNorm with max_grad_norm_ <= 0 only measures).
@@ -529,7 +649,10 @@ float ParamServerStrategy::Apply(const Tensor& gradient, int64_t computed_on, St
 // been waited for (WaitForReplies), so nothing still being sent is overwritten.
 void ParamServerStrategy::SendReply(Peer& peer, int64_t step) {
   layout_.CopyParamsTo(peer.reply_params);
-  peer.reply_header = Tensor::FromVector(std::vector<int64_t>{stats_.version, step}, {2}, device_);
+  // Written by a copy the host does not wait for, from a host buffer kept until the next reply.
+  peer.reply_header_host = Tensor::FromVector(std::vector<int64_t>{stats_.version, step}, {2});
+  peer.reply_header = Tensor::Empty({2}, DType::kI64, device_);
+  (void)CopyAsync(peer.reply_header_host, peer.reply_header, CopyQueue::kCompute);
   reply_sends_.push_back(comm_->Send(peer.reply_header, peer.rank, kReplyHeader));
   reply_sends_.push_back(comm_->Send(peer.reply_params, peer.rank, kReplyParams));
 }
@@ -556,6 +679,7 @@ absl::StatusOr<std::map<std::string, Tensor>> ParamServerStrategy::FullStateDict
     return model_->StateDict();
   }
   while (!in_flight_.empty()) BRAID_RETURN_IF_ERROR(FinishOldestPush());
+  BRAID_RETURN_IF_ERROR(CheckReplies(/*wait=*/true));
   Tensor header = Tensor::Empty({2}, DType::kI64, device_);
   Tensor params = Tensor::Empty({layout_.numel()}, DType::kF32, device_);
   std::shared_ptr<Work> h = comm_->Recv(header, opts_.server_rank, kReplyHeader);
