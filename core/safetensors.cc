@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/check.h"
+#include "core/fd_io.h"
 #include "core/safetensors_internal.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -22,6 +23,10 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 
 namespace braid {
 namespace {
+
+using fd_io::Fd;
+using fd_io::ReadAll;
+using fd_io::WriteAll;
 
 using safetensors_internal::Describe;
 using safetensors_internal::FindInvalidUtf8;
@@ -57,55 +62,6 @@ const char* FormatName(DType t) {
 // File I/O.
 
 std::string ErrnoText(int e) { return std::strerror(e); }
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  // Closes now, reporting the error close() can give (delayed write errors on some filesystems).
-  int Close() {
-    int r = ::close(fd_);
-    fd_ = -1;
-    return r;
-  }
-
- private:
-  int fd_;
-};
-
-bool WriteAll(int fd, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    p += w;
-    n -= size_t(w);
-  }
-  return true;
-}
-
-// Reads exactly n bytes at `offset`; false with errno set (0 for a short file).
-bool ReadAllAt(int fd, void* data, size_t n, uint64_t offset) {
-  char* p = static_cast<char*>(data);
-  while (n > 0) {
-    ssize_t r = ::pread(fd, p, n, off_t(offset));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      if (r == 0) errno = 0;
-      return false;
-    }
-    p += r;
-    n -= size_t(r);
-    offset += uint64_t(r);
-  }
-  return true;
-}
 
 std::string DirName(const std::string& path) {
   size_t slash = path.find_last_of('/');
@@ -246,7 +202,7 @@ absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
                               " bytes; a safetensors file starts with an 8-byte header length"));
   }
   uint8_t len[8];
-  if (!ReadAllAt(fd.get(), len, 8, 0)) return error("cannot read the header length");
+  if (!ReadAll(fd.get(), len, 8, 0)) return error("cannot read the header length");
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len[i];
   if (header_len > file_size - 8) {
@@ -262,7 +218,7 @@ absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
     return error(absl::StrCat("the header length ", header_len, " is too small for a JSON object"));
   }
   std::string header(header_len, '\0');
-  if (!ReadAllAt(fd.get(), header.data(), header_len, 8)) {
+  if (!ReadAll(fd.get(), header.data(), header_len, 8)) {
     return error(absl::StrCat("cannot read the header: ", ErrnoText(errno)));
   }
   if (header[0] != '{') return error("the header does not start with '{'");
@@ -419,7 +375,7 @@ absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
   for (const Span& s : spans) {
     Tensor t = Tensor::Empty(s.shape, s.dtype);
     if (s.end > s.begin &&
-        !ReadAllAt(fd.get(), t.raw_data(), s.end - s.begin, data_start + s.begin)) {
+        !ReadAll(fd.get(), t.raw_data(), s.end - s.begin, int64_t(data_start + s.begin))) {
       return error(absl::StrCat("tensor '", *s.name, "': cannot read its data: ",
                                 errno == 0 ? "the file is shorter than it was" : ErrnoText(errno)));
     }

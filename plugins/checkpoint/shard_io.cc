@@ -12,11 +12,16 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/fd_io.h"
 #include "core/safetensors.h"
 #include "nlohmann/json.hpp"
 
 namespace braid::checkpoint {
 namespace {
+
+using fd_io::Fd;
+using fd_io::ReadAll;
+using fd_io::WriteAll;
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors is little-endian");
 
@@ -48,55 +53,10 @@ std::optional<DType> FromSafetensorsDType(const std::string& s) {
   return std::nullopt;
 }
 
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() { Close(); }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  int Close() {
-    int rc = fd_ >= 0 ? ::close(fd_) : 0;
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
-
 uint32_t Crc(uint32_t crc, const void* p, size_t n) {  // n <= kPiece fits zlib's uInt
   return uint32_t(crc32(uLong(crc), static_cast<const Bytef*>(p), uInt(n)));
 }
 
-bool WriteAll(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      if (w == 0) errno = EIO;
-      return false;
-    }
-    p += w;
-    n -= size_t(w);
-  }
-  return true;
-}
-
-// Reads exactly n bytes; false at the end of the file (errno 0) or on an error.
-bool ReadAll(int fd, char* p, size_t n) {
-  while (n > 0) {
-    ssize_t r = ::read(fd, p, n);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      if (r == 0) errno = 0;
-      return false;
-    }
-    p += r;
-    n -= size_t(r);
-  }
-  return true;
-}
 
 absl::Status Damaged(const std::string& path, const std::string& what) {
   return absl::DataLossError(absl::StrCat(path, " is damaged: ", what));
