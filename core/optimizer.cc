@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "core/kernels.h"
 #include "core/scalar_reads.h"
+#include "core/state_load_error.h"
 
 namespace braid {
 
@@ -159,22 +160,12 @@ class SlottedOptimizer : public Optimizer {
     for (const auto& [key, t] : state) {
       if (key != kStepKey && !known.count(key)) unexpected.push_back(key);
     }
-    if (!missing.empty() || !unexpected.empty() || !mismatched.empty()) {
-      std::string msg = absl::StrCat("cannot load ", name(), " state:");
-      if (!missing.empty())
-        absl::StrAppend(&msg, " missing keys: ", absl::StrJoin(missing, ", "), ";");
-      if (!unexpected.empty()) {
-        absl::StrAppend(&msg, " unexpected keys: ", absl::StrJoin(unexpected, ", "), ";");
-      }
-      if (!mismatched.empty()) {
-        absl::StrAppend(&msg, " mismatched: ", absl::StrJoin(mismatched, ", "), ";");
-      }
-      absl::StrAppend(&msg, " keys are '<parameter name or group.index>.<",
-                      absl::StrJoin(slot_names_, "|"),
-                      ">' and 'step', for the same parameters "
-                      "in the same groups");
-      return absl::InvalidArgumentError(msg);
-    }
+    absl::Status fits = StateLoadError(
+        name(), missing, unexpected, mismatched,
+        absl::StrCat(" keys are '<parameter name or group.index>.<",
+                     absl::StrJoin(slot_names_, "|"),
+                     ">' and 'step', for the same parameters in the same groups"));
+    if (!fits.ok()) return fits;
     const Tensor& step = step_it->second;
     step_ = step.dtype() == DType::kI64 ? step.To(Device::CPU()).ToVector<int64_t>()[0]
                                         : int64_t(step.item());

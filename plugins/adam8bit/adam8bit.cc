@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "core/check.h"
 #include "core/kernels.h"
+#include "core/state_load_error.h"
 #include "plugins/adam8bit/adam8bit_info.h"
 #include "plugins/adam8bit/blockwise.h"
 
@@ -429,21 +430,11 @@ class Adam8bit final : public Optimizer, public Adam8bitInfo {
     for (const auto& [key, t] : state) {
       if (!known.count(key)) unexpected.push_back(key);
     }
-    if (missing.empty() && unexpected.empty() && mismatched.empty()) return absl::OkStatus();
-    std::string msg = "cannot load Adam8bit state:";
-    if (!missing.empty())
-      absl::StrAppend(&msg, " missing keys: ", absl::StrJoin(missing, ", "), ";");
-    if (!unexpected.empty()) {
-      absl::StrAppend(&msg, " unexpected keys: ", absl::StrJoin(unexpected, ", "), ";");
-    }
-    if (!mismatched.empty()) {
-      absl::StrAppend(&msg, " mismatched: ", absl::StrJoin(mismatched, ", "), ";");
-    }
-    absl::StrAppend(&msg,
-                    " keys are '<parameter name or group.index>.<exp_avg|exp_avg_sq>' (f32) or "
-                    "the same with '.codes' and '.absmax', 'quant_map.signed|unsigned' and "
-                    "'step', for the same parameters in the same groups");
-    return absl::InvalidArgumentError(msg);
+    return StateLoadError(
+        "Adam8bit", missing, unexpected, mismatched,
+        " keys are '<parameter name or group.index>.<exp_avg|exp_avg_sq>' (f32) or the same "
+        "with '.codes' and '.absmax', 'quant_map.signed|unsigned' and 'step', for the same "
+        "parameters in the same groups");
   }
 
   Adam8bitOptions opts_;
