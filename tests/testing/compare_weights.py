@@ -9,15 +9,15 @@ either, naming the tensors)
 With ULPS, a value also passes when it is within ULPS units in the last place of the larger of
 the two, in A's dtype: the bound for half-precision weights, each the rounding of an f32 master
 that may sit next to a rounding boundary (one ulp of bf16 is 2^-7 at 1.0, 2^-9 at 0.25).
+
+NumPy, not PyTorch: on the shared CI machine `import torch` alone took 16-20 s of wall time,
+and the multi-process tests call this once per comparison (numpy: under 2 s).
 """
 import json
 import struct
 import sys
 
-import torch
-
-
-DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+import numpy as np
 
 
 # Mantissa bits and the smallest normal exponent of each dtype, for ULPS.
@@ -34,8 +34,19 @@ def dtype_of(path):
 def ulp(x, dtype):
     """One unit in the last place of |x| in `dtype` (subnormals have the smallest normal's)."""
     bits, emin = FORMATS[dtype]
-    _, e = torch.frexp(x.abs())  # x = m * 2^e, m in [0.5, 1): the leading bit is 2^(e-1)
-    return torch.pow(2.0, (e - 1).clamp(min=emin).float() - bits)
+    _, e = np.frexp(np.abs(x))  # x = m * 2^e, m in [0.5, 1): the leading bit is 2^(e-1)
+    return np.power(np.float32(2.0), (np.maximum(e - 1, emin) - bits).astype(np.float32))
+
+
+def as_f32(raw, dtype):
+    """Little-endian bytes of `dtype` as float32 (bf16 is the top half of an f32)."""
+    if dtype == "F32":
+        return np.frombuffer(raw, dtype="<f4").astype(np.float32)
+    if dtype == "BF16":
+        return (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+    if dtype == "F16":
+        return np.frombuffer(raw, dtype="<f2").astype(np.float32)
+    sys.exit(f"unsupported dtype {dtype} (F32, BF16 or F16)")
 
 
 def load(path):
@@ -43,8 +54,7 @@ def load(path):
         n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))
         blob = f.read()
-    return {k: torch.frombuffer(bytearray(blob[v["data_offsets"][0]:v["data_offsets"][1]]),
-                                dtype=DTYPES[v["dtype"]]).reshape(v["shape"]).float()
+    return {k: as_f32(blob[v["data_offsets"][0]:v["data_offsets"][1]], v["dtype"]).reshape(v["shape"])
             for k, v in header.items() if k != "__metadata__"}
 
 
@@ -61,15 +71,18 @@ if shapes:
 # (whether it does depends on the tensors' order), and the same inf in both files has a NaN
 # difference. Two runs that both diverged are not equal.
 bad = [f"{k} in {side} ({path})" for side, path, t in (("A", sys.argv[1], a), ("B", sys.argv[2], b))
-       for k in sorted(t) if not torch.isfinite(t[k]).all()]
+       for k in sorted(t) if not np.isfinite(t[k]).all()]
 if bad:
     sys.exit(f"NaN or inf values: {', '.join(bad)}")
-worst = max(((a[k] - b[k]).abs().max().item(), k) for k in a)
+worst = max((float(np.abs(a[k] - b[k]).max(initial=0.0)), k) for k in a)
 if len(sys.argv) > 4:
     ulps, dtype = float(sys.argv[4]), dtype_of(sys.argv[1])
     # The difference in ulps of the larger value, where it exceeds TOL.
-    over = max((((a[k] - b[k]).abs() / ulp(torch.maximum(a[k].abs(), b[k].abs()), dtype))
-                .masked_fill((a[k] - b[k]).abs() <= tol, 0).max().item(), k) for k in a)
+    def beyond_tol(k):
+        diff = np.abs(a[k] - b[k])
+        ulps_k = diff / ulp(np.maximum(np.abs(a[k]), np.abs(b[k])), dtype)
+        return float(np.where(diff <= tol, np.float32(0), ulps_k).max(initial=0.0))
+    over = max((beyond_tol(k), k) for k in a)
     beyond = f"at most {over[0]:g} ulp of {dtype} ({over[1]})" if over[0] > 0 else "none"
     print(f"   max |difference| {worst[0]:.2e} ({worst[1]}); beyond tolerance {tol:g}: {beyond}, "
           f"allowed {ulps:g} ulp")
