@@ -13,6 +13,14 @@ namespace braid {
 namespace {
 std::atomic<uint64_t> g_next_hook_id{1};
 
+// Adds `h` to one of a module's hook lists under a new id (what RemoveHook takes).
+template <typename HookEntries>
+uint64_t AppendHook(HookEntries& hooks, Module::Hook h) {
+  const uint64_t id = g_next_hook_id++;
+  hooks.push_back({id, std::move(h)});
+  return id;
+}
+
 std::string Join(const std::string& prefix, const std::string& name) {
   if (prefix.empty()) return name;
   if (name.empty()) return prefix;  // a child itself, in NamedModules: "block", not "block."
@@ -167,24 +175,11 @@ void Module::ZeroGrad() {
   for (Tensor& t : Parameters()) t.ZeroGrad();
 }
 
-uint64_t Module::AddForwardPreHook(Hook h) {
-  uint64_t id = g_next_hook_id++;
-  fwd_pre_.push_back({id, std::move(h)});
-  return id;
-}
-uint64_t Module::AddForwardHook(Hook h) {
-  uint64_t id = g_next_hook_id++;
-  fwd_post_.push_back({id, std::move(h)});
-  return id;
-}
-uint64_t Module::AddBackwardPreHook(Hook h) {
-  uint64_t id = g_next_hook_id++;
-  bwd_pre_.push_back({id, std::move(h)});
-  return id;
-}
+uint64_t Module::AddForwardPreHook(Hook h) { return AppendHook(fwd_pre_, std::move(h)); }
+uint64_t Module::AddForwardHook(Hook h) { return AppendHook(fwd_post_, std::move(h)); }
+uint64_t Module::AddBackwardPreHook(Hook h) { return AppendHook(bwd_pre_, std::move(h)); }
 uint64_t Module::AddBackwardHook(Hook h) {
-  uint64_t id = g_next_hook_id++;
-  bwd_post_.push_back({id, std::move(h)});
+  const uint64_t id = AppendHook(bwd_post_, std::move(h));
   InstallBackwardTracking();
   return id;
 }
