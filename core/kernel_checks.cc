@@ -74,6 +74,22 @@ AttentionDims Attention(const char* backend, const char* kernel, const Tensor& q
   return a;
 }
 
+// A normalisation over rows (LayerNorm, RMSNorm, forward or backward): x is rows of
+// weight.numel() columns; each of `like_x` holds as many values as x, each of `per_column` one
+// per column (bias, the weight's gradients), each of `per_row` one per row (saved statistics).
+RowsDims NormRows(const char* backend, const char* k, const Tensor& x, const Tensor& weight,
+                  std::initializer_list<const Tensor*> like_x,
+                  std::initializer_list<const Tensor*> per_column,
+                  std::initializer_list<const Tensor*> per_row) {
+  const int64_t c = weight.numel();
+  RowsOf(backend, k, x, c, weight);
+  const int64_t rows = x.numel() / c;
+  for (const Tensor* t : like_x) NumelIs(backend, k, *t, x.numel());
+  for (const Tensor* t : per_column) NumelIs(backend, k, *t, c);
+  for (const Tensor* t : per_row) NumelIs(backend, k, *t, rows);
+  return {rows, c};
+}
+
 }  // namespace
 
 // ---- Building blocks ------------------------------------------------------------------------
@@ -176,14 +192,7 @@ RowsDims LayerNormForward(const char* backend, DType dtype, const Tensor& x, con
   const char* k = layernorm_forward.name();
   DTypesAre(backend, k, dtype, {&x, &weight, &bias, &out});
   DTypesAre(backend, k, DType::kF32, {&mean, &rstd});
-  const int64_t c = weight.numel();
-  RowsOf(backend, k, x, c, weight);
-  const int64_t rows = x.numel() / c;
-  NumelIs(backend, k, bias, c);
-  NumelIs(backend, k, out, x.numel());
-  NumelIs(backend, k, mean, rows);
-  NumelIs(backend, k, rstd, rows);
-  return {rows, c};
+  return NormRows(backend, k, x, weight, {&out}, {&bias}, {&mean, &rstd});
 }
 
 RowsDims LayerNormBackward(const char* backend, DType dtype, const Tensor& dout, const Tensor& x,
@@ -192,16 +201,7 @@ RowsDims LayerNormBackward(const char* backend, DType dtype, const Tensor& dout,
   const char* k = layernorm_backward.name();
   DTypesAre(backend, k, dtype, {&dout, &x, &weight, &dx, &dweight, &dbias});
   DTypesAre(backend, k, DType::kF32, {&mean, &rstd});
-  const int64_t c = weight.numel();
-  RowsOf(backend, k, x, c, weight);
-  const int64_t rows = x.numel() / c;
-  NumelIs(backend, k, dout, x.numel());
-  NumelIs(backend, k, dx, x.numel());
-  NumelIs(backend, k, dweight, c);
-  NumelIs(backend, k, dbias, c);
-  NumelIs(backend, k, mean, rows);
-  NumelIs(backend, k, rstd, rows);
-  return {rows, c};
+  return NormRows(backend, k, x, weight, {&dout, &dx}, {&dweight, &dbias}, {&mean, &rstd});
 }
 
 RowsDims SoftmaxForward(const char* backend, DType dtype, const Tensor& x, const Tensor& out) {
@@ -306,12 +306,7 @@ RowsDims RmsNormForward(const char* backend, DType dtype, const Tensor& x, const
   const char* k = rmsnorm_forward.name();
   DTypesAre(backend, k, dtype, {&x, &weight, &out});
   DTypeIs(backend, k, rstd, DType::kF32);
-  const int64_t c = weight.numel();
-  RowsOf(backend, k, x, c, weight);
-  const int64_t rows = x.numel() / c;
-  NumelIs(backend, k, out, x.numel());
-  NumelIs(backend, k, rstd, rows);
-  return {rows, c};
+  return NormRows(backend, k, x, weight, {&out}, {}, {&rstd});
 }
 
 RowsDims RmsNormBackward(const char* backend, DType dtype, const Tensor& dout, const Tensor& x,
@@ -320,14 +315,7 @@ RowsDims RmsNormBackward(const char* backend, DType dtype, const Tensor& dout, c
   const char* k = rmsnorm_backward.name();
   DTypesAre(backend, k, dtype, {&dout, &x, &weight, &dx, &dweight});
   DTypeIs(backend, k, rstd, DType::kF32);
-  const int64_t c = weight.numel();
-  RowsOf(backend, k, x, c, weight);
-  const int64_t rows = x.numel() / c;
-  NumelIs(backend, k, dout, x.numel());
-  NumelIs(backend, k, dx, x.numel());
-  NumelIs(backend, k, dweight, c);
-  NumelIs(backend, k, rstd, rows);
-  return {rows, c};
+  return NormRows(backend, k, x, weight, {&dout, &dx}, {&dweight}, {&rstd});
 }
 
 int64_t SwiGluForward(const char* backend, DType dtype, const Tensor& gate, const Tensor& up,
