@@ -312,6 +312,19 @@ absl::Status CheckPodNumbers(const LaunchFlags& f, const EnvMap& env, const Laun
   return absl::OkStatus();
 }
 
+// The layout where each of `nnodes` nodes runs one launcher that spawns `nproc_per_node` workers
+// (plain flags, or a scheduler that started one task per node): this launcher is node
+// `node_rank`'s, and its workers take the global ranks that follow the nodes before it.
+void OneLauncherPerNode(int nnodes, int node_rank, int nproc_per_node, LaunchPlan& p) {
+  p.nnodes = nnodes;
+  p.node_rank = node_rank;
+  p.local_world_size = nproc_per_node;
+  p.world_size = nnodes * nproc_per_node;
+  p.num_launchers = nnodes;
+  p.launcher_id = node_rank;
+  for (int i = 0; i < nproc_per_node; ++i) p.workers.push_back({node_rank * nproc_per_node + i, i});
+}
+
 }  // namespace
 
 absl::StatusOr<LaunchFlags> FlagsWithEnvironment(LaunchFlags f, const EnvMap& env,
@@ -435,13 +448,7 @@ absl::StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchFlags& f, const EnvMap& en
           absl::StrCat(f.Origin("node_rank"), "=", f.node_rank, " is outside [0, ",
                        f.Origin("nnodes"), "=", f.nnodes, ")"));
     }
-    p.nnodes = f.nnodes;
-    p.node_rank = f.node_rank;
-    p.local_world_size = f.nproc_per_node;
-    p.world_size = f.nnodes * f.nproc_per_node;
-    p.num_launchers = f.nnodes;
-    p.launcher_id = f.node_rank;
-    for (int i = 0; i < f.nproc_per_node; ++i) p.workers.push_back({f.node_rank * f.nproc_per_node + i, i});
+    OneLauncherPerNode(f.nnodes, f.node_rank, f.nproc_per_node, p);
     p.describe = absl::StrCat(f.Origin("nnodes"), "=", f.nnodes, " ", f.Origin("nproc_per_node"),
                               "=", f.nproc_per_node);
     if (!f.nproc_per_node_kind.empty()) absl::StrAppend(&p.describe, " (", f.nproc_per_node_kind, ")");
@@ -479,13 +486,7 @@ absl::StatusOr<LaunchPlan> MakeLaunchPlan(const LaunchFlags& f, const EnvMap& en
       }
       BRAID_RETURN_IF_ERROR(CheckAgrees(f, "nnodes", f.nnodes, l.world_var, l.world));
       BRAID_RETURN_IF_ERROR(CheckAgrees(f, "node_rank", f.node_rank, l.rank_var, l.rank));
-      p.nnodes = l.world;
-      p.node_rank = l.rank;
-      p.local_world_size = f.nproc_per_node;
-      p.world_size = l.world * f.nproc_per_node;
-      p.num_launchers = l.world;
-      p.launcher_id = l.rank;
-      for (int i = 0; i < f.nproc_per_node; ++i) p.workers.push_back({l.rank * f.nproc_per_node + i, i});
+      OneLauncherPerNode(l.world, l.rank, f.nproc_per_node, p);
       p.describe = absl::StrCat(who, ": ", l.world_var, "=", l.world, " ",
                                 f.Origin("nproc_per_node"), "=", f.nproc_per_node);
     } else {
