@@ -51,6 +51,13 @@ std::string Who(const LauncherInfo& i) {
   return absl::StrCat(i.label, " (host ", i.host, ": ", i.layout, ")");
 }
 
+// A per-attempt counter (launchers done, launchers whose group exited): adds `delta` (0 reads it)
+// and returns the count after.
+absl::StatusOr<int> AddToCount(Store& store, const std::string& key, int64_t delta) {
+  BRAID_ASSIGN_OR_RETURN(int64_t n, store.Add(key, delta));
+  return static_cast<int>(n);
+}
+
 }  // namespace
 
 std::string LauncherRendezvous::Key(int attempt, const std::string& name) const {
@@ -234,23 +241,19 @@ absl::StatusOr<std::vector<LauncherInfo>> LauncherRendezvous::SilentLaunchers(in
 }
 
 absl::StatusOr<int> LauncherRendezvous::ReportDone(int attempt) {
-  BRAID_ASSIGN_OR_RETURN(int64_t n, store_->Add(Key(attempt, "done"), 1));
-  return static_cast<int>(n);
+  return AddToCount(*store_, Key(attempt, "done"), 1);
 }
 
 absl::StatusOr<int> LauncherRendezvous::CountDone(int attempt) {
-  BRAID_ASSIGN_OR_RETURN(int64_t n, store_->Add(Key(attempt, "done"), 0));
-  return static_cast<int>(n);
+  return AddToCount(*store_, Key(attempt, "done"), 0);
 }
 
 absl::StatusOr<int> LauncherRendezvous::ReportExit(int attempt) {
-  BRAID_ASSIGN_OR_RETURN(int64_t n, store_->Add(Key(attempt, "exit"), 1));
-  return static_cast<int>(n);
+  return AddToCount(*store_, Key(attempt, "exit"), 1);
 }
 
 absl::StatusOr<int> LauncherRendezvous::CountExit(int attempt) {
-  BRAID_ASSIGN_OR_RETURN(int64_t n, store_->Add(Key(attempt, "exit"), 0));
-  return static_cast<int>(n);
+  return AddToCount(*store_, Key(attempt, "exit"), 0);
 }
 
 }  // namespace braid::launcher
