@@ -23,6 +23,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "tools/cli/user_path.h"
 #include "tools/prepare_data/prepare.h"
 #include "tools/tokenize/make_tokenizer.h"
 
@@ -45,17 +46,11 @@ ABSL_FLAG(bool, quiet, false, "print only errors");
 
 namespace {
 
+using braid::tools::UserPath;
+
 [[noreturn]] void Fail(const std::string& message, int status = 1) {
   std::fprintf(stderr, "prepare_data: %s\n", message.c_str());
   std::exit(status);
-}
-
-// `bazel run` starts programs in their runfiles; paths the user typed are relative to where
-// they typed them.
-std::string UserPath(const std::string& path) {
-  const char* wd = std::getenv("BUILD_WORKING_DIRECTORY");
-  if (path.empty() || path[0] == '/' || wd == nullptr || *wd == '\0') return path;
-  return absl::StrCat(wd, "/", path);
 }
 
 std::string Duration(double s) {

@@ -21,6 +21,7 @@
 #include "core/plugin.h"
 #include "core/registry.h"
 #include "launcher/config/config.h"
+#include "tools/cli/user_path.h"
 #include "tools/sample/generate.h"
 #include "tools/sample/load_gpt.h"
 #include "tools/sample/load_model.h"
@@ -46,17 +47,11 @@ ABSL_FLAG(int32_t, n_head, 0,
 
 namespace {
 
+using braid::tools::UserPath;
+
 [[noreturn]] void Fail(const std::string& message) {
   std::cerr << "sample: " << message << "\n";
   std::exit(1);
-}
-
-// `bazel run` starts programs in their runfiles; paths the user typed are relative to where
-// they typed them.
-std::string UserPath(const std::string& path) {
-  const char* wd = std::getenv("BUILD_WORKING_DIRECTORY");
-  if (path.empty() || path[0] == '/' || wd == nullptr || *wd == '\0') return path;
-  return absl::StrCat(wd, "/", path);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "tools/cli/user_path.h"
 #include "tools/tokenize/make_tokenizer.h"
 
 ABSL_FLAG(std::string, tokenizer, "gpt2",
@@ -33,17 +34,11 @@ ABSL_FLAG(bool, decode, false, "read u32 id files and print their text");
 
 namespace {
 
+using braid::tools::UserPath;
+
 [[noreturn]] void Fail(const std::string& message) {
   std::cerr << "tokenize: " << message << "\n";
   std::exit(1);
-}
-
-// `bazel run` starts programs in their runfiles; paths the user typed are relative to where
-// they typed them.
-std::string UserPath(const std::string& path) {
-  const char* wd = std::getenv("BUILD_WORKING_DIRECTORY");
-  if (path.empty() || path[0] == '/' || wd == nullptr || *wd == '\0') return path;
-  return absl::StrCat(wd, "/", path);
 }
 
 std::string ReadOrFail(const std::string& path) {
