@@ -37,8 +37,9 @@ inline constexpr int kReduceBlock = 256;
 inline constexpr int64_t kMaxReduceGrid = 1024;
 Launch1D ReductionGeometry(int64_t n);
 
-// Column sums (sum_rows, LayerNorm's dweight/dbias, embedding backward): one thread per column,
-// adding the rows in order, as the CPU backend does (deterministic, no atomics).
+// Column sums (sum_rows, embedding backward): one thread per column, adding the rows in order,
+// as the CPU backend does (deterministic, no atomics). LayerNorm's dweight/dbias has its own
+// blocked geometry (nn.cu).
 Launch1D ColumnGeometry(int64_t cols);
 
 }  // namespace braid::cuda

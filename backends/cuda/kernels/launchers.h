@@ -55,6 +55,10 @@ cudaError_t LaunchSumAll(const float* a, int64_t n, float* out, double* partial,
 // out[c] = beta out[c] + sum over rows of a[r, c], rows in order (one thread per column).
 cudaError_t LaunchSumRows(const float* a, int64_t rows, int64_t cols, float* out, float beta,
                           cudaStream_t s);
+// The same on bf16/f16 storage (`fmt` as above): f32 accumulation in row order, out's f32 scaled
+// by beta added (out not read when beta is 0), rounded once (math/rows.h's SumRowsColumn).
+cudaError_t LaunchSumRowsHalf(int fmt, const void* a, int64_t rows, int64_t cols, void* out,
+                              float beta, cudaStream_t s);
 
 cudaError_t LaunchLayerNormForward(const float* x, const float* w, const float* b, float eps,
                                    int64_t rows, int64_t cols, float* out, float* mean,

@@ -2,9 +2,10 @@
 // (ReductionGeometry) with per-block partials in double summed in block order by one block
 // (the partials' scratch is the caller's: register.cc takes it from the caching allocator);
 // sum_rows gives each column one thread that adds the rows in order, exactly the CPU backend's
-// per-column order.
+// per-column order (f32, and bf16/f16 storage with f32 accumulation, rounded once).
 #include "backends/cuda/kernels/geometry.h"
 #include "backends/cuda/kernels/launchers.h"
+#include "backends/cuda/math/rows.h"
 
 namespace braid::cuda {
 namespace {
@@ -62,6 +63,16 @@ __global__ void SumRowsKernel(const float* a, int64_t rows, int64_t cols, float*
   out[c] = beta != 0.0f ? beta * out[c] + acc : acc;
 }
 
+// bf16/f16 storage: loads up-cast, the f32 kernel's per-column order, one rounding (rows.h's
+// SumRowsColumn, checked against the CPU's half kernel by rows_half_math_test).
+template <math::Format F>
+__global__ void SumRowsHalfKernel(const math::Stored<F>* a, int64_t rows, int64_t cols,
+                                  math::Stored<F>* out, float beta) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  out[c] = math::SumRowsColumn<F>(a, rows, cols, c, out[c], beta);
+}
+
 }  // namespace
 
 cudaError_t LaunchSumAll(const float* a, int64_t n, float* out, double* partial, cudaStream_t s) {
@@ -82,6 +93,26 @@ cudaError_t LaunchSumRows(const float* a, int64_t rows, int64_t cols, float* out
   const Launch1D g = ColumnGeometry(cols);
   if (g.grid == 0) return cudaSuccess;
   SumRowsKernel<<<g.grid, g.block, 0, s>>>(a, rows, cols, out, beta);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSumRowsHalf(int fmt, const void* a, int64_t rows, int64_t cols, void* out,
+                              float beta, cudaStream_t s) {
+  const Launch1D g = ColumnGeometry(cols);
+  if (g.grid == 0) return cudaSuccess;
+  switch (math::Format(fmt)) {
+    case math::Format::kBF16:
+      SumRowsHalfKernel<math::Format::kBF16><<<g.grid, g.block, 0, s>>>(
+          static_cast<const math::Stored<math::Format::kBF16>*>(a), rows, cols,
+          static_cast<math::Stored<math::Format::kBF16>*>(out), beta);
+      break;
+    case math::Format::kF16:
+      SumRowsHalfKernel<math::Format::kF16><<<g.grid, g.block, 0, s>>>(
+          static_cast<const math::Stored<math::Format::kF16>*>(a), rows, cols,
+          static_cast<math::Stored<math::Format::kF16>*>(out), beta);
+      break;
+    default: return cudaErrorInvalidValue;
+  }
   return cudaGetLastError();
 }
 

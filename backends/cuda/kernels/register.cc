@@ -194,6 +194,17 @@ void SumRows(const Tensor& a, Tensor& out, float beta) {
             "sum_rows");
 }
 
+// A Linear's bias gradient in bf16/f16 without the fallback's up-cast and rounding passes.
+template <DType D>
+void SumRowsHalf(const Tensor& a, Tensor& out, float beta) {
+  CheckCudaTensors("sum_rows", {&a, &out});
+  const checks::RowsDims dims = checks::SumRows("cuda", D, a, out);
+  DeviceGuard g(Dev(a));
+  CheckCuda(LaunchSumRowsHalf(FormatCode(D), a.raw_data(), dims.rows, dims.cols, out.raw_data(),
+                              beta, KernelStream(Dev(a))),
+            "sum_rows");
+}
+
 void LayerNormForward(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps,
                       Tensor& out, Tensor& mean, Tensor& rstd) {
   CheckCudaTensors("layernorm_forward", {&x, &weight, &bias, &out, &mean, &rstd});
@@ -368,6 +379,7 @@ BRAID_REGISTER_CUDA_HALF(kernels::unary, UnaryHalf);
 BRAID_REGISTER_CUDA_HALF(kernels::unary_backward, UnaryBackwardHalf);
 BRAID_REGISTER_CUDA_HALF(kernels::axpby, AxpbyHalf);
 BRAID_REGISTER_CUDA_HALF(kernels::sum_all, SumAllHalf);
+BRAID_REGISTER_CUDA_HALF(kernels::sum_rows, SumRowsHalf);
 #undef BRAID_REGISTER_CUDA_HALF
 BRAID_REGISTER_KERNEL(kernels::layernorm_forward, DeviceType::kCUDA, &LayerNormForward);
 BRAID_REGISTER_KERNEL(kernels::layernorm_backward, DeviceType::kCUDA, &LayerNormBackward);

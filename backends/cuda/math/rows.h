@@ -133,29 +133,64 @@ BRAID_HD Stored<F> LayerNormDxStored(Stored<F> dout, Stored<F> w, Stored<F> x, f
 // dweight[i] += sum_r dout[r, i] xhat[r, i] and dbias[i] += sum_r dout[r, i], column i, in the
 // CPU backend's order (backends/cpu/nn_kernels.cc, kLayerNormSlices): min(16, rows) row slices,
 // each summed in row order from 0, the slice sums added in order to the stored value's f32,
-// rounded once. One thread per column runs this on the GPU: the same bits as the CPU's portable
-// path wherever a * b + c is not contracted into an FMA (nvcc contracts; the host compiler here
-// does not).
+// rounded once. The GPU runs it blocked, in two passes (kernels/nn.cu): one thread per (slice,
+// column) sums its slice (LayerNormDwDbSlice), then one per column adds the slices
+// (AddSlicesStored); LayerNormDwDbColumn is the same two steps in one thread. Either way the
+// same bits as the CPU's portable path wherever a * b + c is not contracted into an FMA (nvcc
+// contracts; the host compiler here does not).
 inline constexpr int64_t kLayerNormSlices = 16;
+
+BRAID_HD int64_t LayerNormSliceCount(int64_t rows) {
+  return rows < kLayerNormSlices ? rows : kLayerNormSlices;
+}
+
+// Slice s of `slices`: rows [rows s / slices, rows (s + 1) / slices) of column i, from 0.
+template <Format F>
+BRAID_HD void LayerNormDwDbSlice(const Stored<F>* dout, const Stored<F>* x, const float* mean,
+                                 const float* rstd, int64_t rows, int64_t c, int64_t i,
+                                 int64_t s, int64_t slices, float* pw, float* pb) {
+  float sw = 0.0f, sb = 0.0f;
+  for (int64_t r = rows * s / slices; r < rows * (s + 1) / slices; ++r) {
+    const float g = LoadF32<F>(dout[r * c + i]);
+    sw += g * LayerNormXhat(LoadF32<F>(x[r * c + i]), mean[r], rstd[r]);
+    sb += g;
+  }
+  *pw = sw;
+  *pb = sb;
+}
+
+// The stored value's f32 plus part[0], part[stride], ... (`slices` of them) in order, rounded
+// once to F.
+template <Format F>
+BRAID_HD Stored<F> AddSlicesStored(Stored<F> stored, const float* part, int64_t slices,
+                                   int64_t stride) {
+  float acc = LoadF32<F>(stored);
+  for (int64_t s = 0; s < slices; ++s) acc += part[s * stride];
+  return StoreAs<F>(acc);
+}
 
 template <Format F>
 BRAID_HD void LayerNormDwDbColumn(const Stored<F>* dout, const Stored<F>* x, const float* mean,
                                   const float* rstd, int64_t rows, int64_t c, int64_t i,
                                   Stored<F>* dw, Stored<F>* db) {
-  const int64_t slices = rows < kLayerNormSlices ? rows : kLayerNormSlices;
-  float acc_w = LoadF32<F>(dw[i]), acc_b = LoadF32<F>(db[i]);
+  const int64_t slices = LayerNormSliceCount(rows);
+  float pw[kLayerNormSlices], pb[kLayerNormSlices];
   for (int64_t s = 0; s < slices; ++s) {
-    float pw = 0.0f, pb = 0.0f;
-    for (int64_t r = rows * s / slices; r < rows * (s + 1) / slices; ++r) {
-      const float g = LoadF32<F>(dout[r * c + i]);
-      pw += g * LayerNormXhat(LoadF32<F>(x[r * c + i]), mean[r], rstd[r]);
-      pb += g;
-    }
-    acc_w += pw;
-    acc_b += pb;
+    LayerNormDwDbSlice<F>(dout, x, mean, rstd, rows, c, i, s, slices, &pw[s], &pb[s]);
   }
-  dw[i] = StoreAs<F>(acc_w);
-  db[i] = StoreAs<F>(acc_b);
+  dw[i] = AddSlicesStored<F>(dw[i], pw, slices, 1);
+  db[i] = AddSlicesStored<F>(db[i], pb, slices, 1);
+}
+
+// sum_rows on F storage, column i: out = beta * out + the column's sum over rows, in row order
+// from 0 in f32, rounded once: the CPU's half sum_rows (up-cast, the f32 kernel's per-column
+// order, one rounding) exactly. beta == 0 never reads out (it may be uninitialised).
+template <Format F>
+BRAID_HD Stored<F> SumRowsColumn(const Stored<F>* a, int64_t rows, int64_t cols, int64_t i,
+                                 Stored<F> out, float beta) {
+  float acc = 0.0f;
+  for (int64_t r = 0; r < rows; ++r) acc += LoadF32<F>(a[r * cols + i]);
+  return StoreAs<F>(beta != 0.0f ? beta * LoadF32<F>(out) + acc : acc);
 }
 
 template <Format F>

@@ -147,13 +147,43 @@ TEST_F(RowsHalfMath, LayerNormForward) {
   CheckLayerNormForward<Format::kF16>(DType::kF16, rng_);
 }
 
+// dweight/dbias as nn.cu's LayerNormDwDbKernel computes them: blocks of 32 columns by 16 row
+// slices, pass 1 writing each (slice, column) sum into the block's shared array, pass 2 adding
+// a column's slices in order.
 template <Format F>
-void CheckLayerNormBackward(DType dt, std::mt19937& rng) {
-  const int64_t rows = 37, c = 96;  // 16 uneven row slices for dweight/dbias
+void LayerNormDwDbBlocked(const Stored<F>* g, const Stored<F>* x, const float* mean,
+                          const float* rstd, int64_t rows, int64_t c, Stored<F>* dw,
+                          Stored<F>* db) {
+  constexpr int64_t kColumns = 32;
+  const int64_t slices = LayerNormSliceCount(rows);
+  for (int64_t block = 0; block * kColumns < c; ++block) {
+    float pw[kLayerNormSlices][kColumns], pb[kLayerNormSlices][kColumns];
+    for (int64_t s = 0; s < kLayerNormSlices; ++s) {  // the block's warps
+      for (int64_t lane = 0; lane < kColumns; ++lane) {
+        const int64_t i = block * kColumns + lane;
+        if (i < c && s < slices) {
+          LayerNormDwDbSlice<F>(g, x, mean, rstd, rows, c, i, s, slices, &pw[s][lane], &pb[s][lane]);
+        }
+      }
+    }
+    for (int64_t lane = 0; lane < kColumns; ++lane) {  // warp 0, after the barrier
+      const int64_t i = block * kColumns + lane;
+      if (i >= c) continue;
+      dw[i] = AddSlicesStored<F>(dw[i], &pw[0][lane], slices, kColumns);
+      db[i] = AddSlicesStored<F>(db[i], &pb[0][lane], slices, kColumns);
+    }
+  }
+}
+
+// rows 37: 16 uneven row slices for dweight/dbias; rows 5: fewer rows than slices; columns 96
+// (three blocks of 32) and 45 (a partial block).
+template <Format F>
+void CheckLayerNormBackward(DType dt, std::mt19937& rng, int64_t rows = 37, int64_t c = 96) {
+  SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(c));
   const Tensor x = RandomTensor({rows, c}, rng, -2.f, 2.f).To(dt);
   Tensor gf = RandomTensor({rows, c}, rng);
-  gf.data<float>()[5 * c + 7] = NAN;  // row 5's dx and column 7's dweight, dbias are NaN
-  gf.data<float>()[9 * c + 3] = INFINITY;
+  gf.data<float>()[(5 % rows) * c + 7] = NAN;  // row 5's dx and column 7's dweight, dbias: NaN
+  gf.data<float>()[(9 % rows) * c + 3] = INFINITY;
   const Tensor g = gf.To(dt);
   const Tensor w = RandomTensor({c}, rng).To(dt), b = RandomTensor({c}, rng).To(dt);
   // dweight and dbias are added into: start from values already there.
@@ -169,6 +199,11 @@ void CheckLayerNormBackward(DType dt, std::mt19937& rng) {
   for (int64_t i = 0; i < c; ++i) {
     LayerNormDwDbColumn<F>(pg, px, pm, pr, rows, c, i, Out<F>(mdw), Out<F>(mdb));
   }
+  // The GPU's blocked two passes: the same sums in the same order, so the same bits.
+  Tensor bdw = dw0.Clone(), bdb = db0.Clone();
+  LayerNormDwDbBlocked<F>(pg, px, pm, pr, rows, c, Out<F>(bdw), Out<F>(bdb));
+  EXPECT_TRUE(SameValues(bdw, mdw)) << DTypeName(dt);
+  EXPECT_TRUE(SameValues(bdb, mdb)) << DTypeName(dt);
   for (bool simd : {false, true}) {
     cpu::SetSimdEnabled(simd);
     Tensor dx = Tensor::Empty({rows, c}, dt), dw = dw0.Clone(), db = db0.Clone();
@@ -207,6 +242,53 @@ void CheckLayerNormBackward(DType dt, std::mt19937& rng) {
 TEST_F(RowsHalfMath, LayerNormBackward) {
   CheckLayerNormBackward<Format::kBF16>(DType::kBF16, rng_);
   CheckLayerNormBackward<Format::kF16>(DType::kF16, rng_);
+  CheckLayerNormBackward<Format::kBF16>(DType::kBF16, rng_, 5, 45);
+  CheckLayerNormBackward<Format::kF16>(DType::kF16, rng_, 5, 45);
+}
+
+// ---- sum_rows (a Linear's bias gradient) ------------------------------------------------------
+
+// SumRowsColumn, what the native half sum_rows runs per column, against the CPU's bf16/f16
+// sum_rows (up-cast, the f32 kernel, one rounding): bit-identical with SIMD off; with AVX2 on,
+// beta * out + sum is one FMA there (one rounding fewer), so within a unit of the format.
+template <Format F>
+void CheckSumRows(DType dt, std::mt19937& rng) {
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{37, 96}, {1, 45}, {300, 17}}) {
+    Tensor af = RandomTensor({rows, cols}, rng, -3.f, 3.f);
+    af.data<float>()[(rows / 2) * cols + 3] = NAN;  // column 3 is NaN
+    if (cols > 5) af.data<float>()[5] = -INFINITY;  // column 5 is -inf
+    const Tensor a = af.To(dt);
+    const Tensor out0 = RandomTensor({cols}, rng).To(dt);
+    for (float beta : {0.0f, 0.5f, 1.0f}) {
+      Tensor mine = out0.Clone();
+      for (int64_t i = 0; i < cols; ++i) {
+        Out<F>(mine)[i] = SumRowsColumn<F>(In<F>(a), rows, cols, i, In<F>(mine)[i], beta);
+      }
+      for (bool simd : {false, true}) {
+        cpu::SetSimdEnabled(simd);
+        Tensor want = out0.Clone();
+        kernels::sum_rows.Get(Device::CPU(), dt)(a, want, beta);
+        const std::string where = Where(dt, simd, 0) + " beta=" + std::to_string(beta) + " " +
+                                  std::to_string(rows) + "x" + std::to_string(cols);
+        if (!simd || beta == 0.0f) {
+          EXPECT_TRUE(SameValues(mine, want)) << where;
+        } else {
+          EXPECT_TRUE(CloseInFormat(dt, mine, want, 0.f, 0.f)) << where;
+        }
+      }
+      // The NaN column and the -inf column came through, so the comparison above could fail.
+      const std::vector<float> v = mine.ToFloatVector();
+      EXPECT_TRUE(std::isnan(v[3]));
+      if (cols > 5) {
+        EXPECT_EQ(v[5], -INFINITY);
+      }
+    }
+  }
+}
+
+TEST_F(RowsHalfMath, SumRows) {
+  CheckSumRows<Format::kBF16>(DType::kBF16, rng_);
+  CheckSumRows<Format::kF16>(DType::kF16, rng_);
 }
 
 // ---- Softmax and cross-entropy ---------------------------------------------------------------
