@@ -81,7 +81,9 @@ absl::Status ReadAndClip(Optimizer& optimizer, const Tensor& squared_norm, float
   }
   if (stats->device_loss.defined()) stats->loss = values[0];
   optimizer.SetPreStepCheckResults(std::vector<float>(values.begin() + 2, values.begin() + long(n)));
-  stats->grad_norm = ClipGradNormFromSquared(optimizer, double(values[1]), max_norm, global_sum);
+  stats->grad_norm = ClipGradNormFromSquared(
+      optimizer, double(values[1]), max_norm,
+      global_sum ? global_sum : std::function<double(double)>([](double x) { return x; }));
   return absl::OkStatus();
 }
 

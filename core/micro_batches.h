@@ -52,7 +52,7 @@ absl::Status RunMicroBatches(const std::string& who, Module& model,
 // stats->device_loss (RunMicroBatches with read_loss_later), this rank's squared gradient norm
 // (SquaredGradNormOnDevice) and the optimizer's PreStepChecks with one device-to-host transfer
 // (ReadScalars), then clips as ClipGradNormSharded(optimizer, ...) does. Sets stats->loss and
-// stats->grad_norm. `global_sum` runs on the host, on the value read.
+// stats->grad_norm. `global_sum` runs on the host, on the value read (null: the value itself).
 void ReadStepScalarsAndClip(Optimizer& optimizer, const std::vector<Tensor>& params,
                             float max_norm, const std::function<double(double)>& global_sum,
                             StepStats* stats);
@@ -60,8 +60,9 @@ void ReadStepScalarsAndClip(Optimizer& optimizer, const std::vector<Tensor>& par
 // The same where each rank holds part of the gradients (ZeRO's shards, a pipeline's stages):
 // `sum_over_ranks` adds every rank's squared norm into the one-element f32 tensor it is given, in
 // place on `device` (an all-reduce on the device, waited for), before the one read, so the sum
-// over ranks costs no read of its own. `global_sum` then runs on the host on the value read
-// (tensor parallelism's, or identity). A rank without gradients takes part with 0.
+// over ranks costs no read of its own (the layers above add theirs there too:
+// StrategyContext::model_parallel_sum_on_device). `global_sum` then runs on the host on the value
+// read (null: the value itself). A rank without gradients takes part with 0.
 void ReadStepScalarsAndClip(Optimizer& optimizer, const std::vector<Tensor>& params,
                             float max_norm, Device device,
                             const std::function<void(Tensor&)>& sum_over_ranks,

@@ -67,25 +67,19 @@ struct StrategyContext {
   // The tensor × pipeline × data layout (core/mesh.h) when the config has a `parallel` section;
   // null otherwise (the strategy then grids `comm` itself, from its options).
   const DeviceMesh* mesh = nullptr;
-  // Sums a per-rank quantity over the ranks that hold the other parts of this rank's model
-  // replica (the tensor-parallel group), after the strategy's own sum over `comm`: what a global
-  // gradient norm needs when parameters are split inside a layer. Null: nothing to add.
-  std::function<double(double)> model_parallel_sum;
-  // The same kind of sum, on the device, for ranks whose tensors NCCL moves (the pipeline's
-  // stages): adds the other parts' values into the one-element f32 tensor it is given, in place
-  // on this rank's device (an all-reduce, waited for). A strategy applies it to its squared
-  // gradient norm before the step's one read (ReadStepScalarsAndClip), then model_parallel_sum
-  // to the value read. Null: nothing to add.
-  std::function<void(Tensor&)> model_parallel_sum_on_device;
+  // What the layers above add to the step's scalars before the strategy's one read
+  // (ReadStepScalarsAndClip), on this rank's device, where NCCL moves them (all-reduces, no host
+  // read): `squared_norm`, this rank's squared gradient norm (one-element f32, after the
+  // strategy's own sum over `comm`), becomes the sum over the ranks holding the other parts of
+  // this rank's model replica (a pipeline's stages, a tensor-parallel group); `loss`, the
+  // strategy's mean loss on the device (stats.device_loss, possibly undefined), becomes the loss
+  // every such rank reports (a pipeline's last stage computes it; others are handed it). A
+  // strategy calls it on both, in place, before the read. Null: nothing to add.
+  std::function<void(Tensor& squared_norm, Tensor& loss)> model_parallel_sum_on_device;
   // One micro-batch shaped as training's (its values do not matter), for a strategy that times
   // the model at Setup (the pipeline's cut by measured time); null when the caller has none.
   std::function<Batch()> sample_batch;
 };
-
-// `local` summed with ctx.model_parallel_sum, when there is one.
-inline double SumOverModelParallel(const StrategyContext& ctx, double local) {
-  return ctx.model_parallel_sum ? ctx.model_parallel_sum(local) : local;
-}
 
 struct StepStats {
   float loss = 0;           // mean over micro-batches (this rank)

@@ -181,8 +181,8 @@ class DdpStrategy final : public Strategy, public DdpIntrospection {
   int rank_ = 0;  // kept: the communicator may be gone when the destructor writes the trace
   Options opts_;
   float max_grad_norm_ = 0;
-  std::function<double(double)> model_parallel_sum_;  // tensor parallelism's, or null
-  std::function<void(Tensor&)> model_parallel_sum_on_device_;  // the pipeline's, or null
+  // The layers above's sums (the pipeline's stages, tensor parallelism's group), or null.
+  std::function<void(Tensor&, Tensor&)> model_parallel_sum_on_device_;
   Device device_ = Device::CPU();
   std::unique_ptr<Reducer> reducer_;  // made at Setup: the trainable parameters and buckets
 
@@ -224,7 +224,6 @@ absl::Status DdpStrategy::Setup(Module& model, const OptimizerFactory& make_opti
   comm_ = ctx.comm;
   rank_ = comm_->rank();
   max_grad_norm_ = ctx.max_grad_norm;
-  model_parallel_sum_ = ctx.model_parallel_sum;
   model_parallel_sum_on_device_ = ctx.model_parallel_sum_on_device;
   device_ = ctx.device;
   const double setup_start = NowUs();
@@ -378,10 +377,10 @@ absl::StatusOr<StepStats> DdpStrategy::TrainStep(const std::vector<Batch>& micro
     std::vector<Tensor> trainable = reducer_->Parameters();
     status = ReadStepScalarsAndClip(
         *optimizer(), trainable, max_grad_norm_, device_,
-        [this](Tensor& squared) {
-          if (model_parallel_sum_on_device_) model_parallel_sum_on_device_(squared);
+        [this, &stats](Tensor& squared) {
+          if (model_parallel_sum_on_device_) model_parallel_sum_on_device_(squared, stats.device_loss);
         },
-        [this](double local) { return model_parallel_sum_ ? model_parallel_sum_(local) : local; },
+        /*global_sum=*/nullptr,
         reducer_->ValuesToRead(),
         [&](const std::vector<float>& values) -> absl::Status {
           reducer_->Decide(values);

@@ -16,13 +16,19 @@
 #include "core/allocator.h"
 #include "core/autograd.h"
 #include "core/check.h"
+#include "core/scalar_reads.h"
 #include "plugins/pipeline/pipeline_strategy.h"
 
 namespace braid::pipeline {
 namespace {
 
-// The first activation across a boundary is preceded by a header: [ndim, dtype, dims...].
+// The first activation across a boundary is preceded by a header: [ndim, dtype, dims...], f32
+// on the device (NCCL moves device memory only), written there by fills: a copy from host
+// memory would make the sender wait for its device. The receiver reads it, once per boundary:
+// the first step's one extra host synchronisation on a receiving stage (the shape is what the
+// receive must allocate; nothing else could say it without running the stages before).
 constexpr int64_t kHeaderLength = 9;
+constexpr int64_t kHeaderMax = int64_t(1) << 24;  // every value exact in f32
 
 // "3", or "3.1" for chunk 1 when the stage holds several: how the trace names a micro-batch.
 std::string MicroBatchName(const Action& a, int chunks) {
@@ -47,9 +53,10 @@ absl::StatusOr<bool> PipelineStrategy::PostReceive(const Action& a, bool may_blo
     Shape& shape = act_shape_[size_t(vs)];
     if (shape.empty()) {  // the first time: the sender says the shape and the dtype
       if (!may_block) return false;
-      Tensor header = Tensor::Empty({kHeaderLength}, DType::kI64, Device::CPU());
+      Tensor header = Tensor::Empty({kHeaderLength}, DType::kF32, device_);
       BRAID_RETURN_IF_ERROR(pipe_->Recv(header, RankOfVirtualStage(vs - 1), Tag(2, vs, a.micro_batch))->Wait());
-      std::vector<int64_t> h = header.ToVector<int64_t>();
+      std::vector<int64_t> h;
+      for (float v : header.ToVector<float>()) h.push_back(int64_t(v));
       act_dtype_[size_t(vs)] = DType(h[1]);
       shape.assign(h.begin() + 2, h.begin() + 2 + h[0]);
     }
@@ -134,13 +141,20 @@ absl::Status PipelineStrategy::Run(const Action& a, const std::vector<Batch>& mb
           return Invalid(absl::StrCat("virtual stage ", vs, "'s output is ", ShapeToString(out.shape()),
                                       ": at most ", kHeaderLength - 2, " dimensions cross a stage boundary"));
         }
+        for (int64_t d : out.shape()) {
+          if (d >= kHeaderMax) {
+            return Invalid(absl::StrCat("virtual stage ", vs, "'s output is ", ShapeToString(out.shape()),
+                                        ": a dimension crossing a stage boundary must be below ", kHeaderMax));
+          }
+        }
         shape = out.shape();
         act_dtype_[size_t(vs) + 1] = out.dtype();
         std::vector<int64_t> h(kHeaderLength, 0);  // [ndim, dtype, dims...]
         h[0] = int64_t(shape.size());
         h[1] = int64_t(out.dtype());
         for (size_t i = 0; i < shape.size(); ++i) h[i + 2] = shape[i];
-        Tensor header = Tensor::FromVector(h, {kHeaderLength});
+        Tensor header = Tensor::Empty({kHeaderLength}, DType::kF32, device_);
+        for (int64_t i = 0; i < kHeaderLength; ++i) header.FlatRange(i, 1).Fill(float(h[size_t(i)]));
         sends_.push_back(pipe_->Send(header, RankOfVirtualStage(vs + 1), Tag(2, vs + 1, a.micro_batch)));
       } else if (shape != out.shape() || act_dtype_[size_t(vs) + 1] != out.dtype()) {
         return Invalid(absl::StrCat("micro-batch ", a.micro_batch, "'s activation at virtual stage ", vs,
@@ -360,37 +374,28 @@ absl::StatusOr<StepStats> PipelineStrategy::TrainStep(const std::vector<Batch>& 
   stats.comm_bytes_overlapped = data_step->comm_bytes_overlapped;
   stats.comm_what = data_step->comm_what.empty() ? "" : absl::StrCat(data_step->comm_what, " over each stage's replicas");
   const double opt_start = NowS() - stats.optimizer_s;
-  // One all-reduce over the pipeline carries what one stage alone knows, added to the others'
-  // zeros: the loss (only the last stage saw it), every stage's busy time (summed), and each
-  // stage's own timings for the span (SpanOfStep). Durations from each rank's own first compute,
-  // not clock readings, so ranks need no common clock.
-  const bool last = stage_ == stages_ - 1;
+  // Every stage reports the loss the data-axis layer read: the last stage's, handed to the
+  // others on the device before that read (Setup).
   const size_t p = size_t(stages_);
-  std::vector<float> shared(2 + 3 * p, 0.0f);
-  // The mean loss reached the host with the data-axis layer's one read of the step's scalars:
-  // on the last stage its tokens' mean is the mean loss (NextBackward).
-  shared[0] = last ? data_step->loss : 0.0f;
-  shared[1] = float(step_busy_);
-  const size_t mine = 2 + 3 * size_t(stage_);
-  shared[mine] = float(step_last_ - step_first_);
-  shared[mine + 1] = float(step_grad_in_ - step_first_);
-  shared[mine + 2] = float(step_grad_out_ - step_first_);
-  Tensor t = Tensor::FromVector(shared, {int64_t(shared.size())});
-  if (stages_ > 1) BRAID_RETURN_IF_ERROR(pipe_->AllReduce(t, ReduceOp::kSum)->Wait());
-  shared = t.ToVector<float>();
-  stats.loss = shared[0];
-  std::vector<float> e(p), r(p), s(p);
-  for (size_t k = 0; k < p; ++k) {
-    e[k] = shared[2 + 3 * k];
-    r[k] = shared[2 + 3 * k + 1];
-    s[k] = shared[2 + 3 * k + 2];
-  }
+  stats.loss = data_step->loss;
   if (steps_ > 0) {
     busy_s_ += step_busy_;
-    span_s_ += SpanOfStep(e, r, s);
-    pipe_busy_s_ += shared[1];
     step_s_ += NowS() - step_start;
     ++measured_steps_;
+    // One all-reduce over the pipeline carries what one stage alone knows, added to the others'
+    // zeros: every stage's busy time (summed) and each stage's own timings for the span
+    // (SpanOfStep). Durations from each rank's own first compute, not clock readings, so ranks
+    // need no common clock. On the device, written by fills (a copy from host memory would
+    // wait for the device), and read only by the summary (FoldTimings): no step waits for it.
+    Tensor t = Tensor::Zeros({int64_t(1 + 3 * p)}, DType::kF32, device_);
+    const int64_t mine = 1 + 3 * int64_t(stage_);
+    t.FlatRange(0, 1).Fill(float(step_busy_));
+    t.FlatRange(mine, 1).Fill(float(step_last_ - step_first_));
+    t.FlatRange(mine + 1, 1).Fill(float(step_grad_in_ - step_first_));
+    t.FlatRange(mine + 2, 1).Fill(float(step_grad_out_ - step_first_));
+    if (stages_ > 1) BRAID_RETURN_IF_ERROR(pipe_->AllReduce(t, ReduceOp::kSum)->Wait());
+    timings_on_device_.push_back(t);
+    if (timings_on_device_.size() >= kTimingsKept) FoldTimings();  // one read per kTimingsKept steps
   }
   ++steps_;
   events_.push_back({"optimizer", opt_start, opt_start + stats.optimizer_s});
@@ -423,6 +428,26 @@ void PipelineStrategy::WriteTrace() const {
   }
 }
 
+// The measured steps' timings kept on the device, read in one read and added into the span and
+// the pipeline's busy time.
+void PipelineStrategy::FoldTimings() const {
+  if (timings_on_device_.empty()) return;
+  const size_t p = size_t(stages_), width = 1 + 3 * p;
+  const std::vector<float> all = ReadValues(timings_on_device_);
+  for (size_t k = 0; k < timings_on_device_.size(); ++k) {
+    const float* row = all.data() + k * width;
+    std::vector<float> e(p), r(p), s(p);
+    for (size_t q = 0; q < p; ++q) {
+      e[q] = row[1 + 3 * q];
+      r[q] = row[1 + 3 * q + 1];
+      s[q] = row[1 + 3 * q + 2];
+    }
+    pipe_busy_s_ += row[0];
+    span_s_ += SpanOfStep(e, r, s);
+  }
+  timings_on_device_.clear();
+}
+
 // The bubble as the formula means it: the share of the schedule's span the stages spend not
 // computing, over all stages (1 - the stages' summed forward, backward and weight-gradient time /
 // (P x span)), the span running from stage 0's first forward to the end of the last compute of
@@ -431,6 +456,7 @@ void PipelineStrategy::WriteTrace() const {
 // span (zeroing gradients, the tied-weight and data-parallel reductions, the optimizer step)
 // does not, and is reported beside it as its share of this rank's step.
 std::vector<std::string> PipelineStrategy::SummaryLines() const {
+  FoldTimings();
   std::vector<std::string> lines = WrappingStrategy::SummaryLines();
   if (measured_steps_ == 0 || span_s_ <= 0) return lines;
   const double bubble = 1 - pipe_busy_s_ / (stages_ * span_s_);

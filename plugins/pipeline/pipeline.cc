@@ -54,7 +54,8 @@ absl::StatusOr<std::vector<int64_t>> PipelineStrategy::TimeLayers(Module& model,
     x = next;
   }
   model.ZeroGrad();
-  Tensor t = Tensor::FromVector(cost, {int64_t(cost.size())});
+  // On the model's device: NCCL moves device memory only (a copy there and back, at Setup).
+  Tensor t = Tensor::FromVector(cost, {int64_t(cost.size())}).To(device_);
   BRAID_RETURN_IF_ERROR(world_->Broadcast(t, 0)->Wait());
   return t.ToVector<int64_t>();
 }
@@ -77,7 +78,6 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
   device_ = ctx.device;
   criterion_ = ctx.criterion;
   max_grad_norm_ = ctx.max_grad_norm;
-  model_parallel_sum_ = ctx.model_parallel_sum;
   stages_ = opts_.stages;
   const int w = world_->size();
   if (w % stages_ != 0) {
@@ -216,20 +216,26 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
   BRAID_RETURN_IF_ERROR(SetUpTies(model, used_by));
   // The data-axis layer trains the view over this stage's replicas. The norm it clips by sums
   // over the stages too (a tied weight counts once: on its owner), then over what the layer
-  // above adds (tensor parallelism's group).
+  // above adds (tensor parallelism's group); the loss it reads is the last stage's.
   StrategyContext inner_ctx = ContextBelow(ctx);
   inner_ctx.comm = data_;
   // The squared norm summed over the stages on the device, where NCCL moves it, before the
-  // inner strategy's one read; tensor parallelism's sum (ctx.model_parallel_sum) stays on the
-  // value read.
+  // inner strategy's one read, and the loss with it: only the last stage computed it (there the
+  // data-axis layer's mean of its tokens is the mean loss; elsewhere that mean is of surrogates,
+  // replaced by 0), so every stage reads the last stage's value in its own one read. Then what
+  // the layer above adds (tensor parallelism's group).
   Communicator* pipe = pipe_;
-  std::function<void(Tensor&)> outer = ctx.model_parallel_sum_on_device;
-  inner_ctx.model_parallel_sum_on_device = [pipe, outer](Tensor& squared) {
+  const bool last_stage = stage_ == stages_ - 1;
+  std::function<void(Tensor&, Tensor&)> outer = ctx.model_parallel_sum_on_device;
+  inner_ctx.model_parallel_sum_on_device = [pipe, last_stage, outer](Tensor& squared, Tensor& loss) {
     if (pipe->size() > 1) {
-      absl::Status st = pipe->AllReduce(squared, ReduceOp::kSum)->WaitOnDevice();  // then read
+      absl::Status st = pipe->AllReduce(squared, ReduceOp::kSum)->WaitOnDevice();
       BRAID_CHECK(st.ok()) << "pipeline: all-reducing the gradient norm over the stages: " << st.message();
+      if (!last_stage || !loss.defined()) loss = Tensor::Zeros({}, DType::kF32, squared.device());
+      st = pipe->AllReduce(loss, ReduceOp::kSum)->WaitOnDevice();
+      BRAID_CHECK(st.ok()) << "pipeline: handing the last stage's loss to the others: " << st.message();
     }
-    if (outer) outer(squared);
+    if (outer) outer(squared, loss);
   };
   inner_ctx.make_replica = nullptr;  // the stage is not a whole model
   inner_ctx.sample_batch = nullptr;

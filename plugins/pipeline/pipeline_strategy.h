@@ -141,7 +141,6 @@ class PipelineStrategy final : public WrappingStrategy {
   Device device_;
   int stage_ = 0, stages_ = 1, dp_ = 0, dp_size_ = 1;
   float max_grad_norm_ = 0;
-  std::function<double(double)> model_parallel_sum_;  // tensor parallelism's, or null
   CriterionFn criterion_;
   std::vector<std::unique_ptr<Communicator>> groups_;  // the groups this strategy made
   Communicator* pipe_ = nullptr;   // this replica's stages
@@ -180,7 +179,15 @@ class PipelineStrategy final : public WrappingStrategy {
   // backward time, the schedule's span (from stage 0's first forward to the end of the last
   // compute of any stage, see SpanOfStep), the sum of every stage's busy time, and the time this
   // rank spent in TrainStep; peak activations held.
-  double busy_s_ = 0, span_s_ = 0, pipe_busy_s_ = 0, step_s_ = 0;
+  double busy_s_ = 0, step_s_ = 0;
+  // Every measured step's timings of all stages, summed over the pipeline on the device (one
+  // all-reduce of 1 + 3 x stages floats a step, never read by the step), and the span and busy
+  // sums read from them so far: FoldTimings reads them in one read, at the summary or when
+  // kTimingsKept are waiting.
+  static constexpr size_t kTimingsKept = 1024;
+  mutable std::vector<Tensor> timings_on_device_;
+  mutable double span_s_ = 0, pipe_busy_s_ = 0;
+  void FoldTimings() const;
   double step_busy_ = 0, step_first_ = 0, step_last_ = 0;  // this step's, on this rank
   // This step's last gradient received (its wait ended) and last gradient sent (posted).
   double step_grad_in_ = 0, step_grad_out_ = 0;

@@ -49,7 +49,6 @@ class SingleStrategy final : public Strategy {
     for (const auto& [n, b] : model.NamedBuffers()) b.MoveTo(ctx.device);
     BRAID_RETURN_IF_ERROR(Adopt(model, make_optimizer(model.NamedParameters()), /*data=*/nullptr));
     max_grad_norm_ = ctx.max_grad_norm;
-    model_parallel_sum_ = ctx.model_parallel_sum;
     model_parallel_sum_on_device_ = ctx.model_parallel_sum_on_device;
     device_ = ctx.device;
     return absl::OkStatus();
@@ -74,10 +73,10 @@ class SingleStrategy final : public Strategy {
     // when clipping is on.
     ReadStepScalarsAndClip(
         *optimizer(), model()->Parameters(), max_grad_norm_, device_,
-        [this](Tensor& squared) {
-          if (model_parallel_sum_on_device_) model_parallel_sum_on_device_(squared);
+        [this, &stats](Tensor& squared) {
+          if (model_parallel_sum_on_device_) model_parallel_sum_on_device_(squared, stats.device_loss);
         },
-        [this](double local) { return model_parallel_sum_ ? model_parallel_sum_(local) : local; },
+        /*global_sum=*/nullptr,
         &stats);
     optimizer()->Step();
     stats.optimizer_s = Seconds(start);
@@ -109,8 +108,8 @@ class SingleStrategy final : public Strategy {
 
   int64_t peak_params_ = 0, peak_grads_ = 0, peak_state_ = 0;
   float max_grad_norm_ = 0;
-  std::function<double(double)> model_parallel_sum_;  // tensor parallelism's, or null
-  std::function<void(Tensor&)> model_parallel_sum_on_device_;  // the pipeline's, or null
+  // The layers above's sums (the pipeline's stages, tensor parallelism's group), or null.
+  std::function<void(Tensor&, Tensor&)> model_parallel_sum_on_device_;
   Device device_ = Device::CPU();
 };
 

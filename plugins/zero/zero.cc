@@ -531,7 +531,7 @@ absl::StatusOr<StepStats> ZeroStrategy::TrainStep(const std::vector<Batch>& micr
       [this, &stats](Tensor& squared) {
         // world_ == 1: exactly what one process computes.
         if (world_ > 1) (void)WaitOnDevice(comm_->AllReduce(squared, ReduceOp::kSum), "all-reducing the gradient norm");
-        if (model_parallel_sum_on_device_) model_parallel_sum_on_device_(squared);
+        if (model_parallel_sum_on_device_) model_parallel_sum_on_device_(squared, stats.device_loss);
       },
       /*global_sum=*/nullptr, &stats);
   CheckHostCopiesDone(grad_copies);

@@ -177,10 +177,12 @@ class DeviceMemoryCommunicator final : public Communicator {
     return Wrap(inner_->Reduce(h, root, op), h, t);
   }
   std::shared_ptr<Work> Send(const Tensor& t, int dst, int tag) override {
+    if (auto r = Refuse("send", t)) return r;
     Tensor in = Stage(t);
     return Wrap(inner_->Send(in, dst, tag), Tensor(), Tensor(), in);
   }
   std::shared_ptr<Work> Recv(Tensor& t, int src, int tag) override {
+    if (auto r = Refuse("recv", t)) return r;
     Tensor h = Stage(t);
     return Wrap(inner_->Recv(h, src, tag), h, t);
   }

@@ -66,11 +66,10 @@ void RunRanksOnFakeDevices(int n, const std::function<void(int rank, Communicato
 
 // From now on `comm` (a communicator RunRanksOnFakeDevices handed a rank) and every group made
 // from it, before or after, refuse host tensors as NCCL does (backends/nccl/collectives.cc):
-// the Work's Wait returns the error, also printed on stderr. Called after Setup, so that every
-// collective of a training step must pass device tensors. Setup's own host-tensor collectives
-// (DDP's comparison of the ranks' models) and the pipeline's point-to-point messages are not
-// held to it, nor a collective `still_host` accepts (op: "all-reduce", "broadcast", ...): a
-// known host-tensor collective a test names, so that any other one still fails.
+// the Work's Wait returns the error, also printed on stderr. Called before Setup, so that every
+// collective and point-to-point message of Setup and of every training step must pass device
+// tensors, except one `still_host` accepts (op: "all-reduce", "broadcast", "send", "recv", ...):
+// a known host-tensor collective a test names, so that any other one still fails.
 using HostTensorFilter = std::function<bool(const std::string& op, const Tensor& t)>;
 void RefuseHostTensors(Communicator* comm, HostTensorFilter still_host = nullptr);
 

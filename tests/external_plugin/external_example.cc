@@ -41,7 +41,8 @@ class ExternalExampleStrategy final : public Strategy {
     if (!ctx.options.empty()) return Error("takes no options");
     if (!make_optimizer) return Error("no optimizer factory");
     max_grad_norm_ = ctx.max_grad_norm;
-    model_parallel_sum_ = ctx.model_parallel_sum;
+    model_parallel_sum_on_device_ = ctx.model_parallel_sum_on_device;
+    device_ = ctx.device;
     for (const auto& [n, p] : model.NamedParameters()) p.MoveTo(ctx.device);
     for (const auto& [n, b] : model.NamedBuffers()) b.MoveTo(ctx.device);
     // Rank 0's initial values everywhere, so replicas start equal whatever their seeds. The
@@ -62,19 +63,27 @@ class ExternalExampleStrategy final : public Strategy {
     if (model() == nullptr) return NotSetUp("TrainStep");
     StepStats stats;
     optimizer()->ZeroGrad();
-    // The loop every strategy shares: forward, loss check, backward of loss / k.
-    BRAID_RETURN_IF_ERROR(RunMicroBatches(name(), *model(), micro_batches, loss_fn, &stats));
+    // The loop every strategy shares: forward, loss check, backward of loss / k. The mean loss
+    // stays on the device, to be read with the norm below.
+    MicroBatchEvents events;
+    events.read_loss_later = true;
+    BRAID_RETURN_IF_ERROR(RunMicroBatches(name(), *model(), micro_batches, loss_fn, &stats, events));
     const absl::Time reduce_start = absl::Now();
     std::vector<Tensor> params = model()->Parameters();
     BRAID_RETURN_IF_ERROR(AverageGradients(params, &stats));
     stats.comm_exposed_s = absl::ToDoubleSeconds(absl::Now() - reduce_start);
     const absl::Time step_start = absl::Now();
-    // Every rank holds the averaged gradient: the global norm is this rank's, summed over the
-    // ranks holding the other slices of its parameters (tensor parallelism), with the loss
-    // scale of mixed precision divided out; clipping goes through the optimizer.
-    stats.grad_norm = ClipGradNormSharded(*optimizer(), params, max_grad_norm_, [this](double local) {
-      return model_parallel_sum_ ? model_parallel_sum_(local) : local;
-    });
+    // Every rank holds the averaged gradient: the global norm is this rank's, with the squares of
+    // the other parts of its model (a layer above: tensor parallelism's slices, a pipeline's
+    // stages) added on the device, and the loss scale of mixed precision divided out. The loss,
+    // this norm and the optimizer's checks reach the host in one read (on a GPU the step's one
+    // wait for the device); clipping goes through the optimizer.
+    ReadStepScalarsAndClip(
+        *optimizer(), params, max_grad_norm_, device_,
+        [this, &stats](Tensor& squared) {
+          if (model_parallel_sum_on_device_) model_parallel_sum_on_device_(squared, stats.device_loss);
+        },
+        /*global_sum=*/nullptr, &stats);
     optimizer()->Step();
     stats.optimizer_s = absl::ToDoubleSeconds(absl::Now() - step_start);
     return stats;
@@ -98,7 +107,8 @@ class ExternalExampleStrategy final : public Strategy {
   }
 
   float max_grad_norm_ = 0;
-  std::function<double(double)> model_parallel_sum_;
+  std::function<void(Tensor&, Tensor&)> model_parallel_sum_on_device_;  // the layers above's
+  Device device_ = Device::CPU();
 };
 
 }  // namespace
