@@ -115,10 +115,11 @@ absl::Status PrepareConfig(config::TrainConfig* cfg, int world_size, int rank,
   // A model may come from a plugin: model.path's, or plugin <model.name> on the search path. It
   // is loaded before validation, which looks the name up in the registry; an unknown name is
   // refused listing the registered models and where the plugin was looked for.
-  // A config whose reader deferred its problems to validation (ReadOptions.defer_to_validation)
-  // has them reported with validation's in one message: a plugin not found is one more of them.
+  // A config whose reader deferred its problems to validation (ReadOptions.defer_to_validation:
+  // it has reader problems, or the positions of its keys) has them reported with validation's in
+  // one message: a plugin not found is one more of them, placed at the key that named it.
   auto one_more = [&](const absl::Status& st) {
-    if (cfg->reader_problems().empty()) return false;
+    if (cfg->reader_problems().empty() && cfg->key_positions().empty()) return false;
     cfg->add_reader_problems(std::string(st.message()));
     return true;
   };

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -373,6 +374,17 @@ void CheckRun(Checker& c, TrainConfig* cfg, int dp, bool layout_ok, const Strate
   c.Positive("log.print_every", log->print_every());
 }
 
+// The field a problem of the training program's starts with ("model.name: ..."): a dotted
+// path followed by ':'; "" when it starts otherwise.
+std::string LeadingField(const std::string& problem) {
+  size_t i = 0;
+  while (i < problem.size() && (absl::ascii_isalnum(static_cast<unsigned char>(problem[i])) ||
+                                problem[i] == '_' || problem[i] == '.')) {
+    ++i;
+  }
+  return i > 0 && i < problem.size() && problem[i] == ':' ? problem.substr(0, i) : "";
+}
+
 }  // namespace
 
 namespace internal {
@@ -462,8 +474,22 @@ absl::Status ValidateConfigWith(TrainConfig* cfg, int data_parallel_size,
   if (cfg->reader_problems().empty() && cfg->key_positions().empty()) return c.Status();
   // A config read with ReadOptions.defer_to_validation: the reader's problems and these in one
   // message, each at its place in the file, in the file's order (those without a place last).
-  std::vector<std::string> all(cfg->reader_problems().begin(), cfg->reader_problems().end());
+  // The training program's own problems (a plugin not found, "model.name: ...") come without
+  // one: placed like validation's, by the field they start with. A field the program already
+  // refused is not refused a second time in validation's words ("model.name \"x\" is unknown").
+  std::vector<std::string> all;
+  std::set<std::string> refused_fields;
+  for (const std::string& problem : cfg->reader_problems()) {
+    if (internal::ProblemPosition(problem).first != std::numeric_limits<int>::max()) {
+      all.push_back(problem);
+      continue;
+    }
+    if (std::string field = LeadingField(problem); !field.empty()) refused_fields.insert(field);
+    all.push_back(internal::PlaceProblem(problem, cfg->key_positions()));
+  }
   for (const std::string& problem : c.errors()) {
+    const size_t end = problem.find(' ');
+    if (end != std::string::npos && refused_fields.count(problem.substr(0, end)) > 0) continue;
     all.push_back(internal::PlaceProblem(problem, cfg->key_positions()));
   }
   cfg->clear_reader_problems();

@@ -24,19 +24,25 @@
 
 namespace braid::config {
 
-// How the JSON reader treats the problems it finds.
+// How the readers treat the problems they find.
 struct ReadOptions {
   // False: every problem of the keys (unknown, refused, a value of the wrong type) is the
   // reader's error, all in one message. True (the training program's way): those problems go
   // into the config (TrainConfig.reader_problems, with where each key is in key_positions) and
   // the reader returns it, so that ValidateConfigWith reports them together with the value
   // problems it finds, each at its file:line:column, in one message. A file that is no JSON
-  // object (a syntax error, a key given twice) is the reader's error either way.
+  // object (a syntax error, a key given twice) is the reader's error either way. The text
+  // reader has no problems to defer (protobuf's parser stops at its first), but records
+  // key_positions the same way.
   bool defer_to_validation = false;
 };
 
 // Protobuf text format. `origin` (a file name, or e.g. "--config_text") prefixes every error.
-absl::StatusOr<TrainConfig> ParseTextConfig(const std::string& text, const std::string& origin);
+// The parser stops at its first error (syntax, an unknown field, a value of the wrong type);
+// with `options.defer_to_validation` it records where each field is (key_positions), so that
+// validation's problems come at their file:line:column as a JSON file's do.
+absl::StatusOr<TrainConfig> ParseTextConfig(const std::string& text, const std::string& origin,
+                                            const ReadOptions& options = {});
 // JSON (DeepSpeed-style; field names as in the .proto or their lowerCamelCase JSON names).
 absl::StatusOr<TrainConfig> ParseJsonConfig(const std::string& text, const std::string& origin,
                                             const ReadOptions& options = {});

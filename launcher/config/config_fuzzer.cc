@@ -44,13 +44,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data + 1), size - 1);
   const bool json = how & 1;
   const int data_parallel = 1 + ((how >> 1) & 7);
-  if (json) {
+  {
     // The training program's way: the reader's problems kept for validation, which must then
     // refuse (with a message) whatever the reader alone would have, and leave neither the
-    // problems nor the positions behind.
+    // problems nor the positions behind (a text file's too: its reader records positions).
     braid::config::ReadOptions defer;
     defer.defer_to_validation = true;
-    auto deferred = braid::config::ParseJsonConfig(text, "fuzz.json", defer);
+    auto deferred = json ? braid::config::ParseJsonConfig(text, "fuzz.json", defer)
+                         : braid::config::ParseTextConfig(text, "fuzz.pbtxt", defer);
     if (!deferred.ok() && deferred.status().message().empty()) std::abort();
     if (deferred.ok()) {
       const bool reader_refused = deferred->reader_problems_size() > 0;

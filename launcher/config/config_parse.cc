@@ -314,6 +314,34 @@ std::string ProblemInStrings(const pb::Message& m, const std::string& prefix) {
   return "";
 }
 
+// Where each field of a text config is, from the parser's ParseInfoTree: "<origin>:<line>:
+// <column>" (1-based, as the parser's errors give them) by its field path ("optimizer.params.lr"),
+// the first where a path repeats (a repeated field, a map's entries: the path names the field).
+void TextKeyPositions(const pb::Message& m, const pb::TextFormat::ParseInfoTree& tree,
+                      const std::string& origin, const std::string& prefix,
+                      pb::Map<std::string, std::string>* out) {
+  const pb::Reflection* r = m.GetReflection();
+  std::vector<const pb::FieldDescriptor*> fields;
+  r->ListFields(m, &fields);
+  for (const pb::FieldDescriptor* f : fields) {
+    const std::string path = prefix.empty() ? f->name() : absl::StrCat(prefix, ".", f->name());
+    const int n = f->is_repeated() ? r->FieldSize(m, f) : 1;
+    for (int i = 0; i < n; ++i) {
+      const int index = f->is_repeated() ? i : -1;
+      const pb::TextFormat::ParseLocationRange at = tree.GetLocationRange(f, index);
+      if (at.start.line >= 0 && out->find(path) == out->end()) {
+        // Counted as the parser's own errors count (a tab to the next multiple of 8).
+        (*out)[path] = absl::StrCat(origin, ":", at.start.line + 1, ":", at.start.column + 1);
+      }
+      if (f->cpp_type() != pb::FieldDescriptor::CPPTYPE_MESSAGE || f->is_map()) continue;
+      const pb::TextFormat::ParseInfoTree* nested = tree.GetTreeForNested(f, index);
+      if (nested == nullptr) continue;
+      TextKeyPositions(f->is_repeated() ? r->GetRepeatedMessage(m, f, i) : r->GetMessage(m, f),
+                       *nested, origin, path, out);
+    }
+  }
+}
+
 }  // namespace
 
 namespace internal {
@@ -373,12 +401,15 @@ std::map<std::string, std::string> JsonKeyPositions(const std::string& text) {
 // -------------------------------------------------------------------------------------------------
 // Public API
 
-absl::StatusOr<TrainConfig> ParseTextConfig(const std::string& text, const std::string& origin) {
+absl::StatusOr<TrainConfig> ParseTextConfig(const std::string& text, const std::string& origin,
+                                            const ReadOptions& read) {
   TrainConfig cfg;
   pb::TextFormat::Parser parser;
   TextErrorCollector errors(text, origin);
   parser.RecordErrorsTo(&errors);
   parser.AllowUnknownField(false);
+  pb::TextFormat::ParseInfoTree tree;
+  if (read.defer_to_validation) parser.WriteLocationsTo(&tree);
   if (!parser.ParseFromString(text, &cfg)) {
     std::string message = errors.Errors();
     if (message.empty())
@@ -388,6 +419,8 @@ absl::StatusOr<TrainConfig> ParseTextConfig(const std::string& text, const std::
   if (std::string problem = ProblemInStrings(cfg, ""); !problem.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(origin, ": ", problem));
   }
+  // Validation then places its problems at the fields they name, as it does a JSON file's.
+  if (read.defer_to_validation) TextKeyPositions(cfg, tree, origin, "", cfg.mutable_key_positions());
   return cfg;
 }
 
@@ -459,7 +492,7 @@ absl::StatusOr<TrainConfig> LoadConfigFile(const std::string& path, const ReadOp
     return absl::DataLossError(absl::StrCat("config file ", Quoted(path), ": read error"));
   }
   return json ? ParseJsonConfig(contents.str(), path, read)
-              : ParseTextConfig(contents.str(), path);
+              : ParseTextConfig(contents.str(), path, read);
 }
 
 std::string ConfigToText(const TrainConfig& cfg) {

@@ -422,6 +422,66 @@ TEST(ConfigValidate, ReportsEveryProblemAtOnce) {
                     HasSubstr("optimizer.params.lr (0)"), HasSubstr("threads (0)")));
 }
 
+// A text config read the training program's way (ReadOptions.defer_to_validation) gets every
+// validation problem at its file:line:column, as a JSON one does, in the file's order; the
+// training program's own problem (a plugin not found, "optimizer.type: ...") is placed at the key
+// that named it, and validation does not refuse that key a second time in its own words.
+TEST(ConfigValidate, TextConfigProblemsComeAtTheirPositions) {
+  ReadOptions defer;
+  defer.defer_to_validation = true;
+  const std::string text =
+      "steps: 0\n"
+      "optimizer {\n"
+      "  type: \"Sophia\"\n"
+      "}\n"
+      "log { print_every: 0 }\n"
+      "\tthreads: 0\n"
+      "model { name: \"toy-lm\" }\n"
+      "zero_optimization { stage: 7 }\n";
+  absl::StatusOr<TrainConfig> cfg = ParseTextConfig(text, "run.pbtxt", defer);
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  EXPECT_EQ(cfg->key_positions().at("log.print_every"), "run.pbtxt:5:7");
+  // Columns as the text parser's own errors count them: a tab to the next multiple of 8.
+  EXPECT_EQ(cfg->key_positions().at("threads"), "run.pbtxt:6:9");
+  // What PrepareConfig adds when no plugin registers the optimizer (launcher/train_setup.cc).
+  cfg->add_reader_problems("optimizer.type: unknown optimizer 'Sophia'; looked for libbraid_sophia.so");
+  absl::Status st = Validate(&*cfg, 1, {"zero1", "zero2", "zero3"});
+  ASSERT_FALSE(st.ok());
+  const std::string message(st.message());
+  const std::vector<std::string> expected = {
+      "run.pbtxt:1:1: steps (0) must be >= 1",
+      "run.pbtxt:3:3: optimizer.type: unknown optimizer 'Sophia'; looked for libbraid_sophia.so",
+      "run.pbtxt:5:7: log.print_every (0) must be >= 1",
+      "run.pbtxt:6:9: threads (0) must be >= 1",
+      "run.pbtxt:8:21: zero_optimization.stage (7) must be 0, 1, 2 or 3",
+  };
+  size_t previous = 0;
+  for (const std::string& problem : expected) {
+    const size_t at = message.find(problem);
+    EXPECT_NE(at, std::string::npos) << problem << "\nnot in: " << message;
+    if (at == std::string::npos) continue;
+    EXPECT_GE(at, previous) << problem << " out of the file's order in: " << message;
+    previous = at;
+  }
+  EXPECT_THAT(message, HasSubstr(absl::StrCat(expected.size(), " problems in the training config: "
+                                              "run.pbtxt:1:1: ")));
+  EXPECT_THAT(message, Not(HasSubstr("optimizer.type \"Sophia\" is unknown")));
+  EXPECT_EQ(cfg->reader_problems_size(), 0);
+  EXPECT_EQ(cfg->key_positions_size(), 0);
+
+  // Read the default way (tests, tools), a text config carries no positions and its problems
+  // none either; a valid one read either way validates.
+  absl::StatusOr<TrainConfig> plain = ParseTextConfig(text, "run.pbtxt");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->key_positions_size(), 0);
+  EXPECT_THAT(std::string(Validate(&*plain, 1, {"zero1", "zero2", "zero3"}).message()),
+              AllOf(HasSubstr("steps (0) must be >= 1"), Not(HasSubstr("run.pbtxt"))));
+  absl::StatusOr<TrainConfig> good = ParseTextConfig("steps: 3\n", "good.pbtxt", defer);
+  ASSERT_TRUE(good.ok());
+  EXPECT_TRUE(Validate(&*good, 1, {}).ok());
+  EXPECT_EQ(good->key_positions_size(), 0);
+}
+
 TEST(ConfigValidate, RejectsBadDataParallelSize) {
   TrainConfig cfg;
   EXPECT_THAT(std::string(Validate(&cfg, 0, {}).message()),

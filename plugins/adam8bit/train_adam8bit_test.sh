@@ -21,7 +21,7 @@ check adamw-defaults 'betas: 0.95' "$out"
 printf 'optimizer { type: "Sophia" }\n' > "$tmp/sophia.pbtxt"
 out=$(timeout 60 "$train" --config="$tmp/sophia.pbtxt" --log_dir="$tmp/l" 2>&1); rc=$?
 [ "$rc" = 1 ] || { echo "FAIL unknown-type: exit code $rc, want 1"; fails=$((fails+1)); }
-check unknown-type "^braid train: optimizer.type: unknown optimizer 'Sophia'; known: Adam, AdamW, SGD\..*looked for libbraid_sophia.so at .*/sophia/libbraid_sophia.so" "$out"
+check unknown-type "^braid train: [^ ]*/sophia\.pbtxt:1:13: optimizer.type: unknown optimizer 'Sophia'; known: Adam, AdamW, SGD\..*looked for libbraid_sophia.so at .*/sophia/libbraid_sophia.so" "$out"
 if [ "${1:-}" = train ]; then
   out=$(timeout 300 "$train" --config="$TEST_SRCDIR/braid/launcher/configs/gpt-mini-adam8bit.pbtxt" \
     --steps=30 --log_dir="$tmp/run" 2>&1); rc=$?

@@ -31,14 +31,18 @@ expect batch-mismatch 'train_batch_size \(48\)' -- "$train" --config="$tmp/batch
 # its line:column (the reader keeps its problems for validation, launcher/config/config.h).
 printf '{\n  "stepz": 2,\n  "optimizer": {"params": {"lr": -1}},\n  "zero_optimization": {"stage": 7}\n}\n' > "$tmp/many.json"
 expect all-problems-at-once '3 problems in the training config: [^ ]*many.json:2:3: unknown field "stepz".*many.json:3:28: optimizer.params.lr \(-1\) must be.*many.json:4:25: zero_optimization.stage \(7\) must be 0, 1, 2 or 3' -- "$train" --config="$tmp/many.json" --log_dir="$tmp/l"
+# A text config the same way, its problems at the fields they name; an optimizer and a model no
+# plugin registers (the training program's own problems) are placed at the key that named them.
+printf 'steps: 0\noptimizer { type: "Sophia" }\nmodel { name: "nosuchmodel" }\nzero_optimization { stage: 7 }\n' > "$tmp/many.pbtxt"
+expect text-problems-at-once '^braid train: 4 problems in the training config: [^ ]*/many\.pbtxt:1:1: steps \(0\) must be >= 1; [^ ]*/many\.pbtxt:2:13: optimizer\.type: unknown optimizer .Sophia.* [^ ]*/many\.pbtxt:3:9: model\.name: .*nosuchmodel.* [^ ]*/many\.pbtxt:4:21: zero_optimization\.stage \(7\) must be 0, 1, 2 or 3$' -- "$train" --config="$tmp/many.pbtxt" --log_dir="$tmp/l"
 # fp16 with a strategy that does not keep half parameters (dp): the ones that do are named.
-expect fp16-needs-a-strategy '^braid train: fp16 needs a strategy that provides "fp16"; strategy "dp" does not; use strategy.name "ddp" \(plugin libbraid_ddp\.so\), "single" \(plugin libbraid_single\.so\) or "zero" \(plugin libbraid_zero\.so\)$' -- "$train" --config="$tmp/fp16.pbtxt" --log_dir="$tmp/l"
+expect fp16-needs-a-strategy '^braid train: [^ ]*/fp16\.pbtxt:1:1: fp16 needs a strategy that provides "fp16"; strategy "dp" does not; use strategy.name "ddp" \(plugin libbraid_ddp\.so\), "single" \(plugin libbraid_single\.so\) or "zero" \(plugin libbraid_zero\.so\)$' -- "$train" --config="$tmp/fp16.pbtxt" --log_dir="$tmp/l"
 # A feature the named strategy lacks: one line naming the feature and the strategy, and either
 # the strategy (and plugin) that provides it or that none on the plugin search path does.
 # The zero plugin ships with the program: the message names it. (A config that names no
 # strategy gets one that provides its sections: zero_optimization alone picks zero,
 # launcher/compose.h.)
-zero_pattern='^braid train: zero_optimization \(stage 2\) needs a strategy that provides "zero2"; strategy "ddp" does not; use strategy.name "zero" \(plugin libbraid_zero\.so\)$'
+zero_pattern='^braid train: [^ ]*/zero2\.pbtxt:1:1: zero_optimization \(stage 2\) needs a strategy that provides "zero2"; strategy "ddp" does not; use strategy.name "zero" \(plugin libbraid_zero\.so\)$'
 expect zero-needs-a-strategy "$zero_pattern" -- "$train" --config="$tmp/zero2.pbtxt" --log_dir="$tmp/l"
 zero_out=$(bounded "$train" --config="$tmp/zero2.pbtxt" --log_dir="$tmp/l" 2>&1)
 if [ "$(printf '%s\n' "$zero_out" | wc -l)" != 1 ]; then
