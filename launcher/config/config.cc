@@ -374,6 +374,49 @@ void CheckRun(Checker& c, TrainConfig* cfg, int dp, bool layout_ok, const Strate
   c.Positive("log.print_every", log->print_every());
 }
 
+// DeepSpeed's data_types.grad_accum_dtype (recorded by the JSON reader, kGradAccumDtypeEntry)
+// against what Braid does: micro-batch gradients are accumulated in the parameters' dtype (f32,
+// or bf16/f16 under mixed precision) and up-cast into the f32 masters once per step. The value
+// that names that dtype is accepted, and so is "fp32" over a single micro-batch (nothing is
+// accumulated: the one half gradient is up-cast once, as with an f32 buffer); any other value
+// asks for what Braid does not do and is refused with the nearest setting that it does.
+void CheckGradAccumDtype(Checker& c, TrainConfig* cfg) {
+  const std::string prefix = absl::StrCat(internal::kGradAccumDtypeEntry, " (");
+  for (std::string& entry : *cfg->mutable_ignored_fields()) {
+    if (!absl::StartsWith(entry, prefix) || !absl::EndsWith(entry, ")")) continue;
+    const std::string v = entry.substr(prefix.size(), entry.size() - prefix.size() - 1);
+    if (v.find(':') != std::string::npos) continue;  // already checked
+    const std::string params = cfg->bf16().enabled() ? "bf16" : cfg->fp16().enabled() ? "fp16" : "fp32";
+    const int accum = cfg->gradient_accumulation_steps();
+    const std::string field = absl::StrCat(internal::kGradAccumDtypeEntry, " ", Quoted(v));
+    if (v != "fp32" && v != "bf16" && v != "fp16") {
+      c.Error(absl::StrCat(field, " is not a dtype gradients are accumulated in; use \"fp32\", "
+                           "\"bf16\" or \"fp16\" (Braid accumulates in the parameters' dtype, here ",
+                           Quoted(params), ")"));
+    } else if (v == params) {
+      entry = absl::StrCat(prefix, v, ": the parameters' dtype, which Braid accumulates "
+                           "micro-batch gradients in)");
+    } else if (v == "fp32" && accum == 1) {
+      entry = absl::StrCat(prefix, v, ": one micro-batch per step, so nothing is accumulated; its ",
+                           params, " gradients are up-cast into the f32 masters once, as through "
+                           "an f32 buffer)");
+    } else if (v == "fp32") {
+      c.Error(absl::StrCat(
+          field, ": Braid accumulates the ", params, " gradients of the ", accum,
+          " micro-batches of a step in ", params, " (the parameters' dtype) and up-casts them into "
+          "the f32 masters once per step, not in an f32 buffer; nearest: gradient_accumulation_steps "
+          "1 with a ", accum, "x larger train_micro_batch_size_per_gpu (nothing accumulated), or "
+          "data_types.grad_accum_dtype ", Quoted(params)));
+    } else {
+      c.Error(absl::StrCat(field, ": the parameters are ", params, " and Braid accumulates gradients "
+                           "in the parameters' dtype; nearest: ",
+                           params == "fp32" ? absl::StrCat(v, " { enabled: true } (", v,
+                                                           " parameters and gradients, f32 masters)")
+                                            : absl::StrCat("data_types.grad_accum_dtype ", Quoted(params))));
+    }
+  }
+}
+
 // The field a problem of the training program's starts with ("model.name: ..."): a dotted
 // path followed by ':'; "" when it starts otherwise.
 std::string LeadingField(const std::string& problem) {
@@ -471,6 +514,7 @@ absl::Status ValidateConfigWith(TrainConfig* cfg, int data_parallel_size,
   CheckFeatures(c, cfg, strategies, state_holder.empty() ? cfg->strategy().name() : state_holder);
   CheckActivationCheckpointing(c, cfg);
   CheckModelAndData(c, cfg);
+  CheckGradAccumDtype(c, cfg);
   if (cfg->reader_problems().empty() && cfg->key_positions().empty()) return c.Status();
   // A config read with ReadOptions.defer_to_validation: the reader's problems and these in one
   // message, each at its place in the file, in the file's order (those without a place last).

@@ -7,6 +7,7 @@
 #include "launcher/config/config.h"
 #include "launcher/config/config_test_util.h"
 #include "core/registry.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -389,6 +390,81 @@ TEST(DeepSpeedKeys, TuningKeysAreAcceptedWithANoteAndLegacySpellingsMapped) {
   // An explicit log.print_every wins over steps_per_print.
   cfg = Json(R"({"steps_per_print": 25, "log": {"print_every": 5}})");
   EXPECT_EQ(cfg.log().print_every(), 5);
+}
+
+// data_types.grad_accum_dtype against what Braid does (it accumulates micro-batch gradients in
+// the parameters' dtype and up-casts them into the f32 masters once per step): the parameters'
+// dtype is accepted, "fp32" over one micro-batch too (nothing is accumulated), and every value
+// asking for another accumulation is refused at its position, naming the nearest setting.
+TEST(DeepSpeedKeys, GradAccumDtypeIsCheckedAgainstTheDtypeBraidAccumulatesIn) {
+  struct Case {
+    const char* sections;  // besides data_types
+    const char* dtype;
+    const char* want;  // the note's text when accepted, else the problem's
+    bool accepted;
+  };
+  const Case cases[] = {
+      {R"("bf16": {"enabled": true}, "gradient_accumulation_steps": 4)", "bf16",
+       "data_types.grad_accum_dtype: \"bf16\", the parameters' dtype, which Braid accumulates "
+       "micro-batch gradients in",
+       true},
+      {R"("gradient_accumulation_steps": 4)", "fp32",
+       "data_types.grad_accum_dtype: \"fp32\", the parameters' dtype", true},
+      {R"("fp16": {"enabled": true}, "gradient_accumulation_steps": 1)", "fp32",
+       "data_types.grad_accum_dtype: \"fp32\", one micro-batch per step, so nothing is "
+       "accumulated; its fp16 gradients are up-cast into the f32 masters once",
+       true},
+      {R"("bf16": {"enabled": true}, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4)",
+       "fp32",
+       "ds.json:1:17: data_types.grad_accum_dtype \"fp32\": Braid accumulates the bf16 gradients of "
+       "the 4 micro-batches of a step in bf16 (the parameters' dtype) and up-casts them into the "
+       "f32 masters once per step, not in an f32 buffer; nearest: gradient_accumulation_steps 1 "
+       "with a 4x larger train_micro_batch_size_per_gpu (nothing accumulated), or "
+       "data_types.grad_accum_dtype \"bf16\"",
+       false},
+      {R"("gradient_accumulation_steps": 2)", "bf16",
+       "ds.json:1:17: data_types.grad_accum_dtype \"bf16\": the parameters are fp32 and Braid "
+       "accumulates gradients in the parameters' dtype; nearest: bf16 { enabled: true } (bf16 "
+       "parameters and gradients, f32 masters)",
+       false},
+      {R"("fp16": {"enabled": true})", "bf16",
+       "ds.json:1:17: data_types.grad_accum_dtype \"bf16\": the parameters are fp16 and Braid "
+       "accumulates gradients in the parameters' dtype; nearest: data_types.grad_accum_dtype "
+       "\"fp16\"",
+       false},
+      {"", "fp8",
+       "ds.json:1:17: data_types.grad_accum_dtype \"fp8\" is not a dtype gradients are accumulated "
+       "in; use \"fp32\", \"bf16\" or \"fp16\" (Braid accumulates in the parameters' dtype, "
+       "here \"fp32\")",
+       false},
+  };
+  ReadOptions defer;
+  defer.defer_to_validation = true;
+  for (const Case& k : cases) {
+    const std::string json = absl::StrCat(R"({"data_types": {"grad_accum_dtype": ")", k.dtype, "\"}",
+                                          *k.sections ? ", " : "", k.sections, "}");
+    SCOPED_TRACE(json);
+    absl::StatusOr<TrainConfig> cfg = ParseJsonConfig(json, "ds.json", defer);
+    ASSERT_TRUE(cfg.ok()) << cfg.status();
+    StrategyCatalog catalog;  // a strategy that keeps half parameters
+    catalog.features_of = [](const std::string&) {
+      return std::vector<std::string>{kFeatureBf16, kFeatureFp16};
+    };
+    absl::Status st = ValidateConfigWith(&*cfg, 1, catalog);
+    if (k.accepted) {
+      ASSERT_TRUE(st.ok()) << st;
+      EXPECT_THAT(ConfigNotes(*cfg), testing::Contains(HasSubstr(k.want)));
+    } else {
+      EXPECT_EQ(std::string(st.message()), k.want);
+    }
+  }
+  // Not a string: the reader's problem, with the values it takes.
+  absl::StatusOr<TrainConfig> number =
+      ParseJsonConfig(R"({"data_types": {"grad_accum_dtype": 32}})", "ds.json");
+  ASSERT_FALSE(number.ok());
+  EXPECT_THAT(std::string(number.status().message()),
+              HasSubstr("ds.json:1:17: field \"data_types.grad_accum_dtype\": invalid value 32 "
+                        "(expected a string: \"fp32\", \"bf16\" or \"fp16\")"));
 }
 
 TEST(DeepSpeedKeys, EveryProblemAtOnceWithPositions) {

@@ -150,6 +150,11 @@ std::string CheckJsonKeys(const std::string& text, const std::string& json,
                           const std::string& origin, JsonKeys* out);
 // The note for one TrainConfig.ignored_fields entry.
 std::string IgnoredFieldNote(const std::string& entry);
+// DeepSpeed's data_types.grad_accum_dtype: the JSON reader records its value as the
+// ignored_fields entry "data_types.grad_accum_dtype (<value>)" (and the key's position);
+// validation (CheckGradAccumDtype) refuses a dtype Braid does not accumulate in, or rewrites the
+// entry to "(<value>: <why it is what Braid does>)" for the note.
+inline constexpr char kGradAccumDtypeEntry[] = "data_types.grad_accum_dtype";
 // ":line:column" of `"key":` in `text` when it occurs exactly once, else "" (config_parse.cc).
 std::string KeyPosition(const std::string& text, const std::string& key);
 // ":line:column" of every key of the JSON object `text`, by its path as written ("a.b.c"; keys

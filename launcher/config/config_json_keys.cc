@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <cstdio>
+#include <cstring>
 #include <utility>
 #include <string>
 #include <vector>
@@ -314,6 +315,29 @@ struct Walk {
         out->ignored_fields.push_back("steps_per_print (log.print_every given)");
       }
     }
+    // data_types.grad_accum_dtype: kept for validation, which checks it against the dtype the
+    // gradients are accumulated in (the parameters'), known only once bf16/fp16 and the batch
+    // sizes are resolved.
+    if (prefix.empty() && fields.count("data_types") &&
+        fields["data_types"].kind_case() == pb::Value::kStructValue) {
+      const auto& types = fields["data_types"].struct_value().fields();
+      auto it = types.find("grad_accum_dtype");
+      if (it != types.end()) {
+        const std::string spelled = written + "data_types.grad_accum_dtype";
+        if (it->second.kind_case() != pb::Value::kStringValue) {
+          out->problems.push_back(absl::StrCat(
+              Where(spelled, "grad_accum_dtype"), "field \"data_types.grad_accum_dtype\": invalid value ",
+              Describe(it->second), " (expected a string: \"fp32\", \"bf16\" or \"fp16\")"));
+        } else {
+          out->ignored_fields.push_back(
+              absl::StrCat(kGradAccumDtypeEntry, " (", it->second.string_value(), ")"));
+          auto at = written_positions.find(spelled);
+          if (at != written_positions.end()) {
+            out->positions.emplace(kGradAccumDtypeEntry, origin + at->second);
+          }
+        }
+      }
+    }
     // bfloat16: bf16's old spelling.
     if (prefix.empty() && fields.count("bfloat16")) {
       if (fields.count("bf16")) {
@@ -407,6 +431,16 @@ std::string CheckJsonKeys(const std::string& text, const std::string& json,
 
 std::string IgnoredFieldNote(const std::string& entry) {
   if (entry == "steps_per_print") return "steps_per_print: read as log.print_every";
+  // "data_types.grad_accum_dtype (fp32)", or after validation "(fp32: why it is what Braid does)".
+  if (absl::StartsWith(entry, absl::StrCat(kGradAccumDtypeEntry, " ("))) {
+    const std::string inner = entry.substr(std::strlen(kGradAccumDtypeEntry) + 2,
+                                           entry.size() - std::strlen(kGradAccumDtypeEntry) - 3);
+    const size_t colon = inner.find(": ");
+    return colon == std::string::npos
+               ? absl::StrCat(kGradAccumDtypeEntry, ": \"", inner, "\" (checked by validation)")
+               : absl::StrCat(kGradAccumDtypeEntry, ": \"", inner.substr(0, colon), "\", ",
+                              inner.substr(colon + 2));
+  }
   if (absl::StartsWith(entry, "scheduler.params.cycle_momentum (")) {
     const std::string type = entry.substr(33, entry.size() - 34);
     return absl::StrCat("scheduler.params.cycle_momentum: off, as in DeepSpeed: OneCycle cycles "

@@ -71,9 +71,10 @@ const std::vector<DeepSpeedKey>& Table() {
       {"timers.throughput", K::kNoted, nullptr, "part of timers", nullptr, false,
        "enabled synchronized"},
       {"data_types", K::kNoted, nullptr,
-       "grad_accum_dtype picks DeepSpeed's gradient-accumulation buffer; Braid accumulates "
-       "micro-batch gradients in the parameters' own dtype (f32, or bf16/f16 under mixed "
-       "precision) and up-casts them into the f32 masters once per step",
+       "Braid accumulates micro-batch gradients in the parameters' own dtype (f32, or bf16/f16 "
+       "under mixed precision) and up-casts them into the f32 masters once per step; "
+       "grad_accum_dtype is accepted where it names that (or \"fp32\" over one micro-batch) and "
+       "refused otherwise",
        nullptr, false, "grad_accum_dtype"},
 
       // ---- optimizer ------------------------------------------------------------------------
