@@ -7,7 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "core/kernels.h"
 #include "core/scalar_reads.h"
-#include "core/state_load_error.h"
+#include "core/optimizer_state.h"
 
 namespace braid {
 
@@ -68,12 +68,7 @@ class SlottedOptimizer : public Optimizer {
   }
 
   Tensor& Slot(size_t g, size_t i, size_t slot) {
-    Tensor& s = state_[g][i][slot];
-    if (!s.defined()) {
-      const Tensor& p = groups_[g].params[i];
-      s = Tensor::Zeros(p.shape(), DType::kF32, p.device());
-    }
-    return s;
+    return SlotOnFirstUse(state_[g][i][slot], groups_[g].params[i]);
   }
 
   // The parameter's gradient, checked against it; undefined when it has none this step.
@@ -109,17 +104,13 @@ class SlottedOptimizer : public Optimizer {
 
   std::vector<std::map<std::string, Tensor>> ParameterStates(bool create) override {
     SyncState();
-    std::vector<std::map<std::string, Tensor>> out;
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      for (size_t i = 0; i < groups_[g].params.size(); ++i) {
-        std::map<std::string, Tensor> slots;
-        if (create || HasState(g, i)) {
-          for (size_t s = 0; s < slot_names_.size(); ++s) slots[slot_names_[s]] = Slot(g, i, s);
-        }
-        out.push_back(std::move(slots));
+    return PerParameterStates(groups_, [&](size_t g, size_t i) {
+      std::map<std::string, Tensor> slots;
+      if (create || HasState(g, i)) {
+        for (size_t s = 0; s < slot_names_.size(); ++s) slots[slot_names_[s]] = Slot(g, i, s);
       }
-    }
-    return out;
+      return slots;
+    });
   }
   int64_t steps_taken() const override { return step_; }
   void set_steps_taken(int64_t steps) override { step_ = steps; }

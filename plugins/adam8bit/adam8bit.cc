@@ -11,7 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "core/check.h"
 #include "core/kernels.h"
-#include "core/state_load_error.h"
+#include "core/optimizer_state.h"
 #include "plugins/adam8bit/adam8bit_info.h"
 #include "plugins/adam8bit/blockwise.h"
 
@@ -196,22 +196,18 @@ class Adam8bit final : public Optimizer, public Adam8bitInfo {
   // was dequantized gives the same codes); loading writes into the staged tensors.
   std::vector<std::map<std::string, Tensor>> ParameterStates(bool create) override {
     SyncState();
-    std::vector<std::map<std::string, Tensor>> out;
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      for (size_t i = 0; i < groups_[g].params.size(); ++i) {
-        std::map<std::string, Tensor> slots;
-        if (create || state_[g][i].created) {
-          ParamState& st = Create(g, i);
-          for (int k = 0; k < 2; ++k) {
-            Moment& m = st.moment[k];
-            if (st.quantized && !m.staged.defined()) m.staged = Dequantized(m, k);
-            slots[kSlots[k]] = st.quantized ? m.staged : m.f32;
-          }
+    return PerParameterStates(groups_, [&](size_t g, size_t i) {
+      std::map<std::string, Tensor> slots;
+      if (create || state_[g][i].created) {
+        ParamState& st = Create(g, i);
+        for (int k = 0; k < 2; ++k) {
+          Moment& m = st.moment[k];
+          if (st.quantized && !m.staged.defined()) m.staged = Dequantized(m, k);
+          slots[kSlots[k]] = st.quantized ? m.staged : m.f32;
         }
-        out.push_back(std::move(slots));
       }
-    }
-    return out;
+      return slots;
+    });
   }
 
   int64_t steps_taken() const override { return step_; }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/check.h"
+#include "core/optimizer_state.h"
 
 namespace braid::lamb {
 namespace {
@@ -129,17 +130,13 @@ class Lamb final : public Optimizer {
 
   std::vector<std::map<std::string, Tensor>> ParameterStates(bool create) override {
     SyncState();
-    std::vector<std::map<std::string, Tensor>> out;
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      for (size_t i = 0; i < groups_[g].params.size(); ++i) {
-        std::map<std::string, Tensor> slots;
-        if (create || state_[g][i][0].defined()) {
-          for (int s = 0; s < 2; ++s) slots[kSlots[s]] = Slot(g, i, size_t(s));
-        }
-        out.push_back(std::move(slots));
+    return PerParameterStates(groups_, [&](size_t g, size_t i) {
+      std::map<std::string, Tensor> slots;
+      if (create || state_[g][i][0].defined()) {
+        for (int s = 0; s < 2; ++s) slots[kSlots[s]] = Slot(g, i, size_t(s));
       }
-    }
-    return out;
+      return slots;
+    });
   }
   int64_t steps_taken() const override { return step_; }
   void set_steps_taken(int64_t steps) override { step_ = steps; }
@@ -150,12 +147,7 @@ class Lamb final : public Optimizer {
     for (size_t g = 0; g < groups_.size(); ++g) state_[g].resize(groups_[g].params.size());
   }
   Tensor& Slot(size_t g, size_t i, size_t s) {
-    Tensor& t = state_[g][i][s];
-    if (!t.defined()) {
-      const Tensor& p = groups_[g].params[i];
-      t = Tensor::Zeros(p.shape(), DType::kF32, p.device());
-    }
-    return t;
+    return SlotOnFirstUse(state_[g][i][s], groups_[g].params[i]);
   }
 
   // DeepSpeed's fused kernel, in two passes over the tensor: the moments, the update and both
