@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -19,6 +20,19 @@ void CheckCpu(const char* kernel, const Tensor& t) {
 }
 
 namespace checks = kernels::checks;
+
+// One row's softmax in double, written to `out` in f32 (softmax_forward and the probabilities
+// cross_entropy_forward keeps); returns the row's max and the sum of exp(x - max), from which
+// the loss takes its log-sum-exp.
+std::pair<double, double> SoftmaxRow(const float* row, int64_t c, float* out) {
+  double mx = row[0];
+  for (int64_t i = 1; i < c; ++i) mx = std::max(mx, double(row[i]));
+  double s = 0;
+  for (int64_t i = 0; i < c; ++i) s += std::exp(row[i] - mx);
+  for (int64_t i = 0; i < c; ++i) out[i] = float(std::exp(row[i] - mx) / s);
+  return {mx, s};
+}
+
 constexpr const char* kRef = "reference";
 constexpr DType kF32 = DType::kF32;  // the reference kernels are the f32 ones
 
@@ -307,14 +321,7 @@ void softmax_forward(const Tensor& x, Tensor& out) {
   const int64_t rows = dims.rows, c = dims.cols;
   const float* px = x.data<float>();
   float* po = out.data<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = px + r * c;
-    double mx = row[0];
-    for (int64_t i = 1; i < c; ++i) mx = std::max(mx, double(row[i]));
-    double s = 0;
-    for (int64_t i = 0; i < c; ++i) s += std::exp(row[i] - mx);
-    for (int64_t i = 0; i < c; ++i) po[r * c + i] = float(std::exp(row[i] - mx) / s);
-  }
+  for (int64_t r = 0; r < rows; ++r) SoftmaxRow(px + r * c, c, po + r * c);
 }
 
 void softmax_backward(const Tensor& y, const Tensor& dy, Tensor& dx) {
@@ -344,11 +351,7 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, Tensor& 
   float* ploss = losses.data<float>();
   for (int64_t r = 0; r < n; ++r) {
     const float* row = pl + r * v;
-    double mx = row[0];
-    for (int64_t i = 1; i < v; ++i) mx = std::max(mx, double(row[i]));
-    double s = 0;
-    for (int64_t i = 0; i < v; ++i) s += std::exp(row[i] - mx);
-    for (int64_t i = 0; i < v; ++i) pp[r * v + i] = float(std::exp(row[i] - mx) / s);
+    const auto [mx, s] = SoftmaxRow(row, v, pp + r * v);
     const int32_t t = pt[r];
     if (t < 0) {
       ploss[r] = 0.0f;
