@@ -278,6 +278,7 @@ absl::Status Run::SetUpStrategy() {
     for (auto& [name, t] : model_->NamedParameters()) shapes[name] = t.shape();
     BRAID_RETURN_IF_ERROR(CheckWeightsMatch(shapes, init_weights_, cfg_.init_from()));
   }
+  model_parameters_ = model_->NumParameters();
   BRAID_RETURN_IF_ERROR(strategy_->Setup(*model_, make_optimizer_, ctx_));
   // Activation checkpointing (launcher/activation_checkpointing/activation_checkpointing.h), under every strategy. Here,
   // after Setup: the model is in its final form (tensor parallelism has split it, the pipeline
@@ -325,7 +326,8 @@ absl::Status Run::PrepareData() {
       "braid: training %s (%d parameters%s) on %s, strategy %s%s, %d step(s) of %d %s "
       "(micro-batch %d x %d accumulation x %d data-parallel rank(s)), %d thread(s)",
       cfg_.model().name(), model_->NumParameters(),
-      mesh_ != nullptr && mesh_->shape().tensor > 1 ? " on this rank" : "", cfg_.data().dataset(),
+      // Fewer than the whole model's when a layer split it (whichever layer, by what it did).
+      model_->NumParameters() != model_parameters_ ? " on this rank" : "", cfg_.data().dataset(),
       stack_.layers.size() > 1 ? stack_.Describe() : cfg_.strategy().name(),
       mesh_ != nullptr ? absl::StrCat(", layout ", mesh_->shape().ToString()) : "", steps_,
       tokens_per_step_, unit_, cfg_.train_micro_batch_size_per_gpu(), accum_,

@@ -84,6 +84,8 @@ class Run {
   std::unique_ptr<Strategy> strategy_;
   StrategyContext ctx_;
   std::unique_ptr<Module> model_;
+  // The whole model's parameter count, before a layer splits it (tensor parallelism's slices).
+  int64_t model_parameters_ = 0;
   std::unique_ptr<MixedPrecision> mp_;
   OptimizerFactory make_optimizer_;
   std::unique_ptr<BatchSource> source_;
