@@ -18,6 +18,7 @@ KernelSlot<SumRowsFn> sum_rows("sum_rows");
 KernelSlot<MatmulFn> matmul("matmul");
 KernelSlot<LinearFwdFn> linear_forward("linear_forward");
 KernelSlot<LinearGeluFwdFn> linear_gelu_forward("linear_gelu_forward");
+KernelSlot<LinearGeluBwdFn> linear_gelu_backward("linear_gelu_backward");
 KernelSlot<LayerNormFwdFn> layernorm_forward("layernorm_forward");
 KernelSlot<LayerNormBwdFn> layernorm_backward("layernorm_backward");
 KernelSlot<SoftmaxFwdFn> softmax_forward("softmax_forward");

@@ -134,6 +134,13 @@ extern KernelSlot<LinearFwdFn> linear_forward;
 using LinearGeluFwdFn = void(const Tensor& x, const Tensor& weight, const Tensor& bias,
                              Tensor& pre, Tensor& out);
 extern KernelSlot<LinearGeluFwdFn> linear_gelu_forward;
+// Its backward's GELU half, in one pass: dpre = dout * gelu_tanh'(pre) and dbias = the column
+// sums of dpre (overwritten), pre, dout and dpre [rows, out], dbias [out]. dbias sums dpre as
+// stored, so it is what sum_rows of dpre gives. Optional (CUDA registers one):
+// ops::LinearGeluTanh's backward uses it where the device and dtype have one, else
+// unary_backward then sum_rows.
+using LinearGeluBwdFn = void(const Tensor& pre, const Tensor& dout, Tensor& dpre, Tensor& dbias);
+extern KernelSlot<LinearGeluBwdFn> linear_gelu_backward;
 
 // ---- Fused neural-network ops --------------------------------------------------------------
 // x: [N, C]; weight, bias: [C]; out: [N, C]; mean, rstd: [N] f32 whatever x's dtype (saved

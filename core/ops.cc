@@ -211,10 +211,19 @@ void RecordLinearBackward(const char* name, const Tensor& x, const Tensor& weigh
       [sx, sw, sp, gelu, has_bias, rows, in_f, out_f, w_acc, b_acc](const std::vector<Tensor>& g) {
         Tensor X = sx.Get(), W = sw.Get();
         Tensor dy = g[0];
+        Tensor fused_gb;  // the bias gradient, where the GELU backward's slot summed it already
         if (gelu) {  // through the GELU first: d pre = dy * gelu'(pre)
           Tensor P = sp.Get();
           Tensor dpre = EmptyLike(P);
-          kernels::unary_backward.Get(P.device(), P.dtype())(UnaryOp::kGeluTanh, P, dy, dpre);
+          auto* fused = has_bias ? kernels::linear_gelu_backward.Find(P.device().type, P.dtype())
+                                 : nullptr;
+          if (fused != nullptr) {  // one pass over dy: dpre and its column sums (CUDA)
+            fused_gb = Tensor::Empty({out_f}, P.dtype(), P.device());
+            Tensor p2 = P.Reshape({rows, out_f}), d2 = dpre.Reshape({rows, out_f});
+            fused(p2, dy.Reshape({rows, out_f}), d2, fused_gb);
+          } else {
+            kernels::unary_backward.Get(P.device(), P.dtype())(UnaryOp::kGeluTanh, P, dy, dpre);
+          }
           dy = dpre;
         }
         Tensor G = dy.Reshape({rows, out_f});
@@ -225,8 +234,8 @@ void RecordLinearBackward(const char* name, const Tensor& x, const Tensor& weigh
         auto weight_grads = [=] {
           Tensor gw = EmptyLike(W);
           mm(G, X.Reshape({rows, in_f}), gw, true, false, 1.0f, 0.0f);  // dW = dYᵀ X
-          Tensor gb;
-          if (has_bias) {
+          Tensor gb = fused_gb;
+          if (has_bias && !gb.defined()) {
             gb = Tensor::Empty({out_f}, G.dtype(), G.device());
             kernels::sum_rows.Get(G.device(), G.dtype())(G, gb, 0.0f);
           }

@@ -8,6 +8,9 @@
 //  - ops::LinearGeluTanh with linear_gelu_forward (matmul.cc's GELU_AUX_BIAS epilogue): the slot
 //    is called, the output is GELU's within rounding, the gradients (from the kept pre) those
 //    of Linear then GeluTanh. (models/gpt's gpt_fused_mlp_test checks the model takes it.)
+//  - its backward with linear_gelu_backward (matmul.cc's GELU-derivative + bias-gradient
+//    kernel): the slot is called once per backward, its dpre feeds the products and its column
+//    sums are the bias gradient, also when the weight gradients are put off (WeightGradQueue).
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -17,6 +20,7 @@
 #include "backends/cuda/kernels/attention_plan.h"
 #include "backends/cuda/math/flash_attention.h"
 #include "core/allocator.h"
+#include "core/autograd.h"
 #include "core/kernel_checks.h"
 #include "core/kernels.h"
 #include "core/ops.h"
@@ -265,6 +269,67 @@ TEST(FusedOps, LinearGeluTanhUsesTheFusedSlotWhereRegisteredWithTheSameGradients
   EXPECT_TRUE(cpu::testing::AllClose(got[0], want[0], 1e-6f, 1e-5f));
   for (size_t i = 1; i < want.size(); ++i) {
     EXPECT_TRUE(cpu::testing::AllClose(got[i], want[i], 0.f, 0.f)) << i;
+  }
+}
+
+int g_linear_gelu_bwd_calls = 0;
+
+// What the CUDA kernel computes, on the host: the CPU's GELU derivative into dpre, then dpre's
+// column sums (the CPU's sum_rows, beta 0) into dbias, the unfused path's two kernels, so any
+// difference in the gradients is the op's wiring of the slot.
+void HostLinearGeluBackward(const Tensor& pre, const Tensor& dout, Tensor& dpre, Tensor& dbias) {
+  ++g_linear_gelu_bwd_calls;
+  EXPECT_EQ(pre.ndim(), 2);
+  EXPECT_EQ(dbias.numel(), pre.size(1));
+  kernels::unary_backward.Get(Device::CPU())(kernels::UnaryOp::kGeluTanh, pre, dout, dpre);
+  kernels::sum_rows.Get(Device::CPU())(dpre, dbias, 0.0f);
+}
+
+TEST(FusedOps, LinearGeluTanhBackwardUsesTheFusedSlotWhereRegistered) {
+  std::mt19937 rng(11);
+  const Tensor x = cpu::testing::RandomTensor({3, 5, 16}, rng);
+  const Tensor w = cpu::testing::RandomTensor({24, 16}, rng);
+  const Tensor b = cpu::testing::RandomTensor({24}, rng, -3.f, 3.f);
+  const Tensor seed = cpu::testing::RandomTensor({3, 5, 24}, rng);
+  auto run = [&](bool deferred) {
+    Tensor xp = x.Clone(), wp = w.Clone(), bp = b.Clone();
+    for (Tensor* t : {&xp, &wp, &bp}) t->set_requires_grad(true);
+    Tensor y = ops::LinearGeluTanh(xp, wp, bp);
+    if (deferred) {  // the weight and bias gradients put off, then run (as the pipeline does)
+      autograd::WeightGradQueue q;
+      {
+        autograd::WeightGradQueue::ActiveScope scope(&q);
+        y.Backward(seed);
+      }
+      EXPECT_EQ(q.size(), 1u);
+      EXPECT_FALSE(wp.grad().defined());
+      q.Run();
+    } else {
+      y.Backward(seed);
+    }
+    return std::vector<Tensor>{xp.grad(), wp.grad(), bp.grad()};
+  };
+  ASSERT_EQ(kernels::linear_gelu_backward.Find(DeviceType::kCPU), nullptr);
+  const std::vector<Tensor> want = run(false);
+  const int forward_calls = g_linear_gelu_calls;
+  kernels::linear_gelu_forward.Register(DeviceType::kCPU, &HostLinearGelu);
+  kernels::linear_gelu_backward.Register(DeviceType::kCPU, &HostLinearGeluBackward);
+  const std::vector<Tensor> got = run(false), got_deferred = run(true);
+  // Without a bias the slot has no bias gradient to give: unary_backward, not the slot.
+  Tensor xn = x.Clone();
+  xn.set_requires_grad(true);
+  ops::LinearGeluTanh(xn, w, Tensor()).Backward(seed);
+  kernels::linear_gelu_backward.Register(DeviceType::kCPU, nullptr);
+  kernels::linear_gelu_forward.Register(DeviceType::kCPU, nullptr);
+  EXPECT_EQ(g_linear_gelu_calls - forward_calls, 2);
+  EXPECT_EQ(g_linear_gelu_bwd_calls, 2);
+  EXPECT_TRUE(xn.grad().defined());
+  // The same pre (the fused forward's bits, as the test above shows), the same kernels in the
+  // same order: exactly equal, with the queue or without.
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_TRUE(got[i].defined() && got_deferred[i].defined()) << i;
+    EXPECT_TRUE(cpu::testing::AllClose(got[i], want[i], 0.f, 0.f)) << i;
+    EXPECT_TRUE(cpu::testing::AllClose(got_deferred[i], want[i], 0.f, 0.f)) << i;
   }
 }
 

@@ -21,6 +21,8 @@ TEST(HalfSlots, NativeHalfKernelsAreRegisteredForBf16AndF16) {
     EXPECT_NE(kernels::sum_all.Find(kCuda, dt), nullptr);
     EXPECT_NE(kernels::sum_rows.Find(kCuda, dt), nullptr);
     EXPECT_NE(kernels::matmul.Find(kCuda, dt), nullptr);
+    EXPECT_NE(kernels::linear_gelu_forward.Find(kCuda, dt), nullptr);
+    EXPECT_NE(kernels::linear_gelu_backward.Find(kCuda, dt), nullptr);
     EXPECT_NE(kernels::layernorm_forward.Find(kCuda, dt), nullptr);
     EXPECT_NE(kernels::layernorm_backward.Find(kCuda, dt), nullptr);
     EXPECT_NE(kernels::softmax_forward.Find(kCuda, dt), nullptr);

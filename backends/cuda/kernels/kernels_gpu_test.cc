@@ -12,6 +12,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/test_util.h"
@@ -370,6 +371,49 @@ TEST_F(CudaKernelsGpuTest, LinearGeluEpilogueMatchesTheCpu) {
         EXPECT_TRUE(AllClose(ToCpu(out).To(DType::kF32), want.To(DType::kF32), tol, tol))
             << "gelu " << what;
       }
+    }
+  }
+}
+
+// LinearGeluTanh's GELU backward in one pass (linear_gelu_backward: dpre and the bias gradient)
+// against the unfused path on the same GPU (unary_backward's GELU derivative, then sum_rows):
+// within 1e-5 relative (0 absolute) in every dtype: the kernel is built to give the same bits
+// (the same per-element math, the same per-column order, one rounding), and a half's unit is
+// ~4e-3 (bf16) or ~1e-3 (f16) relative, so any rounding apart fails. And against the CPU's
+// kernels (another GELU-derivative evaluation and summation): f32 1e-4 absolute + 1e-4
+// relative, bf16 2e-2, f16 2e-3 on dpre, and for the sums over up to 300 rows 1e-3 (f32), 5e-2
+// (bf16), 1e-2 (f16) absolute + relative. pre spans [-5, 5], over GELU's curved part and its
+// tails; the shapes include one row, a column count not a multiple of 32, and more rows than
+// columns.
+TEST_F(CudaKernelsGpuTest, LinearGeluBackwardMatchesTheUnfusedPath) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{50, 96}, {37, 90}, {1, 45}, {300, 17}};
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const auto& [rows, cols] : shapes) {
+      const std::string what = std::string(DTypeName(dt)) + " " + std::to_string(rows) + "x" +
+                               std::to_string(cols);
+      const Tensor pre = RandomTensor({rows, cols}, rng_, -5.f, 5.f).To(dt);
+      const Tensor dout = RandomTensor({rows, cols}, rng_, -1.f, 1.f).To(dt);
+      const Tensor gpre = ToGpu(pre), gdout = ToGpu(dout);
+      Tensor dpre = ToGpu(Tensor::Zeros({rows, cols}, dt)), db = ToGpu(Tensor::Zeros({cols}, dt));
+      kernels::linear_gelu_backward.Get(Device::CUDA(0), dt)(gpre, gdout, dpre, db);
+      Tensor dpre_u = ToGpu(Tensor::Zeros({rows, cols}, dt));
+      Tensor db_u = ToGpu(Tensor::Zeros({cols}, dt));
+      kernels::unary_backward.Get(Device::CUDA(0), dt)(kernels::UnaryOp::kGeluTanh, gpre, gdout,
+                                                       dpre_u);
+      kernels::sum_rows.Get(Device::CUDA(0), dt)(dpre_u, db_u, 0.0f);
+      const Tensor got_dpre = ToCpu(dpre).To(DType::kF32), got_db = ToCpu(db).To(DType::kF32);
+      EXPECT_TRUE(AllClose(got_dpre, ToCpu(dpre_u).To(DType::kF32), 0.f, 1e-5f)) << "dpre " << what;
+      EXPECT_TRUE(AllClose(got_db, ToCpu(db_u).To(DType::kF32), 0.f, 1e-5f)) << "dbias " << what;
+
+      Tensor want_dpre = Tensor::Empty({rows, cols}, dt), want_db = Tensor::Empty({cols}, dt);
+      kernels::unary_backward.Get(Device::CPU(), dt)(kernels::UnaryOp::kGeluTanh, pre, dout,
+                                                     want_dpre);
+      kernels::sum_rows.Get(Device::CPU(), dt)(want_dpre, want_db, 0.0f);
+      const float tol = dt == DType::kBF16 ? 2e-2f : dt == DType::kF16 ? 2e-3f : 1e-4f;
+      const float sum_tol = dt == DType::kBF16 ? 5e-2f : dt == DType::kF16 ? 1e-2f : 1e-3f;
+      EXPECT_TRUE(AllClose(got_dpre, want_dpre.To(DType::kF32), tol, tol)) << "dpre cpu " << what;
+      EXPECT_TRUE(AllClose(got_db, want_db.To(DType::kF32), sum_tol, sum_tol))
+          << "dbias cpu " << what;
     }
   }
 }

@@ -59,6 +59,12 @@ cudaError_t LaunchSumRows(const float* a, int64_t rows, int64_t cols, float* out
 // by beta added (out not read when beta is 0), rounded once (math/rows.h's SumRowsColumn).
 cudaError_t LaunchSumRowsHalf(int fmt, const void* a, int64_t rows, int64_t cols, void* out,
                               float beta, cudaStream_t s);
+// LinearGeluTanh's backward through its GELU (`fmt`: 0 f32, else as above): dpre[r, c] =
+// gelu_tanh'(pre[r, c]) dout[r, c], stored in fmt, and dbias[c] = the sum over rows of dpre as
+// stored, rows in order, rounded once: unary_backward then sum_rows (beta 0), bit for bit, in
+// one pass over dout (one thread per column, as sum_rows).
+cudaError_t LaunchGeluBiasGrad(int fmt, const void* pre, const void* dout, int64_t rows,
+                               int64_t cols, void* dpre, void* dbias, cudaStream_t s);
 
 cudaError_t LaunchLayerNormForward(const float* x, const float* w, const float* b, float eps,
                                    int64_t rows, int64_t cols, float* out, float* mean,

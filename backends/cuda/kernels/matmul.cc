@@ -361,6 +361,27 @@ void LinearGeluForward(const Tensor& x, const Tensor& weight, const Tensor& bias
           KernelStream(out.device().index), pre.raw_data());
 }
 
+// The backward of LinearGeluTanh's GELU: dpre = dout * gelu_tanh'(pre) and the bias gradient
+// (dpre's column sums) in one pass over dout and pre, no temporary beyond dpre. Not cuBLASLt's
+// DGELU_BGRAD epilogue: that fuses into the GEMM producing dout (the next Linear's dX), across
+// two ops; this kernel is the op's own part of it, with sum_rows' bits (launchers.h).
+template <DType kDType>
+void LinearGeluBackward(const Tensor& pre, const Tensor& dout, Tensor& dpre, Tensor& dbias) {
+  CheckCudaTensors("linear_gelu_backward", {&pre, &dout, &dpre, &dbias});
+  BRAID_CHECK(pre.ndim() == 2 && pre.dtype() == kDType && dout.shape() == pre.shape() &&
+              dout.dtype() == kDType && dpre.shape() == pre.shape() && dpre.dtype() == kDType &&
+              dbias.dtype() == kDType && dbias.numel() == pre.size(1))
+      << "cuda kernel 'linear_gelu_backward': pre " << pre.DescribeForError() << ", dout "
+      << dout.DescribeForError() << ", dpre " << dpre.DescribeForError() << " must be one "
+      << DTypeName(kDType) << " [rows, cols] shape and dbias " << dbias.DescribeForError()
+      << " [cols]";
+  const int fmt = kDType == DType::kBF16 ? 1 : (kDType == DType::kF16 ? 2 : 0);  // math::Format
+  DeviceGuard guard(pre.device().index);
+  CheckCuda(LaunchGeluBiasGrad(fmt, pre.raw_data(), dout.raw_data(), pre.size(0), pre.size(1),
+                               dpre.raw_data(), dbias.raw_data(), KernelStream(pre.device().index)),
+            "linear_gelu_backward");
+}
+
 }  // namespace
 
 BRAID_REGISTER_KERNEL(kernels::matmul, DeviceType::kCUDA, &Matmul<DType::kF32>);
@@ -380,5 +401,12 @@ BRAID_REGISTER_KERNEL_FOR_DTYPE(kernels::linear_gelu_forward, DeviceType::kCUDA,
                                 &LinearGeluForward<DType::kBF16>);
 BRAID_REGISTER_KERNEL_FOR_DTYPE(kernels::linear_gelu_forward, DeviceType::kCUDA, DType::kF16,
                                 &LinearGeluForward<DType::kF16>);
+
+BRAID_REGISTER_KERNEL(kernels::linear_gelu_backward, DeviceType::kCUDA,
+                      &LinearGeluBackward<DType::kF32>);
+BRAID_REGISTER_KERNEL_FOR_DTYPE(kernels::linear_gelu_backward, DeviceType::kCUDA, DType::kBF16,
+                                &LinearGeluBackward<DType::kBF16>);
+BRAID_REGISTER_KERNEL_FOR_DTYPE(kernels::linear_gelu_backward, DeviceType::kCUDA, DType::kF16,
+                                &LinearGeluBackward<DType::kF16>);
 
 }  // namespace braid::cuda

@@ -6,6 +6,7 @@
 #include "backends/cuda/kernels/geometry.h"
 #include "backends/cuda/kernels/launchers.h"
 #include "backends/cuda/math/rows.h"
+#include "backends/cuda/math/unary.h"
 
 namespace braid::cuda {
 namespace {
@@ -73,7 +74,58 @@ __global__ void SumRowsHalfKernel(const math::Stored<F>* a, int64_t rows, int64_
   out[c] = math::SumRowsColumn<F>(a, rows, cols, c, out[c], beta);
 }
 
+// One column per thread: each dpre element is the elementwise kernel's (math::UnaryGradHalf's
+// rounding for half), and the column's sum adds those stored values in row order, as
+// SumRowsColumn does, so the pair equals unary_backward then sum_rows bit for bit.
+template <math::Format F>
+__global__ void GeluBiasGradKernel(const math::Stored<F>* pre, const math::Stored<F>* dout,
+                                   int64_t rows, int64_t cols, math::Stored<F>* dpre,
+                                   math::Stored<F>* dbias) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  float acc = 0.0f;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = r * cols + c;
+    const math::Stored<F> d = math::StoreAs<F>(
+        math::ApplyUnaryGrad(math::Unary::kGeluTanh, math::LoadF32<F>(pre[i]),
+                             math::LoadF32<F>(dout[i])));
+    dpre[i] = d;
+    // __fadd_rn: never contracted with the derivative's last product into an FMA, which would
+    // add the unrounded product and leave sum_rows' bits.
+    acc = __fadd_rn(acc, math::LoadF32<F>(d));
+  }
+  dbias[c] = math::StoreAs<F>(acc);
+}
+
+template <math::Format F>
+void GeluBiasGradAs(const void* pre, const void* dout, int64_t rows, int64_t cols, void* dpre,
+                    void* dbias, const Launch1D& g, cudaStream_t s) {
+  using T = math::Stored<F>;
+  GeluBiasGradKernel<F><<<g.grid, g.block, 0, s>>>(static_cast<const T*>(pre),
+                                                   static_cast<const T*>(dout), rows, cols,
+                                                   static_cast<T*>(dpre), static_cast<T*>(dbias));
+}
+
 }  // namespace
+
+cudaError_t LaunchGeluBiasGrad(int fmt, const void* pre, const void* dout, int64_t rows,
+                               int64_t cols, void* dpre, void* dbias, cudaStream_t s) {
+  const Launch1D g = ColumnGeometry(cols);
+  if (g.grid == 0) return cudaSuccess;
+  switch (math::Format(fmt)) {
+    case math::Format::kF32:
+      GeluBiasGradAs<math::Format::kF32>(pre, dout, rows, cols, dpre, dbias, g, s);
+      break;
+    case math::Format::kBF16:
+      GeluBiasGradAs<math::Format::kBF16>(pre, dout, rows, cols, dpre, dbias, g, s);
+      break;
+    case math::Format::kF16:
+      GeluBiasGradAs<math::Format::kF16>(pre, dout, rows, cols, dpre, dbias, g, s);
+      break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
 
 cudaError_t LaunchSumAll(const float* a, int64_t n, float* out, double* partial, cudaStream_t s) {
   return SumAllAs<math::Format::kF32>(a, n, out, partial, s);
