@@ -7,6 +7,8 @@
 //   {"bench":"step_estimate", ...}  those timings summed over one training step's calls.
 // Each figure is the median (and the fastest) of --reps timed runs after a warm-up, at every
 // --threads count.
+// --clock=cpu times in the process's CPU time instead of elapsed time
+// (tools/bench/kernel_timing.h).
 //
 //   bazel run -c opt //tools/bench:gemm_bench -- --threads=1,2 --reps=15
 #include <algorithm>
@@ -28,6 +30,8 @@
 #include "tools/bench/kernel_timing.h"
 
 ABSL_FLAG(std::string, threads, "1,2", "comma-separated thread counts to measure");
+ABSL_FLAG(std::string, clock, "wall",
+          "wall (elapsed time) or cpu (the process's CPU time, steadier on a shared machine)");
 ABSL_FLAG(int, reps, 15, "timed repetitions per measurement (the median is reported)");
 ABSL_FLAG(std::string, only, "all", "gemm, kernels or all");
 ABSL_FLAG(std::string, filter, "", "run only the cases whose name contains this");
@@ -207,6 +211,11 @@ int main(int argc, char** argv) {
     thread_counts.push_back(std::stoi(std::string(s)));
   }
   const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
+  if (!bench::SetTimingClock(absl::GetFlag(FLAGS_clock))) {
+    std::fprintf(stderr, "%s: --clock=%s is not a clock; use --clock=wall or --clock=cpu\n",
+                 "gemm_bench", absl::GetFlag(FLAGS_clock).c_str());
+    return 2;
+  }
   const std::string only = absl::GetFlag(FLAGS_only);
   const std::string filter = absl::GetFlag(FLAGS_filter);
   std::mt19937 rng(1);

@@ -19,11 +19,22 @@ limit, both measured in the same round (--no_torch leaves the twin out):
   bazel build //launcher:train //tools/bench:gemm_bench //tools/bench:llama_kernel_bench && \
     /usr/bin/python3 tools/bench/llama_bench.py --rounds 3 --steps 20 --kernel_sum --no_torch
 
+With --clock cpu as well, both sides of the share are CPU time instead of elapsed time, which
+the load of other jobs on a shared machine moves far less: the kernels are timed in the kernel
+benches' CPU time (their --clock=cpu), and the trainer's step is the difference of the CPU time
+(user + system, from the operating system's accounting of the finished child) of a run of
+--steps + 2 steps and one of 2 steps, divided by --steps (start-up and the first two steps cancel
+out); its tokens/s is reported as cpu_tokens_per_s:
+
+  /usr/bin/python3 tools/bench/llama_bench.py --rounds 3 --steps 20 --kernel_sum --no_torch \
+    --clock cpu
+
 Prints one JSON object per run and a summary object.
 """
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -32,11 +43,12 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def kernel_limit(bin_dir, model, threads):
+def kernel_limit(bin_dir, model, threads, clock="wall"):
     """The step's kernel-sum limit in tokens/s (medians of the kernels' timed runs), and the ms."""
     cmd = ([os.path.join(bin_dir, "tools/bench/llama_kernel_bench"), f"--threads={threads}"]
            if model == "llama-mini" else
            [os.path.join(bin_dir, "tools/bench/gemm_bench"), f"--threads={threads}"])
+    cmd.append(f"--clock={clock}")
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
@@ -64,6 +76,24 @@ def run(model, threads, steps, tmp, i, bin_dir):
             "final_loss": s["final_loss"], "peak_tensor_mib": round(s["peak_bytes"] / 2**20, 1)}
 
 
+def children_cpu_s():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def cpu_tokens_per_s(model, threads, steps, tmp, i, bin_dir):
+    """Tokens per CPU-second of the trainer's steady steps: (CPU of steps + 2) - (CPU of 2)."""
+    cpu = []
+    for n in (2, steps + 2):
+        before = children_cpu_s()
+        run(model, threads, n, tmp, f"{i}-cpu{n}", bin_dir)
+        cpu.append(children_cpu_s() - before)
+    out = os.path.join(tmp, f"{model}-{i}-cpu{steps + 2}", "metrics.jsonl")
+    rec = [x for x in map(json.loads, open(out)) if "step_s" in x and "tokens_per_s" in x][-1]
+    tokens_per_step = round(rec["tokens_per_s"] * rec["step_s"])
+    return round(tokens_per_step * steps / (cpu[1] - cpu[0]), 1)
+
+
 def run_torch(threads, steps):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
     cmd = ["/usr/bin/python3", os.path.join(ROOT, "tools/bench/llama_mini_torch.py"),
@@ -86,6 +116,8 @@ def main():
     p.add_argument("--no_torch", action="store_true", help="leave the PyTorch twin out")
     p.add_argument("--bin_dir", default=os.path.join(ROOT, "bazel-bin"),
                    help="where the built programs are")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="with --kernel_sum: compare elapsed time or CPU time (see above)")
     a = p.parse_args()
     got = {"gpt-mini": [], "llama-mini": [], "torch-llama-mini": []}
     if a.no_torch:
@@ -97,9 +129,13 @@ def main():
                 r = (run_torch(a.threads, a.steps) if model.startswith("torch")
                      else run(model, a.threads, a.steps, tmp, i, a.bin_dir))
                 if a.kernel_sum and model in share:
-                    limit, ms = kernel_limit(a.bin_dir, model, a.threads)
-                    r.update(kernel_sum_tokens_per_s=limit, kernel_sum_ms=ms,
-                             share_of_limit=round(r["tokens_per_s"] / limit, 3))
+                    limit, ms = kernel_limit(a.bin_dir, model, a.threads, a.clock)
+                    measured = r["tokens_per_s"]
+                    if a.clock == "cpu":
+                        measured = cpu_tokens_per_s(model, a.threads, a.steps, tmp, i, a.bin_dir)
+                        r.update(cpu_tokens_per_s=measured)
+                    r.update(kernel_sum_tokens_per_s=limit, kernel_sum_ms=ms, clock=a.clock,
+                             share_of_limit=round(measured / limit, 3))
                     share[model].append(r["share_of_limit"])
                 print(json.dumps(dict(r, round=i, threads=a.threads)), flush=True)
                 got[model].append(r["tokens_per_s"])

@@ -9,6 +9,10 @@
 //   {"bench":"llama_step_estimate", ...}  their sum over one step, matrix products apart.
 //
 //   bazel build //tools/bench:llama_kernel_bench && bazel-bin/tools/bench/llama_kernel_bench
+//
+// --clock=cpu times each kernel in the process's CPU time instead of elapsed time (see
+// tools/bench/kernel_timing.h): on a machine other jobs share, the limit then moves far less
+// between runs.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,6 +32,8 @@
 #include "tools/bench/kernel_timing.h"
 
 ABSL_FLAG(int, threads, 1, "threads of the CPU backend (and OpenBLAS)");
+ABSL_FLAG(std::string, clock, "wall",
+          "wall (elapsed time) or cpu (the process's CPU time, steadier on a shared machine)");
 ABSL_FLAG(int, reps, 15, "timed repetitions per kernel (the median and the fastest are reported)");
 
 namespace braid {
@@ -166,6 +172,11 @@ int main(int argc, char** argv) {
   using namespace braid;
   const int threads = std::max(1, absl::GetFlag(FLAGS_threads));
   const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
+  if (!bench::SetTimingClock(absl::GetFlag(FLAGS_clock))) {
+    std::fprintf(stderr, "%s: --clock=%s is not a clock; use --clock=wall or --clock=cpu\n",
+                 "llama_kernel_bench", absl::GetFlag(FLAGS_clock).c_str());
+    return 2;
+  }
   cpu::SetNumThreads(threads);
   std::mt19937 rng(1);
   Timing matmul{0, 0}, other{0, 0};
