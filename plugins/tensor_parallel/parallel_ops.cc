@@ -26,7 +26,8 @@ void Count(std::atomic<int64_t>* c, const Tensor& t) {
 // epoll, for 20 blocking all-reduces per step. A pair's exchange moves what a ring all-reduce on
 // 2 ranks moves (there each rank's half of a buffer, each way, twice; here the whole buffer
 // once), in one round trip. Elsewhere (more ranks, GPU communicators) the communicator's own
-// collectives.
+// collectives, waited for with WaitOnDevice: what reads their results is the next op on the
+// device, so under NCCL the compute stream waits for them and the host goes on.
 bool Pair(const Communicator& g, const Tensor& t) {
   return g.size() == 2 && t.device().type == DeviceType::kCPU;
 }
@@ -54,7 +55,7 @@ Tensor Sum(const Tensor& x, Communicator& g, const char* what) {
     return sum;
   }
   Tensor sum = x.Clone();
-  absl::Status st = g.AllReduce(sum, ReduceOp::kSum)->Wait();
+  absl::Status st = g.AllReduce(sum, ReduceOp::kSum)->WaitOnDevice();
   BRAID_CHECK(st.ok()) << "tensor parallel: " << what << " failed on rank " << g.rank()
                        << " of the tensor-parallel group: " << st.message();
   return sum;
@@ -73,7 +74,7 @@ void AllReduceOrDie(Tensor& t, ReduceOp op, Communicator& g, const char* what) {
     }
     return;
   }
-  absl::Status st = g.AllReduce(t, op)->Wait();
+  absl::Status st = g.AllReduce(t, op)->WaitOnDevice();
   BRAID_CHECK(st.ok()) << "tensor parallel: " << what << " failed on rank " << g.rank()
                        << " of the tensor-parallel group: " << st.message();
 }
@@ -172,7 +173,7 @@ Tensor AllGatherSequence(const Tensor& x, Communicator& g, std::atomic<int64_t>*
     return out;
   }
   Tensor all = Tensor::Empty({x.numel() * t}, DType::kF32, x.device());
-  absl::Status st = g.AllGather(flat, all)->Wait();
+  absl::Status st = g.AllGather(flat, all)->WaitOnDevice();
   BRAID_CHECK(st.ok()) << "tensor parallel: all-gathering the sequence failed on rank " << g.rank()
                        << ": " << st.message();
   // One sequence: rank-major is already [1, t*Tl, I].
@@ -215,7 +216,7 @@ Tensor ReduceScatterSequence(const Tensor& x, Communicator& g, std::atomic<int64
   Tensor rank_major = b == 1 ? x.Detach().Reshape({x.numel()})
                              : Permuted(x.Detach(), {x.numel()}, b, t, tl, inner, true);
   Tensor mine = Tensor::Empty({x.numel() / t}, DType::kF32, x.device());
-  absl::Status st = g.ReduceScatter(rank_major, mine, ReduceOp::kSum)->Wait();
+  absl::Status st = g.ReduceScatter(rank_major, mine, ReduceOp::kSum)->WaitOnDevice();
   BRAID_CHECK(st.ok()) << "tensor parallel: reduce-scattering the sequence failed on rank "
                        << g.rank() << ": " << st.message();
   return mine.Reshape(shape);

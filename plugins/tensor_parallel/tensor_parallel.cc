@@ -122,7 +122,7 @@ class TensorParallelStrategy : public WrappingStrategy {
     // loss: nothing to add to it); then what a layer above adds.
     std::function<void(Tensor&, Tensor&)> outer = ctx.model_parallel_sum_on_device;
     inner_ctx.model_parallel_sum_on_device = [g, outer](Tensor& squared, Tensor& loss) {
-      absl::Status st = g->AllReduce(squared, ReduceOp::kSum)->Wait();
+      absl::Status st = g->AllReduce(squared, ReduceOp::kSum)->WaitOnDevice();
       BRAID_CHECK(st.ok()) << "tensor parallel: all-reducing the gradient norm: " << st.message();
       if (outer) outer(squared, loss);
     };
