@@ -94,8 +94,14 @@ TEST(NcclTimeoutTest, TheWatchdogTimesOutACollectiveWaitedForOnTheDevice) {
   std::shared_ptr<Work> late = comm.AllReduce(x, ReduceOp::kMax);  // #1
   EXPECT_TRUE(late->WaitOnDevice().ok()) << "the host does not wait";
   NcclCommunicator* nccl = NcclCommunicator::From(&comm);
-  // The watchdog's thread aborts it; nothing on this thread waits for the GPU meanwhile.
-  while (!nccl->aborted()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // The watchdog's thread aborts it; nothing on this thread waits for the GPU meanwhile. Polled
+  // with a bound far past the 300 ms timeout, so a watchdog that never fires fails here, named,
+  // instead of hanging until Bazel's limit.
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (!nccl->aborted() && absl::Now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(nccl->aborted()) << "the watchdog did not abort the communicator within 60 s";
   EXPECT_TRUE(late->IsCompleted());
   absl::Status st = late->Wait();
   EXPECT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
