@@ -16,7 +16,7 @@ std::string Nearest(const std::string& name, const std::vector<std::string>& can
   std::string best;
   size_t best_distance = std::numeric_limits<size_t>::max();
   for (const std::string& c : candidates) {
-    const size_t d = EditDistance(name, c);
+    const size_t d = EditDistance(name, c, /*ignore_case=*/false, best_distance);
     if (d < best_distance) {
       best_distance = d;
       best = c;

@@ -101,7 +101,7 @@ std::string Suggest(const std::string& name) {
   std::string best;
   size_t best_d = std::string::npos;
   for (const std::string& n : names) {
-    size_t d = EditDistance(name, n);
+    size_t d = EditDistance(name, n, /*ignore_case=*/false, best_d);
     if (d < best_d) best_d = d, best = n;
   }
   if (best_d <= 2 || best_d * 3 <= name.size()) return best;

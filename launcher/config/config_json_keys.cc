@@ -93,7 +93,7 @@ std::string Nearest(const std::vector<std::string>& names, const std::string& ke
   std::string best;
   size_t best_distance = key.size() / 3 + 1;
   for (const std::string& n : names) {
-    const size_t distance = EditDistance(key, n, /*ignore_case=*/true);
+    const size_t distance = EditDistance(key, n, /*ignore_case=*/true, best_distance);
     if (distance < best_distance) best = n, best_distance = distance;
   }
   return best;
