@@ -59,6 +59,11 @@ struct StrategyTraits {
   std::string cannot_be_wrapped;
   // The most data-parallel ranks it trains (0: any): 1 for a strategy that trains one replica.
   int max_data_ranks = 0;
+  // Whether it is the data-axis layer of a config that names no strategy, for one data-parallel
+  // rank or for several. The composer asks the registered strategies (it names none itself); at
+  // most one may claim each, and a user's plugin may claim one instead of a shipped one.
+  enum class DefaultFor { kNone, kOneDataRank, kSeveralDataRanks };
+  DefaultFor default_for = DefaultFor::kNone;
 };
 
 // The axes `traits` serves, with the default filled in.

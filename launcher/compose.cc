@@ -68,6 +68,35 @@ absl::StatusOr<Chosen> ServingAxis(const std::string& axis, int size, const Laye
   return Get(found.front().first, catalog, absl::StrCat("the ", axis, "-axis strategy"));
 }
 
+// The strategy registered as the default for `data` data-parallel ranks
+// (StrategyTraits::default_for), or why there is none: no claimant, or two.
+absl::StatusOr<Chosen> DefaultLayer(int data, const LayerCatalog& catalog) {
+  const auto wanted = data > 1 ? StrategyTraits::DefaultFor::kSeveralDataRanks
+                               : StrategyTraits::DefaultFor::kOneDataRank;
+  const std::string ranks = data > 1 ? absl::StrCat(data, " data-parallel ranks") : "one data-parallel rank";
+  const std::vector<std::pair<std::string, std::string>> serving = catalog.serving(kAxisData);
+  std::vector<Chosen> claimants;
+  std::vector<std::string> origins;
+  for (const auto& [name, origin] : serving) {
+    absl::StatusOr<Chosen> c = Get(name, catalog, "strategy");
+    if (!c.ok() || c->traits.default_for != wanted) continue;
+    claimants.push_back(*std::move(c));
+    origins.push_back(absl::StrCat(Q(name), " (", origin, ")"));
+  }
+  if (claimants.empty()) {
+    return Invalid(absl::StrCat("the config names no strategy, and none on the plugin search path "
+                                "is the default for ", ranks, "; name one in strategy.name: ",
+                                List(serving)));
+  }
+  if (claimants.size() > 1) {
+    return Invalid(absl::StrCat("the config names no strategy, and several on the plugin search path "
+                                "claim to be the default for ", ranks, ": ",
+                                absl::StrJoin(origins, " and "),
+                                "; name one in strategy.name, or remove one plugin"));
+  }
+  return claimants.front();
+}
+
 }  // namespace
 
 std::string Stack::Describe() const {
@@ -113,8 +142,7 @@ absl::StatusOr<Stack> ComposeStack(int tensor, int pipeline, int data, const std
     }
   }
   if (base.name.empty()) {
-    const char* fallback = data > 1 ? kDefaultDataLayer : kSingleProcessLayer;
-    BRAID_ASSIGN_OR_RETURN(base, Get(fallback, catalog, "the default strategy"));
+    BRAID_ASSIGN_OR_RETURN(base, DefaultLayer(data, catalog));
     if (!Provides(base.traits, features)) {
       // The sections ask for more than the default has: the first strategy that serves the data
       // axis alone (not a pipeline that also does), trains this many data ranks, can be wrapped

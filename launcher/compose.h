@@ -2,11 +2,12 @@
 // names, the stack of strategy layers that trains the run, one per axis, chosen by the axes each
 // strategy declares (StrategyTraits::axes) — never by name. From the outside in:
 //   tensor   a layer that splits layers over the tensor group and wraps the one below;
-//   pipeline a layer that cuts the model into stages (today's pipeline also serves the data
-//            axis inside each stage, so nothing goes below it yet);
+//   pipeline a layer that cuts the model into stages and hands each stage to the layer below;
 //   data     the strategy the config names (ddp, zero, paramserver, dp, a user's plugin), or the
-//            default: "single" for one data-parallel rank, "ddp" for more, or the strategy that
-//            provides what the config's sections request when those do not (zero for ZeRO).
+//            default: the registered strategy that claims it for this many data-parallel ranks
+//            (StrategyTraits::default_for: "single" for one, "ddp" for more, as shipped), or the
+//            strategy that provides what the config's sections request when that one does not
+//            (zero for ZeRO).
 // A layout no stack serves is refused in one line naming the two layers and why, before any
 // training: a run never silently ignores an axis. (`context` and `expert` axes would stack the
 // same way, between tensor and data; there is none yet.)
@@ -24,10 +25,6 @@
 #include "core/strategy.h"
 
 namespace braid::launcher {
-
-// The data-axis strategies of a config that names none.
-inline constexpr char kDefaultDataLayer[] = "ddp";
-inline constexpr char kSingleProcessLayer[] = "single";
 
 struct Layer {
   std::string strategy;           // its registered name

@@ -25,8 +25,9 @@ using ::testing::HasSubstr;
 // The traits the shipped plugins register, and a user's strategy that declares nothing.
 std::map<std::string, StrategyTraits> Shipped() {
   return {
-      {"single", StrategyTraits{{"fp16", "bf16"}, {}, "", 1}},
-      {"ddp", StrategyTraits{{"fp16", "bf16", "communication_data_type"}}},
+      {"single", StrategyTraits{{"fp16", "bf16"}, {}, "", 1, StrategyTraits::DefaultFor::kOneDataRank}},
+      {"ddp", StrategyTraits{{"fp16", "bf16", "communication_data_type"}, {}, "", 0,
+                             StrategyTraits::DefaultFor::kSeveralDataRanks}},
       {"zero", StrategyTraits{{"zero1", "zero2", "zero3", "fp16", "bf16"}}},
       {"dp", StrategyTraits{{}, {kAxisData}, "it keeps whole replicas of the model, one per device"}},
       {"paramserver", StrategyTraits{{}, {kAxisData}, "its server keeps the whole model"}},
@@ -167,6 +168,36 @@ TEST(ComposeStack, WhatTheSectionsRequestPicksTheDefault) {
   absl::StatusOr<Stack> named = ComposeStack(1, 1, 2, "ddp", c, {"zero2"});
   ASSERT_TRUE(named.ok()) << named.status();
   EXPECT_EQ(named->state_holder(), "ddp");
+}
+
+// The default is whichever registered strategy claims it (the composer names none): a user's
+// plugin can take the shipped one's place, and no claimant or two are refused by name.
+TEST(ComposeStack, TheDefaultIsTheStrategyThatClaimsIt) {
+  std::map<std::string, StrategyTraits> table = Shipped();
+  table["ddp"].default_for = StrategyTraits::DefaultFor::kNone;
+  table["localsgd"].default_for = StrategyTraits::DefaultFor::kSeveralDataRanks;
+  const LayerCatalog mine = Catalog(table);
+  EXPECT_EQ(Compose(1, 1, 4, "", mine), "localsgd [data]");
+  EXPECT_EQ(Compose(2, 2, 2, "", mine), "tensor_parallel [tensor] > pipeline [pipeline] > localsgd [data]");
+  EXPECT_EQ(Compose(1, 1, 1, "", mine), "single [data]");
+
+  table["ddp"].default_for = StrategyTraits::DefaultFor::kSeveralDataRanks;
+  EXPECT_THAT(Compose(1, 1, 4, "", Catalog(table)),
+              AllOf(HasSubstr("several on the plugin search path claim to be the default for 4 "
+                              "data-parallel ranks: \"ddp\" (test) and \"localsgd\" (test)"),
+                    HasSubstr("name one in strategy.name")));
+
+  table["ddp"].default_for = StrategyTraits::DefaultFor::kNone;
+  table["localsgd"].default_for = StrategyTraits::DefaultFor::kNone;
+  table["single"].default_for = StrategyTraits::DefaultFor::kNone;
+  const LayerCatalog none = Catalog(table);
+  EXPECT_THAT(Compose(1, 1, 2, "", none),
+              AllOf(HasSubstr("none on the plugin search path is the default for 2 data-parallel "
+                              "ranks; name one in strategy.name"),
+                    HasSubstr("\"ddp\""), HasSubstr("\"zero\"")));
+  EXPECT_THAT(Compose(1, 1, 1, "", none), HasSubstr("is the default for one data-parallel rank"));
+  // A named strategy needs no default.
+  EXPECT_EQ(Compose(1, 1, 2, "ddp", none), "ddp [data]");
 }
 
 TEST(ComposeStack, AOneReplicaStrategyIsRefusedOnSeveralDataRanks) {

@@ -433,7 +433,9 @@ void DdpStrategy::WriteTrace() {
 BRAID_PLUGIN(registry) {
   absl::Status s = registry->AddStrategy(
       braid::ddp::kName, [] { return std::make_unique<braid::ddp::DdpStrategy>(); },
-      // Half parameters (core/mixed_precision.h), and their gradients reduced in f32 on request.
-      braid::StrategyTraits{{"fp16", "bf16", "communication_data_type"}});
+      // Half parameters (core/mixed_precision.h), and their gradients reduced in f32 on request;
+      // what a config of several data-parallel ranks that names no strategy trains with.
+      braid::StrategyTraits{{"fp16", "bf16", "communication_data_type"}, {}, "", 0,
+                            braid::StrategyTraits::DefaultFor::kSeveralDataRanks});
   return s.ok() ? 0 : 1;
 }
