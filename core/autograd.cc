@@ -37,6 +37,17 @@ NoGradGuard::~NoGradGuard() { g_grad_enabled = prev_; }
 
 Node::Node() : sequence_nr(g_next_sequence.fetch_add(1)) {}
 
+namespace {
+// True when `t` is the only handle to its buffer and spans all of it: no other tensor (a view, a
+// saved tensor, a caller's seed, another edge's copy of the same gradient) can read or write
+// that memory, so a gradient may keep it, or add into it, instead of copying it first. Storage
+// always owns its memory, so its reference count sees every holder.
+bool SoleOwner(const Tensor& t) {
+  return t.impl_ptr().use_count() == 1 && t.storage().use_count() == 1 &&
+         t.storage_offset() == 0 && t.nbytes() == t.storage()->bytes();
+}
+}  // namespace
+
 void AccumulateInto(Tensor& acc, const Tensor& g) {
   if (!acc.defined()) {
     acc = g.Detach().Clone();
@@ -52,7 +63,7 @@ std::vector<Tensor> AccumulateGrad::Apply(std::vector<Tensor>&& grads) {
   std::shared_ptr<TensorImpl> impl = var_.lock();
   if (!impl || !grads[0].defined()) return {};
   Tensor var(impl);
-  Tensor incoming = grads[0];
+  Tensor incoming = std::move(grads[0]);
   {
     auto transforms = impl->grad_transforms;  // copy: a transform may remove itself
     for (auto& [id, fn] : transforms) incoming = fn(incoming);
@@ -61,8 +72,10 @@ std::vector<Tensor> AccumulateGrad::Apply(std::vector<Tensor>&& grads) {
       << "gradient " << ShapeToString(incoming.shape()) << " for " << var.DescribeForError();
   Tensor g = var.grad();
   if (!g.defined()) {
-    // Own the buffer: the incoming gradient may alias memory the graph still uses.
-    g = incoming.Detach().Clone();
+    // Own the buffer: the incoming gradient may alias memory the graph still uses, so it is
+    // copied unless nothing else holds it (most weight gradients: made by their op's backward
+    // for this accumulator alone), when it is kept as it is.
+    g = SoleOwner(incoming) ? incoming.Detach() : incoming.Detach().Clone();
   } else {
     kernels::axpby.Get(g.device(), kernels::AxpbyKey(incoming, g))(1.0f, incoming, 1.0f, g);
   }
@@ -305,7 +318,9 @@ void Backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     if (!slot.defined()) {
       slot = g;
     } else {
-      Tensor sum = slot.Clone();
+      // Into the slot itself when nothing else holds its buffer (the same kernel and operands
+      // as into a copy, so the same bits); a copy when someone may still read it.
+      Tensor sum = SoleOwner(slot) ? slot : slot.Clone();
       kernels::axpby.Get(sum.device(), kernels::AxpbyKey(g, sum))(1.0f, g, 1.0f, sum);
       slot = sum;
     }

@@ -1,6 +1,7 @@
 #include "core/autograd.h"
 
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -84,6 +85,91 @@ TEST(AutogradTest, AccumulatedGradDoesNotAliasTheIncomingGradient) {
   ops::Add(x, Tensor::Zeros({2})).Backward(seed);
   EXPECT_EQ(seed.ToFloatVector(), (std::vector<float>{1, 1}));
   EXPECT_EQ(x.grad().ToFloatVector(), (std::vector<float>{2, 2}));
+}
+
+// A function of x whose backward hands back `make()`'s tensor as x's gradient (forward: x).
+Tensor GradFrom(const Tensor& x, std::function<Tensor()> make) {
+  return ApplyFunction(
+      "GradFrom", {x}, [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0].Clone()}; },
+      [make](const std::vector<Tensor>&) { return std::vector<Tensor>{make()}; })[0];
+}
+
+// The first gradient a leaf gets is kept as it is, without a copy, when the backward made it
+// for the leaf alone; a gradient someone else still holds (the seed, a tensor a backward kept,
+// a view into a larger buffer) is copied, so that .grad never shares memory a caller may write.
+TEST(AutogradTest, FirstGradientIsKeptWithoutACopyOnlyWhenNothingElseHoldsIt) {
+  {  // made for x alone: kept
+    Tensor x = Leaf({1.0f, 2.0f, 3.0f});
+    auto made = std::make_shared<const void*>(nullptr);
+    GradFrom(x, [made] {
+      Tensor g = Tensor::Full({3}, 2.0f);
+      *made = g.raw_data();
+      return g;
+    }).Backward(Ones(x));
+    EXPECT_EQ(x.grad().raw_data(), *made);
+    EXPECT_EQ(x.grad().ToFloatVector(), (std::vector<float>{2, 2, 2}));
+    EXPECT_FALSE(x.grad().requires_grad());
+  }
+  {  // also held by the test: copied, and later writes to either leave the other alone
+    Tensor x = Leaf({1.0f, 2.0f, 3.0f});
+    Tensor kept = Tensor::Full({3}, 2.0f);
+    GradFrom(x, [kept] { return kept; }).Backward(Ones(x));
+    EXPECT_NE(x.grad().raw_data(), kept.raw_data());
+    GradFrom(x, [kept] { return kept; }).Backward(Ones(x));  // accumulates into .grad only
+    EXPECT_EQ(kept.ToFloatVector(), (std::vector<float>{2, 2, 2}));
+    EXPECT_EQ(x.grad().ToFloatVector(), (std::vector<float>{4, 4, 4}));
+  }
+  {  // a view of a larger buffer nobody else holds: copied, so .grad holds only its own bytes
+    Tensor x = Leaf({1.0f, 2.0f, 3.0f});
+    GradFrom(x, [] { return Tensor::Full({6}, 5.0f).Slice(3, 6); }).Backward(Ones(x));
+    EXPECT_EQ(x.grad().storage()->bytes(), x.grad().nbytes());
+    EXPECT_EQ(x.grad().storage_offset(), 0);
+    EXPECT_EQ(x.grad().ToFloatVector(), (std::vector<float>{5, 5, 5}));
+  }
+}
+
+// Two gradients for the same tensor are added into the first one's buffer when nothing else
+// holds it, and into a copy when something does (here the test keeps one): the kept tensor is
+// never written.
+TEST(AutogradTest, GradientsOfATensorReadTwiceAddInPlaceOnlyIntoAnUnheldBuffer) {
+  Tensor x = Leaf({1.0f, -2.0f});
+  auto reached = std::make_shared<const void*>(nullptr);
+  auto fresh = std::make_shared<std::vector<const void*>>();
+  // a = x, whose backward records which buffer the summed gradient arrived in.
+  auto observe = [reached](const Tensor& x) {
+    return ApplyFunction(
+        "Observe", {x},
+        [](const std::vector<Tensor>& in) { return std::vector<Tensor>{in[0].Clone()}; },
+        [reached](const std::vector<Tensor>& g) {
+          *reached = g[0].raw_data();
+          return std::vector<Tensor>{g[0].Clone()};
+        })[0];
+  };
+  Tensor a = observe(x);
+  auto make = [fresh](float v) {
+    return [fresh, v] {
+      Tensor g = Tensor::Full({2}, v);
+      fresh->push_back(g.raw_data());
+      return g;
+    };
+  };
+  ops::Add(GradFrom(a, make(1.0f)), GradFrom(a, make(10.0f))).Backward(Tensor::Full({2}, 1.0f));
+  ASSERT_EQ(fresh->size(), 2u);
+  EXPECT_TRUE(*reached == (*fresh)[0] || *reached == (*fresh)[1]) << "the sum was copied";
+  EXPECT_EQ(x.grad().ToFloatVector(), (std::vector<float>{11, 11}));
+
+  Tensor kept = Tensor::Full({2}, 3.0f);
+  x.ZeroGrad();
+  // Whichever of the two runs first, the sum must not be written into `kept`.
+  a = observe(x);
+  ops::Add(GradFrom(a, [kept] { return kept; }), GradFrom(a, make(10.0f)))
+      .Backward(Tensor::Full({2}, 1.0f));
+  a = observe(x);
+  ops::Add(GradFrom(a, make(10.0f)), GradFrom(a, [kept] { return kept; }))
+      .Backward(Tensor::Full({2}, 1.0f));
+  EXPECT_EQ(kept.ToFloatVector(), (std::vector<float>{3, 3}));
+  EXPECT_NE(*reached, kept.raw_data());
+  EXPECT_EQ(x.grad().ToFloatVector(), (std::vector<float>{26, 26}));
 }
 
 TEST(AutogradTest, NoGradRecordsNothing) {
