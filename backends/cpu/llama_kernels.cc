@@ -6,6 +6,9 @@
 // count (as LayerNorm's backward).
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "backends/cpu/simd.h"
@@ -139,19 +142,30 @@ void SwiGluBackward(const Tensor& dout, const Tensor& gate, const Tensor& up, Te
 
 // ---- Rotary embedding -----------------------------------------------------------------------
 
-void Rope(const Tensor& x, const kernels::RopeParams& p, Tensor& out) {
-  const auto d = checks::Rope("cpu", kF32, x, p, out);
-  const int64_t half = d.d / 2;
-  if (x.numel() == 0) return;
-  // cos and sin per (time step, frequency), formed in double once and shared by every batch
-  // entry and head: T * D/2 sincos calls instead of B * T * H * D/2.
-  std::vector<float> cs(size_t(d.t * half)), sn(size_t(d.t * half));
+// cos and sin per (time step, frequency) for T steps of a head of D, formed in double once and
+// shared by every batch entry and head: T * D/2 sincos calls instead of B * T * H * D/2.
+struct RopeTable {
+  int64_t t, d, position_offset;
+  float theta, position_scale;
+  bool inverse;
+  std::vector<float> cs, sn;
+};
+
+std::shared_ptr<const RopeTable> MakeRopeTable(int64_t steps, int64_t dim,
+                                               const kernels::RopeParams& p) {
+  auto table = std::make_shared<RopeTable>(
+      RopeTable{steps, dim, p.position_offset, p.theta, p.position_scale, p.inverse, {}, {}});
+  const int64_t half = dim / 2;
+  std::vector<float>& cs = table->cs;
+  std::vector<float>& sn = table->sn;
+  cs.resize(size_t(steps * half));
+  sn.resize(size_t(steps * half));
   std::vector<double> inv_freq(static_cast<size_t>(half));
   for (int64_t i = 0; i < half; ++i) {
-    inv_freq[size_t(i)] = std::pow(double(p.theta), -2.0 * double(i) / double(d.d));
+    inv_freq[size_t(i)] = std::pow(double(p.theta), -2.0 * double(i) / double(dim));
   }
   const double sign = p.inverse ? -1.0 : 1.0;
-  ParallelFor(d.t, std::max<int64_t>(1, 256 / std::max<int64_t>(half, 1)), [&](int64_t t0,
+  ParallelFor(steps, std::max<int64_t>(1, 256 / std::max<int64_t>(half, 1)), [&](int64_t t0,
                                                                                   int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const double pos = double(p.position_offset + t) / double(p.position_scale);
@@ -162,6 +176,47 @@ void Rope(const Tensor& x, const kernels::RopeParams& p, Tensor& out) {
       }
     }
   });
+  return table;
+}
+
+// The tables of the last few distinct calls: a training step applies the same (T, D, theta,
+// scaling) to q and k of every layer, forward and inverse, so it forms two tables once instead
+// of 4 per layer per step. A few entries, not one per key ever seen: decoding with a KV cache
+// asks for a new position offset at every token.
+std::shared_ptr<const RopeTable> CachedRopeTable(int64_t steps, int64_t dim,
+                                                 const kernels::RopeParams& p) {
+  constexpr size_t kEntries = 4;
+  static std::mutex mu;
+  static std::vector<std::shared_ptr<const RopeTable>> cache;  // most recently used last
+  auto same = [&](const RopeTable& e) {
+    return e.t == steps && e.d == dim && e.position_offset == p.position_offset &&
+           e.theta == p.theta && e.position_scale == p.position_scale && e.inverse == p.inverse;
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (size_t i = 0; i < cache.size(); ++i) {
+      if (same(*cache[i])) {
+        std::shared_ptr<const RopeTable> hit = cache[i];
+        cache.erase(cache.begin() + std::ptrdiff_t(i));
+        cache.push_back(hit);
+        return hit;
+      }
+    }
+  }
+  std::shared_ptr<const RopeTable> made = MakeRopeTable(steps, dim, p);  // outside the lock
+  std::lock_guard<std::mutex> lock(mu);
+  if (cache.size() >= kEntries) cache.erase(cache.begin());
+  cache.push_back(made);
+  return made;
+}
+
+void Rope(const Tensor& x, const kernels::RopeParams& p, Tensor& out) {
+  const auto d = checks::Rope("cpu", kF32, x, p, out);
+  const int64_t half = d.d / 2;
+  if (x.numel() == 0) return;
+  const std::shared_ptr<const RopeTable> table = CachedRopeTable(d.t, d.d, p);
+  const std::vector<float>& cs = table->cs;
+  const std::vector<float>& sn = table->sn;
   const float* px = x.data<float>();
   float* po = out.data<float>();
   const int64_t rows = d.b * d.t * d.h;

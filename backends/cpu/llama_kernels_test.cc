@@ -181,6 +181,44 @@ TEST_P(LlamaKernelsTest, RopeMatchesReference) {
   }
 }
 
+// The kernel keeps the cos/sin tables of its last calls: a call whose shape or parameters differ
+// in any one field from a kept table's must not get that table. Keys differing in one field
+// each, each called twice in a row (the second finds its table kept: the same bits) and again
+// after the others (by then pushed out and formed anew), every time against the reference.
+TEST_P(LlamaKernelsTest, RopeTablesAreKeptPerShapeAndParameters) {
+  const Shape base = {2, 6, 2, 8};
+  const kernels::RopeParams p0{10000.0f, 1.0f, 0, false};
+  std::vector<RopeCase> cases = {{base, p0}};
+  auto vary = [&](auto edit) {
+    RopeCase c{base, p0};
+    edit(c);
+    cases.push_back(c);
+  };
+  vary([](RopeCase& c) { c.p.theta = 500000.0f; });
+  vary([](RopeCase& c) { c.p.position_scale = 4.0f; });
+  vary([](RopeCase& c) { c.p.position_offset = 7; });
+  vary([](RopeCase& c) { c.p.inverse = true; });
+  vary([](RopeCase& c) { c.shape[1] = 5; });   // T
+  vary([](RopeCase& c) { c.shape[3] = 12; });  // D
+  vary([](RopeCase& c) { c.shape[0] = 3; });   // the same table: only B differs
+  std::vector<Tensor> xs, first;
+  for (const RopeCase& c : cases) xs.push_back(RandomTensor(c.shape, rng_));
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const RopeCase& c = cases[i];
+      Tensor out = Tensor::Empty(c.shape), again = Tensor::Empty(c.shape);
+      Tensor rout = Tensor::Empty(c.shape);
+      kernels::rope.Get(kCpu)(xs[i], c.p, out);
+      kernels::rope.Get(kCpu)(xs[i], c.p, again);
+      reference::rope(xs[i], c.p, rout);
+      EXPECT_TRUE(AllClose(out, rout, 1e-6f, 1e-5f)) << "case " << i << ", pass " << pass;
+      EXPECT_TRUE(BitEqual(out, again)) << "case " << i << ", pass " << pass;
+      if (pass == 0) first.push_back(out);
+      if (pass == 1) EXPECT_TRUE(BitEqual(out, first[i])) << "case " << i;
+    }
+  }
+}
+
 TEST_P(LlamaKernelsTest, RopeInverseUndoesRope) {
   Tensor x = RandomTensor({2, 6, 3, 10}, rng_);
   kernels::RopeParams p{10000.0f, 2.0f, 5, false};
