@@ -68,7 +68,8 @@ constexpr int64_t N = B * T;
 constexpr int64_t kParams = 3279104;  // llama-mini's (LlamaConfig::Mini)
 
 // A Linear(in, out) without bias runs three products per step: forward x·Wᵀ, backward dX = dY·W
-// and dW = dYᵀ·X (the last accumulating into .grad: beta 1).
+// and dW = dYᵀ·X, all three into a new output (beta 0, as core/ops.cc's Linear calls them: the
+// weight's gradient is zeroed each step, so dW becomes .grad itself, not added into it).
 void AddLinear(std::vector<Case>& cases, const std::string& name, int64_t in, int64_t out,
                int calls, std::mt19937& rng) {
   auto x = Random({N, in}, rng), w = Random({out, in}, rng), y = Empty({N, out});
@@ -76,7 +77,7 @@ void AddLinear(std::vector<Case>& cases, const std::string& name, int64_t in, in
   auto mm = kernels::matmul.Get(kCpu);
   cases.push_back({name + "_fwd_xWt", calls, true, [=] { mm(*x, *w, *y, false, true, 1.0f, 0.0f); }});
   cases.push_back({name + "_bwd_dYW", calls, true, [=] { mm(*dy, *w, *dx, false, false, 1.0f, 0.0f); }});
-  cases.push_back({name + "_bwd_dYtX", calls, true, [=] { mm(*dy, *x, *dw, true, false, 1.0f, 1.0f); }});
+  cases.push_back({name + "_bwd_dYtX", calls, true, [=] { mm(*dy, *x, *dw, true, false, 1.0f, 0.0f); }});
 }
 
 std::vector<Case> Cases(std::mt19937& rng) {
@@ -156,6 +157,14 @@ std::vector<Case> Cases(std::mt19937& rng) {
                    [=] { kernels::axpby.Get(kCpu)(1.0f, *x, 1.0f, *dx); }});
   auto p = Random({kParams}, rng), pg = Random({kParams}, rng);
   auto pm = Empty({kParams}), pv = Empty({kParams});
+  // The gradient norm, measured every step (core/optimizer.cc's SquaredGradNormOnDevice): each
+  // gradient squared into a scratch tensor and summed, here over all of them at once.
+  auto sq = Empty({kParams}), sq_sum = Empty({});
+  cases.push_back({"grad_norm square 3.28M params", 1, false, [=] {
+                     kernels::unary.Get(kCpu)(kernels::UnaryOp::kSquare, *pg, 0.0f, *sq);
+                   }});
+  cases.push_back({"grad_norm sum 3.28M params", 1, false,
+                   [=] { kernels::sum_all.Get(kCpu)(*sq, *sq_sum); }});
   cases.push_back({"adamw 3.28M params", 1, false, [=] {
                      kernels::adamw.Get(kCpu)(
                          *p, *pg, *pm, *pv,
