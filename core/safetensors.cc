@@ -253,6 +253,12 @@ absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
       }
       continue;
     }
+    // The writer refuses "" (a name nothing can be loaded into), so the reader does too: whatever
+    // reads can be written again (the fuzzer's round trip found a file that could not).
+    if (name.empty()) {
+      return error("a tensor has an empty name (\"\"); every tensor needs one: the file is damaged, "
+                   "or was not written by a safetensors writer");
+    }
     // An ordinary reference for the lambda: C++17 lambdas cannot capture a structured binding
     // (g++ allows it, clang refuses).
     const std::string& tensor_name = name;

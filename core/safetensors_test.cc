@@ -247,6 +247,8 @@ TEST(Safetensors, RejectsCorruptFiles) {
       File("{" + Entry("x", "U8", "[0]", 0, 0) + "," + Entry("x", "U8", "[0]", 0, 0) + "}", ""),
       {"\"x\"", "appears twice"});
   ExpectError(File("{\"__metadata__\":{\"step\":3}}", ""), {"'step'", "must be strings"});
+  // The writer refuses an empty name, so the reader does (found by safetensors_fuzzer).
+  ExpectError(File("{" + Entry("", "U8", "[0]", 0, 0) + "}", ""), {"empty name", "damaged"});
   ExpectError(File("{\"x\xff\":1}", ""), {"not valid UTF-8", "byte 3"});
   ExpectError(File("{\"x\":\"\\ud800\"}", ""), {"invalid JSON", "low surrogate"});
   ExpectError(
