@@ -2,7 +2,7 @@
 # Fuzzes Braid's parsers of outside bytes with libFuzzer under ASan and UBSan, and keeps what
 # reaches new code in the repository's corpus folders (replayed by `bazel test`).
 #
-#   tools/fuzz/run.sh [--runs=N] [--seconds=S] [--max_len=B] [--keep] [TARGET...]
+#   tools/fuzz/run.sh [--runs=N] [--seconds=S] [--max_len=B] [--resume] [--keep] [TARGET...]
 #
 # TARGET: Bazel labels of braid_fuzzer targets (core/testing/fuzz.bzl); default: every one.
 # --runs:    executions per target (default 10000000); --seconds: a time bound per target as
@@ -11,6 +11,10 @@
 #            runs ~5x faster at 1024 once its corpus has grown to the default's length (a body
 #            of kilobytes is thousands of tiny frames each parsed five ways), and 1024 still
 #            holds several frames and frames over the handshake's 256-byte limit.
+# --resume:  go on from the previous run of the target (its working corpus in runs/fuzz/<name>/,
+#            which a run without --resume starts afresh), so one campaign can span several runs;
+#            runs/fuzz/<name>/campaign.tsv lists each completed run (executions, seconds, result,
+#            max_len), and the result row totals the campaign's executions.
 # --keep:    merge the inputs that found new coverage into <package>/fuzz_corpus/<name>/ (the
 #            kept corpus, minimised by libFuzzer's -merge); without it the repository is untouched.
 # Crashes, leaks and sanitizer reports stop the target; the input that caused it is written to
@@ -22,14 +26,15 @@
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$here"
-runs=10000000; seconds=0; max_len=8192; keep=0; targets=()
+runs=10000000; seconds=0; max_len=8192; keep=0; resume=0; targets=()
 for a in "$@"; do
   case "$a" in
     --runs=*) runs="${a#--runs=}" ;;
     --seconds=*) seconds="${a#--seconds=}" ;;
     --max_len=*) max_len="${a#--max_len=}" ;;
     --keep) keep=1 ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --resume) resume=1 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz: unknown option $a (see --help)" >&2; exit 2 ;;
     *) targets+=("$a") ;;
   esac
@@ -54,10 +59,15 @@ for t in "${targets[@]}"; do
   pkg="${t#//}"; pkg="${pkg%%:*}"; name="${t##*:}"
   kept="$pkg/fuzz_corpus/$name"
   out="runs/fuzz/$name"; work="$out/corpus"
-  rm -rf "$work"; mkdir -p "$work" "$kept"
+  ledger="$out/campaign.tsv"
+  if [ "$resume" = 0 ] || [ ! -d "$work" ]; then
+    # A new campaign: a fresh working corpus (seeded from the kept one) and an empty ledger.
+    rm -rf "$work" "$ledger"; mkdir -p "$work"
+  fi
+  mkdir -p "$kept"
   log="$out/fuzz.log"
   limit=""; [ "$seconds" != 0 ] && limit=" (at most $seconds s)"
-  echo "fuzz: $t: $runs runs$limit, inputs up to $max_len bytes, from $(ls "$kept" | wc -l) kept inputs; log $log"
+  echo "fuzz: $t: $runs runs$limit, inputs up to $max_len bytes, from $(ls "$kept" | wc -l) kept and $(ls "$work" | wc -l) working inputs; log $log"
   start=$(date +%s)
   # A fresh working corpus seeded from the kept one; -max_len bounds the inputs libFuzzer makes
   # up (configs, headers and frames worth exploring are small); -timeout: one input that runs
@@ -82,7 +92,14 @@ for t in "${targets[@]}"; do
     tail -30 "$log"
     rc=1
   fi
-  rows+=("$(printf '%-45s %12s executions %6d s  %s' "$t" "${execs:-?}" "$took" "$result")")
+  # The campaign's ledger: a run that ended (or failed) with its statistics counts; one killed
+  # before libFuzzer printed them does not (its inputs stay in the working corpus).
+  if [ -n "$execs" ]; then
+    printf '%s\t%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$execs" "$took" "${result%% *}" "$max_len" >> "$ledger"
+  fi
+  total=$(awk -F'\t' '{n += $2} END {print n + 0}' "$ledger" 2>/dev/null || echo 0)
+  legs=$(wc -l < "$ledger" 2>/dev/null || echo 0)
+  rows+=("$(printf '%-45s %12s executions %6d s  %s; campaign: %s executions in %s run(s)' "$t" "${execs:-?}" "$took" "$result" "$total" "$legs")")
 done
 echo "fuzz: results"
 printf '  %s\n' "${rows[@]}"
