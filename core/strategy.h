@@ -65,7 +65,7 @@ struct StrategyContext {
   // //core/config:train_config_headers, never by linking the config library.
   const config::TrainConfig* config = nullptr;
   // The tensor × pipeline × data layout (core/mesh.h) when the config has a `parallel` section;
-  // null otherwise (the strategy then grids `comm` itself, from its options).
+  // null otherwise (a data-axis strategy then trains over `comm`; the pipeline needs a mesh).
   const DeviceMesh* mesh = nullptr;
   // What the layers above add to the step's scalars before the strategy's one read
   // (ReadStepScalarsAndClip), on this rank's device, where NCCL moves them (all-reduces, no host

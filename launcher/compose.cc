@@ -175,6 +175,14 @@ absl::StatusOr<Stack> ComposeStack(int tensor, int pipeline, int data, const std
   }
   std::vector<Chosen> stack = {base};  // innermost first while building
 
+  // A pipeline layer takes its stage count and groups from the mesh, never from its options:
+  // named on a layout of one stage it would cut nothing (or cut by an option no layout
+  // describes), so the config says where the stages go.
+  if (named_pipeline.has_value() && pipeline == 1) {
+    return Invalid(absl::StrCat("strategy.name ", Named(named_pipeline->name, named_pipeline->axes),
+                                " cuts the model into stages along the pipeline axis, but "
+                                "parallel.pipeline is 1; give the stage count as parallel { pipeline: N }"));
+  }
   if ((pipeline > 1 || named_pipeline.has_value()) && !Has(base.axes, kAxisPipeline)) {
     Chosen pp;
     if (named_pipeline.has_value()) {
@@ -198,8 +206,6 @@ absl::StatusOr<Stack> ComposeStack(int tensor, int pipeline, int data, const std
     }
     stack.push_back(pp);
   }
-  // (A pipeline named on a layout without a parallel section takes its stages from its
-  // options; the data axis under it is the default's.)
 
   if (tensor > 1) {
     const Chosen& below = stack.back();

@@ -89,8 +89,11 @@ TEST(ComposeStack, TheNamedStrategyServesTheDataAxis) {
   // Naming the pipeline names that layer; the data axis under it gets the default.
   EXPECT_EQ(Compose(2, 2, 1, "pipeline", c),
             "tensor_parallel [tensor] > pipeline [pipeline] > single [data]");
-  // Without a parallel section the stages come from the pipeline's options.
-  EXPECT_EQ(Compose(1, 1, 4, "pipeline", c), "pipeline [pipeline] > ddp [data]");
+  // The stage count is the mesh's: a pipeline named on a layout of one stage (no parallel
+  // section, a "stages" option perhaps) is refused, saying where the count goes.
+  EXPECT_THAT(Compose(1, 1, 4, "pipeline", c),
+              AllOf(HasSubstr("strategy.name \"pipeline\" (pipeline axis) cuts the model into stages"),
+                    HasSubstr("parallel.pipeline is 1; give the stage count as parallel { pipeline: N }")));
   absl::StatusOr<Stack> s = ComposeStack(2, 1, 2, "localsgd", c);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->state_holder(), "localsgd");

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "core/check.h"
 
 namespace braid::pipeline {
 namespace {
@@ -59,17 +60,13 @@ absl::StatusOr<Options> ParseOptions(const std::map<std::string, std::string>& o
                                   "split_backward)"));
     }
   }
-  if (mesh_stages > 0) {
-    // The mesh is the one description of the layout; the option is for runs without one.
-    if (o.stages != 0 && o.stages != mesh_stages) {
-      return Invalid(absl::StrCat("option stages (", o.stages, ") disagrees with parallel.pipeline (",
-                                  mesh_stages, "); give the stage count once, in parallel.pipeline"));
-    }
-    o.stages = mesh_stages;
+  // The mesh is the one description of the layout: the option may only repeat it.
+  BRAID_CHECK(mesh_stages >= 1) << "ParseOptions: the mesh's pipeline size, " << mesh_stages;
+  if (o.stages != 0 && o.stages != mesh_stages) {
+    return Invalid(absl::StrCat("option stages (", o.stages, ") disagrees with parallel.pipeline (",
+                                mesh_stages, "); give the stage count once, in parallel.pipeline"));
   }
-  if (o.stages == 0) {
-    return Invalid("option stages is missing: how many pipeline stages? (set parallel.pipeline)");
-  }
+  o.stages = mesh_stages;
   if (o.schedule != "interleaved" && o.chunks != 1) {
     return Invalid(absl::StrCat("virtual_stages ", o.chunks, " needs schedule 'interleaved'"));
   }

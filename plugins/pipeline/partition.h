@@ -33,10 +33,10 @@ struct Options {
 bool IsPipelineOption(const std::string& key);
 
 // The strategy's options (TrainConfig's strategy.options); errors name the option and what to set.
-// `mesh_stages`: the mesh's pipeline size when the run has a mesh (0: none), which the option
-// "stages" may repeat but not contradict.
+// `mesh_stages`: the mesh's pipeline size (>= 1), the stage count; the option "stages" may
+// repeat it but not contradict it.
 absl::StatusOr<Options> ParseOptions(const std::map<std::string, std::string>& options,
-                                     int mesh_stages = 0);
+                                     int mesh_stages);
 
 // Contiguous ranges [begin, end) of layers for each of `parts` pieces: "uniform" (equal layer
 // counts), "parameters" (minimises the largest piece's summed `cost`, whatever the unit: the

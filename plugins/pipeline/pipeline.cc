@@ -1,10 +1,11 @@
 // The "pipeline" strategy: the model's layers (Module::PipelineLayers) cut into P stages (v
 // chunks per rank for the interleaved schedule), one stage per rank; the micro-batches of a
-// step flow through them as a schedule (schedule.h) says. With W = P x D ranks, rank r is stage
-// r % P of data-parallel replica r / P: each stage's D copies average their gradients, and a
-// weight used by two stages (GPT's wte: embedding and head) gets the sum of both stages'
-// gradients, so it keeps one value. One step equals one step of one process on the global batch.
-// This file: the cut, the groups and the full state; executor.cc runs the steps.
+// step flow through them as a schedule (schedule.h) says. The device mesh gives the layout (P
+// stages x D replicas, rank r of a model replica being stage r % P of replica r / P) and its
+// groups: each stage's D copies average their gradients, and a weight used by two stages (GPT's
+// wte: embedding and head) gets the sum of both stages' gradients, so it keeps one value. One
+// step equals one step of one process on the global batch.
+// This file: the cut, the mesh's groups and the full state; executor.cc runs the steps.
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -73,20 +74,32 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
   for (auto& [k, v] : ctx.options) {
     if (OwnsOption(k)) mine[k] = v;
   }
-  BRAID_ASSIGN_OR_RETURN(opts_, ParseOptions(mine, ctx.mesh ? ctx.mesh->shape().pipeline : 0));
+  // The mesh is the one description of the layout (core/mesh.h): the stage count, this rank's
+  // stage and replica, and the groups it built once for every layer (this replica's stages in
+  // stage order, this stage's replicas in replica order). The pipeline builds no groups.
+  if (ctx.mesh == nullptr) {
+    return Invalid("the strategy context has no device mesh: the pipeline takes its stage count and "
+                   "groups from the mesh; give the layout as parallel { pipeline: N } (in a test, "
+                   "DeviceMesh::Create)");
+  }
+  const DeviceMesh& mesh = *ctx.mesh;
+  BRAID_ASSIGN_OR_RETURN(opts_, ParseOptions(mine, mesh.shape().pipeline));
   world_ = ctx.comm;
   device_ = ctx.device;
   criterion_ = ctx.criterion;
   max_grad_norm_ = ctx.max_grad_norm;
   stages_ = opts_.stages;
-  const int w = world_->size();
-  if (w % stages_ != 0) {
-    return Invalid(absl::StrCat(stages_, " pipeline stages do not divide the world of ", w,
-                                " ranks; use a world size that is a multiple of the stages"));
+  dp_size_ = mesh.shape().data;
+  stage_ = mesh.pipeline_rank();
+  dp_ = mesh.data_rank();
+  pipe_ = &mesh.pipeline();
+  data_ = &mesh.data();
+  if (world_->size() != stages_ * dp_size_) {
+    // The layer above hands down the ranks of one model replica (pipeline x data).
+    return Error(absl::StatusCode::kInternal,
+                 absl::StrCat("the communicator handed to the pipeline has ", world_->size(),
+                              " ranks, but the mesh's pipeline x data is ", stages_, " x ", dp_size_));
   }
-  dp_size_ = w / stages_;
-  stage_ = world_->rank() % stages_;
-  dp_ = world_->rank() / stages_;
   std::vector<PipelineLayer> layers = model.PipelineLayers();
   if (layers.empty()) {
     return Invalid(absl::StrCat("model ", model.type_name(), " lists no pipeline layers (Module::",
@@ -175,42 +188,6 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
   for (auto& [n, b] : model.NamedBuffers()) {
     if (IsDeferred(b)) Materialize(b);
     b.MoveTo(device_);
-  }
-  // Groups, created by every rank in the same order: each replica's pipeline and each stage's
-  // replicas.
-  auto join = [&](const std::vector<int>& ranks, Communicator** slot) -> absl::Status {
-    BRAID_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> g, world_->NewGroup(ranks));
-    if (g) {
-      if (slot) *slot = g.get();
-      groups_.push_back(std::move(g));
-    }
-    return absl::OkStatus();
-  };
-  if (ctx.mesh != nullptr) {
-    // The mesh built these once for every layer (core/mesh.h): this rank's pipeline (its
-    // replica's stages, in stage order) and its stage's replicas (in replica order).
-    pipe_ = &ctx.mesh->pipeline();
-    data_ = &ctx.mesh->data();
-    if (pipe_->size() != stages_ || pipe_->rank() != stage_ || data_->size() != dp_size_ ||
-        data_->rank() != dp_) {
-      return Error(absl::StatusCode::kInternal,
-                   absl::StrCat("the mesh's groups (pipeline rank ", pipe_->rank(), " of ", pipe_->size(),
-                                ", data rank ", data_->rank(), " of ", data_->size(),
-                                ") disagree with stage ", stage_, " of ", stages_, ", replica ", dp_,
-                                " of ", dp_size_));
-    }
-  } else {
-    // Without a mesh (tests that give the stage count as an option): the same groups, made here.
-    for (int d = 0; d < dp_size_; ++d) {
-      std::vector<int> ranks;
-      for (int s = 0; s < stages_; ++s) ranks.push_back(d * stages_ + s);
-      BRAID_RETURN_IF_ERROR(join(ranks, d == dp_ ? &pipe_ : nullptr));
-    }
-    for (int s = 0; s < stages_; ++s) {
-      std::vector<int> ranks;
-      for (int d = 0; d < dp_size_; ++d) ranks.push_back(d * stages_ + s);
-      BRAID_RETURN_IF_ERROR(join(ranks, s == stage_ ? &data_ : nullptr));
-    }
   }
   view_ = std::make_unique<StageView>(model, own_);
   BRAID_RETURN_IF_ERROR(SetUpTies(model, used_by));

@@ -142,7 +142,6 @@ class PipelineStrategy final : public WrappingStrategy {
   int stage_ = 0, stages_ = 1, dp_ = 0, dp_size_ = 1;
   float max_grad_norm_ = 0;
   CriterionFn criterion_;
-  std::vector<std::unique_ptr<Communicator>> groups_;  // the groups this strategy made
   Communicator* pipe_ = nullptr;   // this replica's stages
   Communicator* data_ = nullptr;   // this stage's replicas
   std::unique_ptr<StageView> view_;   // what the data-axis layer (inner()) trains

@@ -43,6 +43,15 @@ using ::bazel::tools::cpp::runfiles::Runfiles;
 using ::testing::HasSubstr;
 using StateDict = std::map<std::string, Tensor>;
 
+// This rank's mesh of `stages` x (size / stages) replicas over `comm`, as the trainer builds
+// from parallel { pipeline data }: a collective, every rank of `comm` calls it.
+std::unique_ptr<DeviceMesh> MeshOf(Communicator& comm, int stages) {
+  absl::StatusOr<std::unique_ptr<DeviceMesh>> mesh =
+      DeviceMesh::Create(comm, {1, stages, comm.size() / stages});
+  BRAID_CHECK(mesh.ok()) << mesh.status().ToString();
+  return std::move(mesh).value();
+}
+
 // 4 blocks: 6 layers (embedding, h.0..h.3, head), so 2, 3 and 4 stages all have work.
 std::unique_ptr<Module> MakeGpt() {
   models::GptConfig c;
@@ -157,9 +166,10 @@ class PipelineTest : public ::testing::Test {
       auto data_layer = Registry::Get().MakeStrategy(inner);
       ASSERT_TRUE(data_layer.ok()) << data_layer.status();
       ASSERT_TRUE(pipe->Wrap(std::move(data_layer).value()).ok());
+      std::unique_ptr<DeviceMesh> mesh = MeshOf(*comm, spec.stages);
       StrategyContext ctx;
       ctx.comm = comm;
-      ctx.options["stages"] = std::to_string(spec.stages);
+      ctx.mesh = mesh.get();
       ctx.options["schedule"] = spec.schedule;
       ctx.options["virtual_stages"] = std::to_string(spec.virtual_stages);
       ctx.max_grad_norm = spec.max_grad_norm;
@@ -482,9 +492,10 @@ TEST_F(PipelineTest, EvaluateRunsTheWholeModelOnEveryStage) {
   const float want = ops::CrossEntropy((*reference)(held_out.inputs), held_out.targets).item();
   testing::RunRanks(3, [&](int rank, Communicator* comm) {
     auto pipe = std::move(MakePipeline()).value();
+    std::unique_ptr<DeviceMesh> mesh = MeshOf(*comm, 3);
     StrategyContext ctx;
     ctx.comm = comm;
-    ctx.options["stages"] = "3";
+    ctx.mesh = mesh.get();
     ctx.criterion = CrossEntropyCriterion();
     std::unique_ptr<Module> model;
     {
@@ -527,73 +538,54 @@ TEST_F(PipelineTest, TiedWeightKeepsOneValueOnBothStages) {
 
 TEST_F(PipelineTest, LayoutsThatCannotWorkAreRefusedAtSetup) {
   std::vector<std::unique_ptr<Communicator>> group = MakeInProcessGroup(1);
+  std::unique_ptr<DeviceMesh> mesh = MeshOf(*group[0], 1);
+  // The mesh gives the stage count (no option needed); an option may repeat it but not
+  // contradict it; the rest must fit the model.
   for (auto [options, want] :
-       {std::pair<std::map<std::string, std::string>, std::string>{
-            {{"stages", "1"}, {"virtual_stages", "7"}, {"schedule", "interleaved"}},
-            "7 pieces for a model of 6 layers"},
-        {{{"stages", "1"}, {"virtual_stages", "2"}}, "needs schedule 'interleaved'"},
-        {{{"stages", "1"}, {"partition", "2,2"}}, "partition '2,2' gives 2 stage(s) of 4 layer(s)"},
-        {{}, "option stages is missing"}}) {
+       {std::pair<std::map<std::string, std::string>, std::string>{{}, ""},
+        {{{"stages", "1"}}, ""},
+        {{{"stages", "2"}}, "option stages (2) disagrees with parallel.pipeline (1)"},
+        {{{"virtual_stages", "7"}, {"schedule", "interleaved"}}, "7 pieces for a model of 6 layers"},
+        {{{"virtual_stages", "2"}}, "needs schedule 'interleaved'"},
+        {{{"partition", "2,2"}}, "partition '2,2' gives 2 stage(s) of 4 layer(s)"}}) {
     auto pipe = MakePipeline();
     ASSERT_TRUE(pipe.ok());
     StrategyContext ctx;
     ctx.comm = group[0].get();
+    ctx.mesh = mesh.get();
     ctx.options = options;
     ctx.criterion = CrossEntropyCriterion();
     std::unique_ptr<Module> model = MakeGpt();
     absl::Status st = (*pipe)->Setup(*model, Optim(false), ctx);
-    EXPECT_THAT(std::string(st.message()), HasSubstr(want));
-  }
-  // The mesh gives the stage count (no option needed); an option may repeat it but not
-  // contradict it.
-  {
-    absl::StatusOr<std::unique_ptr<DeviceMesh>> mesh = DeviceMesh::Create(*group[0], {1, 1, 1});
-    ASSERT_TRUE(mesh.ok()) << mesh.status();
-    for (auto [options, want] :
-         {std::pair<std::map<std::string, std::string>, std::string>{{}, ""},
-          {{{"stages", "1"}}, ""},
-          {{{"stages", "2"}}, "option stages (2) disagrees with parallel.pipeline (1)"}}) {
-      auto pipe = MakePipeline();
-      ASSERT_TRUE(pipe.ok());
-      StrategyContext ctx;
-      ctx.comm = group[0].get();
-      ctx.mesh = mesh->get();
-      ctx.options = options;
-      ctx.criterion = CrossEntropyCriterion();
-      std::unique_ptr<Module> model = MakeGpt();
-      absl::Status st = (*pipe)->Setup(*model, Optim(false), ctx);
-      if (want.empty()) {
-        EXPECT_TRUE(st.ok()) << st;
-      } else {
-        EXPECT_THAT(std::string(st.message()), HasSubstr(want));
-      }
+    if (want.empty()) {
+      EXPECT_TRUE(st.ok()) << st;
+    } else {
+      EXPECT_THAT(std::string(st.message()), HasSubstr(want));
     }
   }
-  // A world the stages do not divide.
-  std::vector<std::unique_ptr<Communicator>> three = MakeInProcessGroup(3);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 3; ++r) {
-    threads.emplace_back([&, r] {
-      auto pipe = MakePipeline();
-      StrategyContext ctx;
-      ctx.comm = three[size_t(r)].get();
-      ctx.options = {{"stages", "2"}};
-      ctx.criterion = CrossEntropyCriterion();
-      std::unique_ptr<Module> model = MakeGpt();
-      absl::Status st = (*pipe)->Setup(*model, Optim(false), ctx);
-      EXPECT_THAT(std::string(st.message()), HasSubstr("2 pipeline stages do not divide the world of 3"));
-    });
+  // Without a mesh there is no layout to follow, not even with the stage count as an option:
+  // the pipeline builds no groups of its own.
+  {
+    auto pipe = MakePipeline();
+    ASSERT_TRUE(pipe.ok());
+    StrategyContext ctx;
+    ctx.comm = group[0].get();
+    ctx.options = {{"stages", "1"}};
+    ctx.criterion = CrossEntropyCriterion();
+    std::unique_ptr<Module> model = MakeGpt();
+    absl::Status st = (*pipe)->Setup(*model, Optim(false), ctx);
+    EXPECT_THAT(std::string(st.message()), HasSubstr("give the layout as parallel { pipeline: N }"));
   }
-  for (auto& t : threads) t.join();
+  std::vector<std::thread> threads;
   // 1F1B with fewer micro-batches than stages: refused at the step, saying what to change.
   std::vector<std::unique_ptr<Communicator>> two = MakeInProcessGroup(2);
-  threads.clear();
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
       auto pipe = MakePipeline();
+      std::unique_ptr<DeviceMesh> mesh2 = MeshOf(*two[size_t(r)], 2);
       StrategyContext ctx;
       ctx.comm = two[size_t(r)].get();
-      ctx.options = {{"stages", "2"}};
+      ctx.mesh = mesh2.get();
       ctx.criterion = CrossEntropyCriterion();
       std::unique_ptr<Module> model = MakeGpt();
       ASSERT_TRUE((*pipe)->Setup(*model, Optim(false), ctx).ok());

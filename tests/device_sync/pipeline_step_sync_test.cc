@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "backends/in_process/run_ranks.h"
+#include "core/mesh.h"
 #include "core/ops.h"
 #include "core/optimizer.h"
 #include "core/plugin.h"
@@ -64,11 +65,16 @@ RankRun TrainRank(const Spec& spec, int rank, Communicator* comm, Device device,
   auto data_layer = Registry::Get().MakeStrategy(spec.inner);
   BRAID_CHECK(data_layer.ok()) << data_layer.status();
   BRAID_CHECK((*pipe)->Wrap(std::move(data_layer).value()).ok());
+  // The layout, kStages x replicas, as the trainer builds it from parallel { pipeline data }
+  // (before host tensors are refused: making the groups is no step's traffic).
+  absl::StatusOr<std::unique_ptr<DeviceMesh>> mesh =
+      DeviceMesh::Create(*comm, {1, kStages, comm->size() / kStages});
+  BRAID_CHECK(mesh.ok()) << mesh.status();
   StrategyContext ctx;
   ctx.comm = comm;
+  ctx.mesh = mesh->get();
   ctx.device = device;
   ctx.max_grad_norm = spec.max_grad_norm;
-  ctx.options["stages"] = absl::StrCat(kStages);
   ctx.options["schedule"] = spec.schedule;
   ctx.options["virtual_stages"] = absl::StrCat(spec.virtual_stages);
   ctx.options["partition"] = "parameters";

@@ -85,7 +85,7 @@ reference() {
 
 ZERO() { echo "strategy { name: \"zero\" } zero_optimization { stage: $1 ${2:-} }"; }
 PIPE() {  # SCHEDULE [VIRTUAL [MORE_OPTIONS]]
-  echo "strategy { name: \"pipeline\" options { key: \"stages\" value: \"2\" }" \
+  echo "parallel { pipeline: 2 } strategy { name: \"pipeline\"" \
     "options { key: \"schedule\" value: \"$1\" } options { key: \"virtual_stages\" value: \"${2:-1}\" } ${3:-} }"
 }
 SPLIT='options { key: "split_backward" value: "true" }'

@@ -22,7 +22,7 @@ $4
 CFG
 }
 pipe() {  # STAGES SCHEDULE [VIRTUAL [MORE_OPTIONS]]
-  echo "strategy { name: \"pipeline\" options { key: \"stages\" value: \"$1\" }" \
+  echo "parallel { pipeline: $1 } strategy { name: \"pipeline\"" \
     "options { key: \"schedule\" value: \"$2\" } options { key: \"virtual_stages\" value: \"${3:-1}\" } ${4:-} }"
 }
 cfg "$T/single.pbtxt" 4 4 'strategy { name: "single" }'

@@ -56,6 +56,10 @@ printf 'parallel { pipeline: 2 }\nstrategy { name: "dp" }\n' > "$tmp/pipe_dp.pbt
 printf 'parallel { tensor: 2 }\nstrategy { name: "dp" }\n' > "$tmp/tp_dp.pbtxt"
 expect dp-under-the-pipeline '^braid train: layers "pipeline" \(pipeline axis\) and "dp" \(data axis\) do not stack: "dp" cannot serve under another layer: it keeps whole replicas' -- env WORLD_SIZE=4 RANK=0 "$train" --config="$tmp/pipe_dp.pbtxt" --log_dir="$tmp/l"
 expect dp-under-tensor-parallel '^braid train: layers "tensor_parallel" \(tensor axis\) and "dp" \(data axis\) do not stack: "dp" cannot serve under a layer that splits the model: it keeps whole replicas' -- env WORLD_SIZE=4 RANK=0 "$train" --config="$tmp/tp_dp.pbtxt" --log_dir="$tmp/l"
+# The pipeline's stage count is the mesh's: as an option alone (the layout of earlier releases) it
+# is refused, saying where it goes, rather than the pipeline building groups of its own.
+printf 'strategy { name: "pipeline" options { key: "stages" value: "2" } }\n' > "$tmp/pipe_option.pbtxt"
+expect pipeline-without-a-mesh '^braid train: .*pipe_option.pbtxt:1:12: strategy.name "pipeline" \(pipeline axis\) cuts the model into stages along the pipeline axis, but parallel.pipeline is 1; give the stage count as parallel \{ pipeline: N \}' -- env WORLD_SIZE=2 RANK=0 "$train" --config="$tmp/pipe_option.pbtxt" --log_dir="$tmp/l"
 expect single-on-two-ranks '^braid train: strategy.name "single" trains 1 data-parallel rank\(s\), but the data-parallel size is 2' -- env WORLD_SIZE=2 RANK=0 "$train" --strategy=single --steps=1 --log_dir="$tmp/l"
 expect missing-config 'no-such.pbtxt' -- "$train" --config="$tmp/no-such.pbtxt" --log_dir="$tmp/l"
 expect unknown-strategy "nosuch.*(searched|looked)" -- "$train" --strategy=nosuch --steps=1 --log_dir="$tmp/l"
