@@ -283,7 +283,7 @@ def main():
                          "_split": 'options { key: "split_backward" value: "true" } '}.get(variant, "")
                 configs[f"pipe_{sched}_m{m}{variant}"] = BASE.format(
                     micro=16 // m, accum=m,
-                    strategy=f'strategy {{ name: "pipeline" options {{ key: "stages" value: "2" }} '
+                    strategy=f'parallel {{ pipeline: 2 }} strategy {{ name: "pipeline" '
                              f'options {{ key: "schedule" value: "{sched}" }} '
                              f'options {{ key: "partition" value: "{a.partition}" }} {extra}'
                              f'options {{ key: "trace_file" value: "TRACE{{rank}}.json" }} }}')
