@@ -14,7 +14,7 @@
 #include "absl/time/time.h"
 #include "core/checkpointer.h"
 #include "core/device.h"
-#include "core/mixed_precision.h"
+#include "launcher/mixed_precision/mixed_precision.h"
 #include "core/strategy.h"
 #include "launcher/monitor/monitor.h"
 #include "launcher/trainer.h"

@@ -23,7 +23,7 @@
 #include "core/checkpointer.h"
 #include "core/deferred_init.h"
 #include "core/mesh.h"
-#include "core/mixed_precision.h"
+#include "launcher/mixed_precision/mixed_precision.h"
 #include "core/ops.h"
 #include "core/optimizer.h"
 #include "core/plugin.h"
@@ -206,7 +206,7 @@ absl::Status Run::Compose() {
 
 // The model, built whole, or without parameter memory when the strategy materialises only what
 // this rank keeps (ZeRO-3): every rank then never holds the whole model. Then mixed precision
-// (core/mixed_precision.h), for the strategies that declare fp16/bf16: half parameters before
+// (launcher/mixed_precision/mixed_precision.h), for the strategies that declare fp16/bf16: half parameters before
 // Setup, so the strategy lays out (buckets, flattens, shards) half tensors; f32 masters in the
 // optimizer it builds; the loss scaled for backward only.
 absl::Status Run::BuildModelAndPrecision() {

@@ -24,7 +24,7 @@
 #include "core/checkpointer.h"
 #include "core/deferred_init.h"
 #include "core/mesh.h"
-#include "core/mixed_precision.h"
+#include "launcher/mixed_precision/mixed_precision.h"
 #include "core/ops.h"
 #include "core/optimizer.h"
 #include "core/plugin.h"

@@ -16,7 +16,7 @@
 #include "core/checkpointer.h"
 #include "core/communicator.h"
 #include "core/mesh.h"
-#include "core/mixed_precision.h"
+#include "launcher/mixed_precision/mixed_precision.h"
 #include "core/module.h"
 #include "core/optimizer.h"
 #include "core/store.h"

@@ -212,7 +212,7 @@ absl::Status DdpStrategy::Setup(Module& model, const OptimizerFactory& make_opti
     return Error(absl::StatusCode::kInvalidArgument, "no optimizer factory given");
   }
   BRAID_ASSIGN_OR_RETURN(opts_, ParseOptions(ctx.options));
-  // Mixed precision (core/mixed_precision.h) hands DDP bf16/f16 parameters; their gradients are
+  // Mixed precision (launcher/mixed_precision/mixed_precision.h) hands DDP bf16/f16 parameters; their gradients are
   // reduced in that dtype unless the config asks for f32 ("communication_data_type": "fp32"):
   // then buckets are f32, gradients are copied in (up-cast) and out (rounded once), and cannot
   // be views of a bucket of another dtype.
@@ -433,7 +433,7 @@ void DdpStrategy::WriteTrace() {
 BRAID_PLUGIN(registry) {
   absl::Status s = registry->AddStrategy(
       braid::ddp::kName, [] { return std::make_unique<braid::ddp::DdpStrategy>(); },
-      // Half parameters (core/mixed_precision.h), and their gradients reduced in f32 on request;
+      // Half parameters (launcher/mixed_precision/mixed_precision.h), and their gradients reduced in f32 on request;
       // what a config of several data-parallel ranks that names no strategy trains with.
       braid::StrategyTraits{{"fp16", "bf16", "communication_data_type"}, {}, "", 0,
                             braid::StrategyTraits::DefaultFor::kSeveralDataRanks});

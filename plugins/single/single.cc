@@ -119,7 +119,7 @@ class SingleStrategy final : public Strategy {
 BRAID_PLUGIN(registry) {
   absl::Status s =
       registry->AddStrategy("single", [] { return std::make_unique<braid::SingleStrategy>(); },
-                            // Half parameters (core/mixed_precision.h); one data-parallel rank; what a
+                            // Half parameters (launcher/mixed_precision/mixed_precision.h); one data-parallel rank; what a
                             // one-rank config that names no strategy trains with.
                             braid::StrategyTraits{{"fp16", "bf16"}, {}, "", 1,
                                                   braid::StrategyTraits::DefaultFor::kOneDataRank});

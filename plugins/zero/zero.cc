@@ -210,7 +210,7 @@ absl::Status ZeroStrategy::Setup(Module& model, const OptimizerFactory& make_opt
   if (host_step()) {
     // ZeRO-Offload: the optimizer steps host copies; only gradients go to the host and
     // updated parameters come back, each step. The copies keep the pieces' dtype: under
-    // fp16/bf16 the optimizer the factory builds (core/mixed_precision.h) then keeps its f32
+    // fp16/bf16 the optimizer the factory builds (launcher/mixed_precision/mixed_precision.h) then keeps its f32
     // masters and its state on the host too, as ZeRO-Offload does. With offload_param the
     // shards already live on the host: the optimizer steps them in place (its state is then on
     // the host whether or not offload_optimizer says so), and only gradients are copied.

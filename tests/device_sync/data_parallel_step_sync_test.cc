@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "backends/in_process/run_ranks.h"
-#include "core/mixed_precision.h"
+#include "launcher/mixed_precision/mixed_precision.h"
 #include "core/ops.h"
 #include "core/optimizer.h"
 #include "core/plugin.h"

@@ -17,7 +17,7 @@
 
 #include "absl/strings/str_join.h"
 #include "backends/cuda/fake_device_api.h"
-#include "core/mixed_precision.h"
+#include "launcher/mixed_precision/mixed_precision.h"
 #include "core/ops.h"
 #include "core/optimizer.h"
 #include "core/plugin.h"

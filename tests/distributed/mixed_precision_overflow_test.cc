@@ -8,7 +8,7 @@
 
 #include "backends/gloo/test_util.h"
 #include "core/communicator.h"
-#include "core/mixed_precision.h"
+#include "launcher/mixed_precision/mixed_precision.h"
 #include "core/optimizer.h"
 #include "core/tensor.h"
 #include "gtest/gtest.h"

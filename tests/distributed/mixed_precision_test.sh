@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mixed precision (core/mixed_precision.h) through the real launcher and training program, over
+# Mixed precision (launcher/mixed_precision/mixed_precision.h) through the real launcher and training program, over
 # Gloo: N ranks under DDP and ZeRO 1/2/3 in fp16/bf16 reach the weights one process reaches in
 # the same precision on the same global batch (the sequential loader and MNIST's distributed
 # sampler make N ranks x micro-batch b the same data as one process x N*b, as in

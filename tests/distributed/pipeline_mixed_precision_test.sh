@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mixed precision under the pipeline (core/mixed_precision.h with plugins/pipeline), real
+# Mixed precision under the pipeline (launcher/mixed_precision/mixed_precision.h with plugins/pipeline), real
 # processes through the launcher and the training program, against one process in the same
 # precision on the same global batch: gpt-mini, 2 stages 1F1B on 2 processes and 2 stages x 2
 # replicas (DDP on each stage's data axis) on 4, in bf16 and in fp16 with dynamic loss scaling

@@ -17,8 +17,8 @@
 // overflowed steadily skipped `hysteresis` steps per halving where DeepSpeed skips one. Its
 // checkpointed states (counter 1..hysteresis) are states of this rule too and resume as such.
 // A static scale (loss_scale > 0 in the config) never changes; its overflows still skip.
-#ifndef BRAID_CORE_LOSS_SCALER_H_
-#define BRAID_CORE_LOSS_SCALER_H_
+#ifndef BRAID_LAUNCHER_MIXED_PRECISION_LOSS_SCALER_H_
+#define BRAID_LAUNCHER_MIXED_PRECISION_LOSS_SCALER_H_
 
 #include <cstdint>
 #include <map>
@@ -79,4 +79,4 @@ class LossScaler {
 
 }  // namespace braid
 
-#endif  // BRAID_CORE_LOSS_SCALER_H_
+#endif  // BRAID_LAUNCHER_MIXED_PRECISION_LOSS_SCALER_H_

@@ -1,4 +1,4 @@
-#include "core/mixed_precision.h"
+#include "launcher/mixed_precision/mixed_precision.h"
 
 #include <cmath>
 #include <map>

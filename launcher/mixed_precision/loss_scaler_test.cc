@@ -1,7 +1,7 @@
 // The loss-scaler state machine, step by step: hand-worked sequences, and every (scale,
 // counter, window count) against a transcription of DeepSpeed's DynamicLossScaler.update_scale
 // kept in this file (../shared/PARALLELISM.md, "Mixed precision", writes the rule out).
-#include "core/loss_scaler.h"
+#include "launcher/mixed_precision/loss_scaler.h"
 
 #include <algorithm>
 #include <cmath>

@@ -19,8 +19,8 @@
 //
 // DeepSpeed's FP16_Optimizer / BF16_Optimizer and PyTorch's GradScaler are the models; unlike
 // AMP's autocast, the parameters themselves are half, so their memory halves too.
-#ifndef BRAID_CORE_MIXED_PRECISION_H_
-#define BRAID_CORE_MIXED_PRECISION_H_
+#ifndef BRAID_LAUNCHER_MIXED_PRECISION_MIXED_PRECISION_H_
+#define BRAID_LAUNCHER_MIXED_PRECISION_MIXED_PRECISION_H_
 
 #include <cstdint>
 #include <functional>
@@ -28,7 +28,7 @@
 
 #include "absl/status/status.h"
 #include "core/dtype.h"
-#include "core/loss_scaler.h"
+#include "launcher/mixed_precision/loss_scaler.h"
 #include "core/module.h"
 #include "core/optimizer.h"
 #include "core/strategy.h"
@@ -73,4 +73,4 @@ Batch CastInputs(const Batch& batch, DType dtype);
 
 }  // namespace braid
 
-#endif  // BRAID_CORE_MIXED_PRECISION_H_
+#endif  // BRAID_LAUNCHER_MIXED_PRECISION_MIXED_PRECISION_H_

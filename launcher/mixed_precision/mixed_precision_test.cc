@@ -1,7 +1,7 @@
 // The mixed-precision optimizer wrapper on exactly representable values: unscaling, skipping on
 // inf/NaN (found here or on another rank), the loss scaler's decisions, clipping folded into the
 // unscale, f32 masters rounded into the half parameters, learning-rate hand-through, state.
-#include "core/mixed_precision.h"
+#include "launcher/mixed_precision/mixed_precision.h"
 
 #include <cmath>
 #include <limits>
