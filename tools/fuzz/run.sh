@@ -14,7 +14,8 @@
 # --resume:  go on from the previous run of the target (its working corpus in runs/fuzz/<name>/,
 #            which a run without --resume starts afresh), so one campaign can span several runs;
 #            runs/fuzz/<name>/campaign.tsv lists each completed run (executions, seconds, result,
-#            max_len), and the result row totals the campaign's executions.
+#            max_len), and the result row totals the campaign's executions. A run interrupted
+#            with SIGINT (Ctrl-C) counts: libFuzzer prints its statistics before it exits.
 # --keep:    merge the inputs that found new coverage into <package>/fuzz_corpus/<name>/ (the
 #            kept corpus, minimised by libFuzzer's -merge); without it the repository is untouched.
 # Crashes, leaks and sanitizer reports stop the target; the input that caused it is written to
@@ -34,7 +35,7 @@ for a in "$@"; do
     --max_len=*) max_len="${a#--max_len=}" ;;
     --keep) keep=1 ;;
     --resume) resume=1 ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz: unknown option $a (see --help)" >&2; exit 2 ;;
     *) targets+=("$a") ;;
   esac
@@ -87,13 +88,19 @@ for t in "${targets[@]}"; do
     if [ "$keep" = 1 ]; then
       "$bin_dir/$pkg/$name" -merge=1 -max_len="$max_len" "$kept" "$work" >> "$log" 2>&1 || result="ok (merge failed)"
     fi
+  elif [ "$r" = 72 ] && grep -q 'libFuzzer: run interrupted' "$log"; then
+    # Ctrl-C or SIGINT (`pkill -INT -f <name>`): libFuzzer prints its statistics and exits 72.
+    # Nothing was found; the executions so far count, and --resume goes on from here.
+    result="interrupted (no report)"
+    rc=1
   else
     result="FAILED (exit $r; see $log and the crash-*/leak-*/timeout-* input in $out/)"
     tail -30 "$log"
     rc=1
   fi
-  # The campaign's ledger: a run that ended (or failed) with its statistics counts; one killed
-  # before libFuzzer printed them does not (its inputs stay in the working corpus).
+  # The campaign's ledger: a run that ended, was interrupted or failed with its statistics
+  # counts; one killed before libFuzzer printed them (SIGKILL, SIGTERM) does not (its inputs stay
+  # in the working corpus).
   if [ -n "$execs" ]; then
     printf '%s\t%s\t%s\t%s\t%s\n' "$(date -u +%FT%TZ)" "$execs" "$took" "${result%% *}" "$max_len" >> "$ledger"
   fi
