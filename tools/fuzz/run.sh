@@ -16,6 +16,8 @@
 #            runs/fuzz/<name>/campaign.tsv lists each completed run (executions, seconds, result,
 #            max_len), and the result row totals the campaign's executions. A run interrupted
 #            with SIGINT (Ctrl-C) counts: libFuzzer prints its statistics before it exits.
+#            Two --resume runs of one target may go side by side (one per core): each keeps a
+#            log of its own and libFuzzer reloads the inputs the other adds to the corpus.
 # --keep:    merge the inputs that found new coverage into <package>/fuzz_corpus/<name>/ (the
 #            kept corpus, minimised by libFuzzer's -merge); without it the repository is untouched.
 # Crashes, leaks and sanitizer reports stop the target; the input that caused it is written to
@@ -35,7 +37,7 @@ for a in "$@"; do
     --max_len=*) max_len="${a#--max_len=}" ;;
     --keep) keep=1 ;;
     --resume) resume=1 ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz: unknown option $a (see --help)" >&2; exit 2 ;;
     *) targets+=("$a") ;;
   esac
@@ -66,7 +68,9 @@ for t in "${targets[@]}"; do
     rm -rf "$work" "$ledger"; mkdir -p "$work"
   fi
   mkdir -p "$kept"
-  log="$out/fuzz.log"
+  # A log per run, so two runs of one campaign can go side by side on two cores (libFuzzer
+  # reloads the shared working corpus, as its own -jobs do) without writing over each other.
+  log="$out/fuzz-$(date -u +%Y%m%dT%H%M%SZ)-$$.log"
   limit=""; [ "$seconds" != 0 ] && limit=" (at most $seconds s)"
   echo "fuzz: $t: $runs runs$limit, inputs up to $max_len bytes, from $(ls "$kept" | wc -l) kept and $(ls "$work" | wc -l) working inputs; log $log"
   start=$(date +%s)
