@@ -1,9 +1,9 @@
 // The Llama-family kernels for the CPU (f32): RMSNorm, SiLU/SwiGLU, rotary embedding.
 //
 // Plain loops that -O3 vectorises (no intrinsics: each is memory-bound next to the matrix
-// products around it), parallel over rows. RMSNorm's weight gradient is summed in a fixed
-// number of row slices, each into its own buffer, added in order: the same result for any thread
-// count (as LayerNorm's backward).
+// products around it), parallel over rows; SiLU/SwiGLU alone has an AVX2 path, for its exp.
+// RMSNorm's weight gradient is summed in a fixed number of row slices, each into its own buffer,
+// added in order: the same result for any thread count (as LayerNorm's backward).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -103,6 +103,70 @@ void RmsNormBackward(const Tensor& dout, const Tensor& x, const Tensor& weight, 
 }
 
 // ---- SiLU and SwiGLU ------------------------------------------------------------------------
+//
+// The AVX2 path forms e^-g with simd.h's Exp (~2 ulp) eight lanes at a time: std::exp is a
+// call per element that -O3 cannot vectorise. On llama-mini's [2048, 768] the forward went from
+// 5.2 to 0.94 ms and the backward from 6.4 to 1.3 ms (llama_kernel_bench --clock=cpu), ~8% of
+// the step's kernel sum. Same formulas as the scalar path, so the same special values:
+// e^-g = inf for g < -88.7 gives silu = g / inf = -0 and sigmoid 0, never NaN.
+
+#if BRAID_HAVE_X86
+// g / (1 + e^-g) and, for the backward, the sigmoid 1 / (1 + e^-g).
+BRAID_AVX2_INLINE __m256 SiluAvx2(__m256 g) {
+  const __m256 den = _mm256_add_ps(_mm256_set1_ps(1.0f),
+                                   Exp(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f))));
+  return _mm256_div_ps(g, den);
+}
+
+BRAID_AVX2 void SwiGluForwardAvx2(const float* pg, const float* pu, float* po, int64_t b,
+                                  int64_t e) {
+  int64_t i = b;
+  for (; i + 8 <= e; i += 8) {
+    __m256 s = SiluAvx2(_mm256_loadu_ps(pg + i));
+    if (pu != nullptr) s = _mm256_mul_ps(s, _mm256_loadu_ps(pu + i));
+    _mm256_storeu_ps(po + i, s);
+  }
+  if (i < e) {
+    const __m256i m = TailMask(e - i);
+    __m256 s = SiluAvx2(_mm256_maskload_ps(pg + i, m));
+    if (pu != nullptr) s = _mm256_mul_ps(s, _mm256_maskload_ps(pu + i, m));
+    _mm256_maskstore_ps(po + i, m, s);
+  }
+}
+
+BRAID_AVX2_INLINE void SwiGluBackward8(__m256 d, __m256 g, __m256 u, bool with_up, __m256* dg,
+                                       __m256* du) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 sig =
+      _mm256_div_ps(one, _mm256_add_ps(one, Exp(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)))));
+  // silu'(g) = sig (1 + g (1 - sig)), multiplied in the scalar path's order.
+  const __m256 slope = _mm256_add_ps(one, _mm256_mul_ps(g, _mm256_sub_ps(one, sig)));
+  *dg = _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(d, u), sig), slope);
+  if (with_up) *du = _mm256_mul_ps(_mm256_mul_ps(d, g), sig);
+}
+
+BRAID_AVX2 void SwiGluBackwardAvx2(const float* pd, const float* pg, const float* pu, float* pdg,
+                                   float* pdu, int64_t b, int64_t e) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  __m256 dg, du;
+  int64_t i = b;
+  for (; i + 8 <= e; i += 8) {
+    const __m256 u = pu != nullptr ? _mm256_loadu_ps(pu + i) : one;
+    SwiGluBackward8(_mm256_loadu_ps(pd + i), _mm256_loadu_ps(pg + i), u, pdu != nullptr, &dg,
+                    &du);
+    _mm256_storeu_ps(pdg + i, dg);
+    if (pdu != nullptr) _mm256_storeu_ps(pdu + i, du);
+  }
+  if (i < e) {
+    const __m256i m = TailMask(e - i);
+    const __m256 u = pu != nullptr ? _mm256_maskload_ps(pu + i, m) : one;
+    SwiGluBackward8(_mm256_maskload_ps(pd + i, m), _mm256_maskload_ps(pg + i, m), u,
+                    pdu != nullptr, &dg, &du);
+    _mm256_maskstore_ps(pdg + i, m, dg);
+    if (pdu != nullptr) _mm256_maskstore_ps(pdu + i, m, du);
+  }
+}
+#endif  // BRAID_HAVE_X86
 
 void SwiGluForward(const Tensor& gate, const Tensor& up, Tensor& out) {
   const int64_t n = checks::SwiGluForward("cpu", kF32, gate, up, out);
@@ -110,6 +174,9 @@ void SwiGluForward(const Tensor& gate, const Tensor& up, Tensor& out) {
   const float* pu = up.defined() ? up.data<float>() : nullptr;
   float* po = out.data<float>();
   ParallelFor(n, kElementGrain, [&](int64_t b, int64_t e) {
+#if BRAID_HAVE_X86
+    if (UseAvx2()) return SwiGluForwardAvx2(pg, pu, po, b, e);
+#endif
     for (int64_t i = b; i < e; ++i) {
       const float g = pg[i];
       // g / (1 + e^-g): for a finite g far below 0, e^-g overflows to inf and the quotient is
@@ -129,6 +196,9 @@ void SwiGluBackward(const Tensor& dout, const Tensor& gate, const Tensor& up, Te
   float* pdg = dgate.data<float>();
   float* pdu = dup.defined() ? dup.data<float>() : nullptr;
   ParallelFor(n, kElementGrain, [&](int64_t b, int64_t e) {
+#if BRAID_HAVE_X86
+    if (UseAvx2()) return SwiGluBackwardAvx2(pd, pg, pu, pdg, pdu, b, e);
+#endif
     for (int64_t i = b; i < e; ++i) {
       const float g = pg[i];
       const float sig = 1.0f / (1.0f + std::exp(-g));
