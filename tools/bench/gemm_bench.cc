@@ -173,8 +173,25 @@ std::vector<KernelCase> KernelCases(std::mt19937& rng) {
                    }});
   cases.push_back({"embedding_fwd [2048]x[256,256]", 2,
                    [=] { kernels::embedding_forward.Get(kCpu)(*wte, *targets, *emb); }});
-  cases.push_back({"embedding_bwd [2048]x[256,256]", 2,
-                   [=] { kernels::embedding_backward.Get(kCpu)(*x, *targets, *dwte); }});
+  // Each embedding's gradient is zeroed, then scattered into (core/ops.cc's Embedding).
+  cases.push_back({"embedding_bwd [2048]x[256,256]", 2, [=] {
+                     kernels::fill.Get(kCpu)(*dwte, 0.0f);
+                     kernels::embedding_backward.Get(kCpu)(*x, *targets, *dwte);
+                   }});
+  // The loss's mean and its gradient's spread (core/ops.cc's CrossEntropy).
+  auto inv = std::make_shared<Tensor>(Tensor::Empty({}));
+  auto loss = std::make_shared<Tensor>(Tensor::Empty({}));
+  auto g = std::make_shared<Tensor>(Tensor::Full({}, 1.0f));
+  auto gs = std::make_shared<Tensor>(Tensor::Empty({}));
+  auto dl = std::make_shared<Tensor>(Tensor::Empty({N}));
+  cases.push_back({"loss_mean fwd+bwd [2048]", 1, [=] {
+                     kernels::inverse_count_nonnegative.Get(kCpu)(*targets, *inv);
+                     kernels::sum_all.Get(kCpu)(*losses, *loss);
+                     kernels::binary.Get(kCpu)(kernels::BinaryOp::kMul, *loss, *inv, *loss);
+                     kernels::binary.Get(kCpu)(kernels::BinaryOp::kMul, *g, *inv, *gs);
+                     kernels::fill.Get(kCpu)(*dl, 0.0f);
+                     kernels::binary.Get(kCpu)(kernels::BinaryOp::kAdd, *dl, *gs, *dl);
+                   }});
   // Bias add after every Linear (17 per step; sized as c_attn) and residual adds (8).
   cases.push_back({"bias_add [2048,768]+[768]", 17,
                    [=] { kernels::binary.Get(kCpu)(kernels::BinaryOp::kAdd, *y3, *bias3, *y3); }});
@@ -192,6 +209,15 @@ std::vector<KernelCase> KernelCases(std::mt19937& rng) {
                      kernels::matmul.Get(kCpu)(*x, *fc_w, *h, false, true, 1.0f, 0.0f);
                      kernels::unary.Get(kCpu)(kernels::UnaryOp::kGeluTanh, *h, 0.0f, *h_out);
                    }});
+  // The gradient norm, measured every step (core/optimizer.cc's SquaredGradNormOnDevice): each
+  // gradient squared into a scratch tensor and summed, here over all of them at once.
+  auto sq = std::make_shared<Tensor>(Tensor::Empty({params}));
+  auto sq_sum = std::make_shared<Tensor>(Tensor::Empty({}));
+  cases.push_back({"grad_norm square 3.3M params", 1, [=] {
+                     kernels::unary.Get(kCpu)(kernels::UnaryOp::kSquare, *pg, 0.0f, *sq);
+                   }});
+  cases.push_back(
+      {"grad_norm sum 3.3M params", 1, [=] { kernels::sum_all.Get(kCpu)(*sq, *sq_sum); }});
   cases.push_back({"adamw 3.3M params", 1, [=] {
                      kernels::adamw.Get(kCpu)(
                          *p, *pg, *pm, *pv,

@@ -141,12 +141,26 @@ std::vector<Case> Cases(std::mt19937& rng) {
   cases.push_back({"cross_entropy_bwd [2048,256]", 1, false, [=] {
                      kernels::cross_entropy_backward.Get(kCpu)(*probs, *targets, *dloss, *dlogits);
                    }});
-  // The untied embedding: one lookup, one scatter-add.
+  // The loss's mean and its gradient's spread (core/ops.cc's CrossEntropy): 1 / count of the
+  // targets, the losses summed and scaled; backward scales the incoming gradient and adds it
+  // to a zeroed [2048].
+  auto inv_count = Empty({}), loss = Empty({}), g = Random({}, rng), gs = Empty({}), dl = Empty({N});
+  cases.push_back({"loss_mean fwd+bwd [2048]", 1, false, [=] {
+                     kernels::inverse_count_nonnegative.Get(kCpu)(*targets, *inv_count);
+                     kernels::sum_all.Get(kCpu)(*losses, *loss);
+                     kernels::binary.Get(kCpu)(kernels::BinaryOp::kMul, *loss, *inv_count, *loss);
+                     kernels::binary.Get(kCpu)(kernels::BinaryOp::kMul, *g, *inv_count, *gs);
+                     kernels::fill.Get(kCpu)(*dl, 0.0f);
+                     kernels::binary.Get(kCpu)(kernels::BinaryOp::kAdd, *dl, *gs, *dl);
+                   }});
+  // The untied embedding: one lookup, one scatter-add into a gradient zeroed first.
   auto embed = Random({V, C}, rng), emb = Empty({N, C}), dembed = Empty({V, C});
   cases.push_back({"embedding_fwd [2048]x[256,256]", 1, false,
                    [=] { kernels::embedding_forward.Get(kCpu)(*embed, *targets, *emb); }});
-  cases.push_back({"embedding_bwd [2048]x[256,256]", 1, false,
-                   [=] { kernels::embedding_backward.Get(kCpu)(*x, *targets, *dembed); }});
+  cases.push_back({"embedding_bwd [2048]x[256,256]", 1, false, [=] {
+                     kernels::fill.Get(kCpu)(*dembed, 0.0f);
+                     kernels::embedding_backward.Get(kCpu)(*x, *targets, *dembed);
+                   }});
   // Two residual adds per layer; gradients of tensors read twice or more add up in autograd:
   // per layer the block input (norm and residual), the normed input (q, k, v: two adds), the
   // residual h (norm and residual) and the normed h (gate and up): five [2048, 256] adds.
