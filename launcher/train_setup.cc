@@ -48,11 +48,12 @@ PluginLocation FindPlugins(const char* argv0) {
   return loc;
 }
 
-absl::Status PrepareConfig(config::TrainConfig* cfg, int world_size, int rank,
-                           const std::vector<std::string>& plugin_search_path) {
-  // A relative strategy.path means what a relative --config means: the user's folder (under
-  // `bazel run`, their checkout), not the runfiles tree this program starts in; and a bare file
-  // name must not send dlopen searching the library path.
+namespace {
+
+// A relative strategy.path means what a relative --config means: the user's folder (under
+// `bazel run`, their checkout), not the runfiles tree this program starts in; and a bare file
+// name must not send dlopen searching the library path.
+void ResolveUserPaths(config::TrainConfig* cfg) {
   if (!cfg->strategy().path().empty()) {
     cfg->mutable_strategy()->set_path(Absolute(ResolveUserPath(cfg->strategy().path())));
   }
@@ -64,23 +65,28 @@ absl::Status PrepareConfig(config::TrainConfig* cfg, int world_size, int rank,
   if (!cfg->model().path().empty()) {
     cfg->mutable_model()->set_path(Absolute(ResolveUserPath(cfg->model().path())));
   }
+}
 
+// What validation asks of the plugins: a strategy's features, the strategies providing a
+// feature, the device's half-precision support and the layer stack for a layout. `cfg` outlives
+// the catalog (validation runs while both live).
+config::StrategyCatalog MakeStrategyCatalog(const config::TrainConfig& cfg,
+                                            const std::vector<std::string>& search_path) {
+  config::StrategyCatalog catalog;
   // Feature sections (fp16, zero_optimization, ...) are validated against what the chosen
   // strategy declares when it registers: its plugin is loaded for that (only when the config
   // asks for a feature). When it lacks one, every plugin on the search path is loaded to name
   // the strategies that have it.
-  const std::vector<std::string> search_path = PluginSearchPath(plugin_search_path);
-  config::StrategyCatalog catalog;
   catalog.features_of =
-      [&](const std::string& name) -> absl::StatusOr<std::vector<std::string>> {
-    if (!cfg->strategy().path().empty()) {
-      BRAID_RETURN_IF_ERROR(LoadPlugin(cfg->strategy().path(), search_path));
+      [&cfg, search_path](const std::string& name) -> absl::StatusOr<std::vector<std::string>> {
+    if (!cfg.strategy().path().empty()) {
+      BRAID_RETURN_IF_ERROR(LoadPlugin(cfg.strategy().path(), search_path));
     }
     BRAID_RETURN_IF_ERROR(EnsureStrategy(name, search_path));
     BRAID_ASSIGN_OR_RETURN(StrategyTraits traits, Registry::Get().GetStrategyTraits(name));
     return traits.features;
   };
-  catalog.providers_of = [&](const std::string& feature) {
+  catalog.providers_of = [search_path](const std::string& feature) {
     PluginScan scan = LoadAllPlugins(search_path);
     config::FeatureProviders found;
     for (auto& [name, origin] : Registry::Get().StrategiesProviding(feature)) {
@@ -105,13 +111,20 @@ absl::Status PrepareConfig(config::TrainConfig* cfg, int world_size, int rank,
   };
   // The stack of layers for the layout (launcher/compose.h): fills in the strategy of a config
   // that names none, and refuses a layout no stack serves before any process trains.
-  const LayerCatalog layers = PluginLayerCatalog(search_path, cfg->strategy().path());
-  catalog.compose = [&](int tensor, int pipeline, int data, const std::string& named,
+  catalog.compose = [layers = PluginLayerCatalog(search_path, cfg.strategy().path())](
+                        int tensor, int pipeline, int data, const std::string& named,
                         const std::vector<std::string>& features) -> absl::StatusOr<std::string> {
     BRAID_ASSIGN_OR_RETURN(Stack stack,
                            ComposeStack(tensor, pipeline, data, named, layers, features));
     return stack.state_holder();
   };
+  return catalog;
+}
+
+// Loads the model and optimizer plugins the config names, before validation looks the names up
+// in the registry.
+absl::Status LoadNamedPlugins(config::TrainConfig* cfg,
+                              const std::vector<std::string>& search_path) {
   // A model may come from a plugin: model.path's, or plugin <model.name> on the search path. It
   // is loaded before validation, which looks the name up in the registry; an unknown name is
   // refused listing the registered models and where the plugin was looked for.
@@ -155,7 +168,18 @@ absl::Status PrepareConfig(config::TrainConfig* cfg, int world_size, int rank,
       if (!one_more(st)) return st;
     }
   }
-  BRAID_RETURN_IF_ERROR(config::ValidateConfigWith(cfg, world_size, catalog));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status PrepareConfig(config::TrainConfig* cfg, int world_size, int rank,
+                           const std::vector<std::string>& plugin_search_path) {
+  ResolveUserPaths(cfg);
+  const std::vector<std::string> search_path = PluginSearchPath(plugin_search_path);
+  BRAID_RETURN_IF_ERROR(LoadNamedPlugins(cfg, search_path));
+  BRAID_RETURN_IF_ERROR(
+      config::ValidateConfigWith(cfg, world_size, MakeStrategyCatalog(*cfg, search_path)));
   // The data's ids against the model's vocabulary, before the model is built, where the dataset
   // can tell (a prepared data set from its manifest; its shards' checksums are checked when it is
   // opened).
