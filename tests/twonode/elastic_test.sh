@@ -8,9 +8,11 @@
 #             the log names the lost node and the step. Their final weights equal, bit for bit,
 #             those of a second job of nodes 0 and 1 alone resumed from a copy of the checkpoint
 #             folder holding only the checkpoints up to that step.
-#   join    - a job of nodes 0 and 1; node 2's launcher starts after the first checkpoint: it
-#             waits in the rendezvous, the group stops at its next checkpoint and all three go
-#             on as a round of 3 (accumulation 2) to the end.
+#   rejoin  - three nodes again; node 2's launcher is killed, nodes 0 and 1 go on as a round of
+#             2, then node 2's launcher is started again: it waits in the rendezvous, the group
+#             stops at its next checkpoint and all three go on as a round of 3 (accumulation 2)
+#             to the end. Their final weights equal, bit for bit, those of a three-node job
+#             resumed from a copy of the checkpoints up to the one they regrouped at.
 # After each job no process may be left in any namespace; on any failure the trap kills every
 # process there and deletes the namespaces.
 #
@@ -156,24 +158,52 @@ else
   fail "loss: final weights differ from the two-node run's from step $from (or are missing)"
 fi
 
-# ---- join: two nodes, node 2 joins at a checkpoint -----------------------------------------
-j="$T/join"
+# ---- rejoin: node 2 killed, then started again: three again --------------------------------
+j="$T/rejoin"
 mkdir -p "$j"
 config "$j/cfg.pbtxt" "$j/ckpt"
-for n in 0 1; do start join $n --config="$j/cfg.pbtxt"; done
-if wait_for "^step +5/24" "$j/logs0/workerlog.0"; then
-  start join 2 --config="$j/cfg.pbtxt"
+for n in 0 1 2; do start rejoin $n --config="$j/cfg.pbtxt" --save_to="$j/final.safetensors"; done
+if wait_for "^step +6/24" "$j/logs0/workerlog.0"; then
+  pkill -KILL -P "${pid[2]}"
+  ok "rejoin: node 2's launcher killed at step 6"
 else
-  fail "join: training never reached step 5"
+  fail "rejoin: training never reached step 6"
+fi
+wait "${pid[2]}" 2>/dev/null
+# Started again once the two go on without it (its first logs stay in rejoin/).
+if wait_for "^braid launcher: round [0-9]+: node 2 \(host [^)]*\) lost" "$j/stderr0"; then
+  start rejoin-again 2 --config="$j/cfg.pbtxt" --save_to="$j/final.safetensors"
+else
+  fail "rejoin: the survivors never named node 2 lost"
 fi
 for n in 0 1 2; do wait "${pid[$n]}"; rcs[$n]=$?; done
-for n in 0 1 2; do expect_rc "join node $n" 0 ${rcs[$n]}; done
-nothing_left join
-expect_grep "join: two first" "^braid launcher: round 0: starting with 2 node\(s\): node 0 \(host [^)]*\), node 1 " "$j/stderr0"
-expect_grep "join: noticed" "^braid launcher: node 2 \(host [^)]*\) waits to join; the group regroups at its next checkpoint" "$j/stderr0"
-expect_grep "join: three again" "^braid launcher: round 1: node 2 \(host [^)]*\) joined; continuing with 3 node\(s\) from the checkpoint of step (8|12|16|20) \(world size 3\)" "$j/stderr2"
-expect_grep "join: stopped at the checkpoint" "stopped after the checkpoint of step [0-9]+: node 2 \(host [^)]*\) waits to join" "$j/logs1/workerlog.1"
-expect_grep "join: node 2 trained" "^braid: resumed from .*/step_[0-9]+ " "$j/logs2/workerlog.2"
-expect_grep "join: accumulation 2 at 3" "micro-batch 2 x 2 accumulation x 3 data-parallel" "$j/stdout0"
+for n in 0 1 2; do expect_rc "rejoin node $n" 0 ${rcs[$n]}; done
+nothing_left rejoin
+a="$T/rejoin-again"
+expect_grep "rejoin: two after the loss" "^braid launcher: round 1: node 2 \(host [^)]*\) lost \(.*\); continuing with 2 node\(s\) from the checkpoint of step [0-9]+ \(world size 2\)" "$j/stderr0"
+expect_grep "rejoin: noticed" "^braid launcher: node 2 \(host [^)]*\) waits to join; the group regroups at its next checkpoint" "$j/stderr0"
+expect_grep "rejoin: three again" "^braid launcher: round 2: node 2 \(host [^)]*\) joined; continuing with 3 node\(s\) from the checkpoint of step (8|12|16|20) \(world size 3\)" "$a/stderr2"
+expect_grep "rejoin: stopped at the checkpoint" "stopped after the checkpoint of step [0-9]+: node 2 \(host [^)]*\) waits to join" "$j/logs1/workerlog.1"
+expect_grep "rejoin: accumulation 2 at 3" "micro-batch 2 x 2 accumulation x 3 data-parallel" "$j/stdout0"
+at=$(grep -oE "joined; continuing with 3 node\(s\) from the checkpoint of step [0-9]+" "$a/stderr2" | grep -oE "[0-9]+$")
+if [ -n "$at" ]; then ok "rejoin: three from step $at"; else fail "rejoin: no regroup step in $a/stderr2"; at=0; fi
+expect_grep "rejoin: node 2 resumed there" "^braid: resumed from .*/step_$at " "$a/logs2/workerlog.2"
+
+# Three nodes, resumed from a copy of the checkpoints up to the regroup.
+c="$T/rejoin-resumed"
+mkdir -p "$c"
+cp -a "$j/ckpt" "$c/ckpt"
+for s in "$c"/ckpt/step_*; do [ "${s##*_}" -gt "$at" ] && rm -rf "$s"; done
+config "$c/cfg.pbtxt" "$c/ckpt"
+for n in 0 1 2; do start rejoin-resumed $n --config="$c/cfg.pbtxt" --save_to="$c/final.safetensors"; done
+for n in 0 1 2; do wait "${pid[$n]}"; rcs[$n]=$?; done
+for n in 0 1 2; do expect_rc "rejoin-resumed node $n" 0 ${rcs[$n]}; done
+nothing_left rejoin-resumed
+expect_grep "rejoin-resumed: from step $at" "resumed from .*/step_$at " "$c/logs0/workerlog.0"
+if [ -s "$j/final.safetensors" ] && cmp -s "$j/final.safetensors" "$c/final.safetensors"; then
+  ok "rejoin: final weights equal the three-node run's from step $at, bit for bit"
+else
+  fail "rejoin: final weights differ from the three-node run's from step $at (or are missing)"
+fi
 
 [ "$fails" = 0 ] && echo PASS || { echo "$fails failure(s)"; exit 1; }
