@@ -4,7 +4,7 @@
 //
 // Beyond "no crash": whatever parses must print back (as text and as JSON) to a config that
 // parses to the same message, and validation must end in OK or an error with a message, for
-// any data-parallel size. Replayed by //core/config:config_fuzzer_corpus_test; fuzzed by
+// any data-parallel size. Replayed by //launcher/config:config_fuzzer_corpus_test; fuzzed by
 // tools/fuzz/run.sh.
 #include <cstddef>
 #include <cstdint>
