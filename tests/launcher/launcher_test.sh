@@ -121,8 +121,8 @@ for how in exit3 segv; do
     --spawn_child > "$d/stdout" 2> "$d/stderr"
   rc=$?; took=$(( $(now_ms) - t0 ))
   expect_rc "crash_$how" 1 $rc
-  # The others sleep 120 s: well under that, they were stopped.
-  [ $took -lt 60000 ] && ok "crash_$how: stopped in ${took} ms" || fail "crash_$how: took ${took} ms"
+  # The others sleep 120 s: exit code 1 (not `timeout 60`'s 124) says the launcher stopped them.
+  echo "     (stopped in ${took} ms)"
   if [ $how = exit3 ]; then
     expect_grep "crash_$how" "^braid launcher: rank 1 \(node 0, host [^,]+, pid [0-9]+\) exited with code 3\. Last 10 line\(s\) of $d/logs/workerlog.1:" "$d/stderr"
   else
@@ -177,7 +177,7 @@ for sig in TERM INT; do
   wait_bounded $lp 30; rc=$RC; took=$(( $(now_ms) - t0 ))
   want=$([ $sig = TERM ] && echo 143 || echo 130)
   expect_rc "signal_$sig" $want "$rc"
-  [ $took -lt 30000 ] && ok "signal_$sig: done in ${took} ms" || fail "signal_$sig: took ${took} ms"
+  echo "     (done in ${took} ms)"
   expect_grep "signal_$sig" "received SIG$sig; stopping the job" "$d/stderr"
   assert_gone "signal_$sig" "$d"
 done
@@ -192,10 +192,10 @@ t0=$(now_ms)
 kill -TERM $lp
 wait_bounded $lp 30; rc=$RC; took=$(( $(now_ms) - t0 ))
 expect_rc sigterm_ignored 143 "$rc"
-# At least the grace (its clock starts after t0, so load only adds; 0.1 s for clock granularity),
-# and no hang.
-[ $took -ge 1400 ] && [ $took -lt 30000 ] && ok "sigterm_ignored: SIGKILL after the grace (${took} ms)" \
-  || fail "sigterm_ignored: took ${took} ms (want 1.5 s .. 30 s)"
+# At least the grace (its clock starts after t0, so load only adds; 0.1 s for clock granularity);
+# a hang ends in wait_bounded's "timeout" instead of 143.
+[ $took -ge 1400 ] && ok "sigterm_ignored: SIGKILL after the grace (${took} ms)" \
+  || fail "sigterm_ignored: took ${took} ms (want at least the 1.5 s grace)"
 assert_gone sigterm_ignored "$d"
 
 # SIGKILL to the launcher: its workers die with it (PR_SET_PDEATHSIG).
@@ -225,8 +225,8 @@ rc1=$?
 wait_bounded $p0 30; rc0=$RC; took=$(( $(now_ms) - t0 ))
 expect_rc "world_size node 1" 2 $rc1
 expect_rc "world_size node 0" 2 "$rc0"
-# Half the rendezvous timeout: they failed on the disagreement, not by waiting out the 60 s.
-[ $took -lt 30000 ] && ok "world_size: both failed in ${took} ms" || fail "world_size: took ${took} ms"
+# They failed on the disagreement (the message below), not by waiting out the rendezvous timeout.
+echo "     (both failed in ${took} ms)"
 for n in 0 1; do
   expect_grep "world_size node $n" "world size disagreement between node . \(host [^:]+: --nnodes=2 --nproc_per_node=.\): world size ., and node . \(host [^:]+: --nnodes=2 --nproc_per_node=.\): world size ." "$d/stderr$n"
   expect_grep "world_size node $n" "world size 4" "$d/stderr$n"
@@ -247,8 +247,9 @@ BRAID_JOB_TOKEN=$tok_b timeout 60 "$L" "${common[@]}" --node_rank=1 --connect_ti
   --log_dir="$d/logs" -- --out_dir="$d/out" > "$d/stdout1" 2> "$d/stderr1"
 rc1=$?; took=$(( $(now_ms) - t0 ))
 expect_rc "wrong_token node 1" 2 $rc1
-# Retrying would go on for the 120 s connect timeout (or to `timeout 60`).
-[ $took -lt 30000 ] && ok "wrong_token: refused in ${took} ms (no retrying)" || fail "wrong_token: took ${took} ms"
+# Retrying would go on for the 120 s connect timeout, past `timeout 60` (exit code 124): exit
+# code 2 and the message say it gave up at the refusal.
+echo "     (refused in ${took} ms)"
 expect_grep "wrong_token node 1" "node 1 cannot use the rendezvous store at 127.0.0.1:$port: job token rejected" "$d/stderr1"
 wait_bounded $p0 30; rc0=$RC
 expect_rc "wrong_token node 0" 2 "$rc0"
@@ -263,9 +264,9 @@ BRAID_JOB_TOKEN=$tok_a timeout 60 "$L" --nnodes=2 --node_rank=1 --master_addr=12
   --connect_timeout_s=3 --program="$P" --log_dir="$d/logs" -- --out_dir="$d/out" > "$d/stdout" 2> "$d/stderr"
 rc=$?; took=$(( $(now_ms) - t0 ))
 expect_rc unreachable 2 $rc
-# At least the 3 s (counted from the launcher's start, after t0; 0.1 s for clock granularity),
-# and no hang.
-[ $took -ge 2900 ] && [ $took -lt 30000 ] && ok "unreachable: gave up in ${took} ms" || fail "unreachable: took ${took} ms"
+# At least the 3 s (counted from the launcher's start, after t0; 0.1 s for clock granularity);
+# a hang ends in `timeout 60`'s exit code 124 instead of 2.
+[ $took -ge 2900 ] && ok "unreachable: gave up in ${took} ms" || fail "unreachable: gave up in ${took} ms, before the 3 s"
 expect_grep unreachable "node 1 cannot use the rendezvous store at 127.0.0.1:$port: could not connect to the Braid store at 127.0.0.1:$port within 3s" "$d/stderr"
 # Meanwhile it said what it was waiting for (after 1 s; the attempts come at about 1.3 and 2.3 s).
 expect_grep unreachable "node 1 is waiting for the rendezvous store at 127.0.0.1:$port \(node 0's launcher serves it\): [0-9]+s so far, [0-9]+ attempt\(s\), last error: .*Connection refused" "$d/stderr"
@@ -348,8 +349,9 @@ rc1=$?
 wait_bounded $p0 30; rc0=$RC; took=$(( $(now_ms) - t0 ))
 expect_rc "remote_failure node 1" 1 $rc1
 expect_rc "remote_failure node 0" 1 "$rc0"
-# The others sleep 120 s: well under that, they were stopped.
-[ $took -lt 60000 ] && ok "remote_failure: both stopped in ${took} ms" || fail "remote_failure: took ${took} ms"
+# The others sleep 120 s: exit code 1 on both (not a timeout) and node 0's message below say
+# they were stopped.
+echo "     (both stopped in ${took} ms)"
 expect_grep "remote_failure node 1" "^braid launcher: rank 3 \(node 1, .*\) exited with code 3" "$d/stderr1"
 # Node 0 prints the same cause, tail included, and says it stopped its own workers.
 expect_grep "remote_failure node 0" "^braid launcher: rank 3 \(node 1, .*\) exited with code 3" "$d/stderr0"
@@ -399,8 +401,9 @@ wait_bounded $p1 30; rc1=$RC
 wait_bounded $p0 30; rc0=$RC; took=$(( $(now_ms) - t0 ))
 expect_rc "remote_interrupt node 1" 130 "$rc1"
 expect_rc "remote_interrupt node 0" 1 "$rc0"
-# Half the 60 s heartbeat timeout: node 0 was told, it did not just notice node 1's silence.
-[ $took -lt 30000 ] && ok "remote_interrupt: both ended in $took ms" || fail "remote_interrupt: took $took ms"
+# Node 0 was told (the message below), it did not wait out the 60 s heartbeat timeout, which
+# wait_bounded's 30 s would have ended as "timeout".
+echo "     (both ended in $took ms)"
 expect_grep "remote_interrupt node 0" "node 1's launcher received SIGINT; stopping the job" "$d/stderr0"
 grep -q Restarting "$d/stderr0" && fail "remote_interrupt: node 0 restarted" || ok "remote_interrupt: no restart"
 assert_gone remote_interrupt "$d"
@@ -424,8 +427,9 @@ kill -KILL $p1; wait $p1 2>/dev/null
 wait_bounded $p0 30; rc0=$RC; took=$(( $(now_ms) - t0 ))
 expect_rc "vanished node 0" 1 "$rc0"
 # Node 1 beats once a second, so its last beat may precede the kill by a second (more on a loaded
-# machine), and node 0 counts the 4 s from there: at least 2 s after the kill, and no hang.
-[ $took -ge 2000 ] && [ $took -lt 30000 ] && ok "vanished: noticed in $took ms" || fail "vanished: took $took ms"
+# machine), and node 0 counts the 4 s from there: at least 2 s after the kill; a hang ends in
+# wait_bounded's "timeout".
+[ $took -ge 2000 ] && ok "vanished: noticed in $took ms" || fail "vanished: noticed in $took ms, before 2 s"
 expect_grep vanished "node 1's launcher \(host [^)]+\) stopped responding: no heartbeat for 4 s" "$d/stderr0"
 assert_gone vanished "$d" zombies-ok
 
@@ -445,8 +449,9 @@ t0=$(now_ms)
 kill -KILL $p0; wait $p0 2>/dev/null
 wait_bounded $p1 30; rc1=$RC; took=$(( $(now_ms) - t0 ))
 expect_rc "master_vanished node 1" 1 "$rc1"
-# Half the heartbeat timeout: node 1 noticed the store was gone, not a silence.
-[ $took -lt 30000 ] && ok "master_vanished: noticed in $took ms" || fail "master_vanished: took $took ms"
+# Node 1 noticed the store was gone (the message below), not a silence: waiting out the 60 s
+# heartbeat timeout would have ended in wait_bounded's "timeout" at 30 s.
+echo "     (noticed in $took ms)"
 expect_grep master_vanished "node 1 lost the rendezvous store at 127.0.0.1:$port \(node 0's launcher ended or the network failed\)" "$d/stderr1"
 assert_gone master_vanished "$d" zombies-ok
 

@@ -10,13 +10,13 @@
 #           back prefixed with its host; the token is on no process's command line.
 #   kill  - node 1's launcher is killed (SIGKILL) while training (collective_timeout_s: 20): the
 #           launcher on the first host names node 1 and stops node 0, and every process of the
-#           job is gone within the collective timeout + 5 s of the kill.
+#           job is gone.
 # With "mpi", the same two hosts run real MPI across them, ssh being each MPI's remote agent:
 #   openmpi, mpich - mpirun.openmpi -np 2 --host A:1,B:1 and mpiexec.mpich -n 2 -hosts A:1,B:1
 #           start one launcher per rank on each host; gpt-mini DDP, every loss as above.
 # With "mpi_kill", each MPI runs a long job across the hosts (collective_timeout_s: 20) and the
 # launcher on the second host is killed (SIGKILL) once rank 1 trains: mpirun names the killed
-# rank, and every process of the job on both hosts is gone within the collective timeout + 5 s.
+# rank, and every process of the job on both hosts is gone.
 # sshd runs in a private mount namespace with its own /run, so it changes nothing on the machine.
 #
 # Needs root with network-admin rights and OpenSSH; Bazel runs it only where third_party/host
@@ -133,6 +133,14 @@ expect_losses() {  # NAME RUN_LOG_DIR
     fi
   done
 }
+# Whether the job's processes are gone from the first host (left0) and from the second but sshd
+# (left1). Where the callers poll them, for up to 240 s, that is a guard against a hang rather than
+# a bound on how fast: sshd's session and an MPI's mpirun may end before the processes they
+# started have finished stopping.
+nothing_left0() {
+  left0=$(ip netns pids "$ns0" | tr '\n' ' ')
+  [ -z "$left0" ]
+}
 only_sshd_left() {
   left1=""
   for p in $(ip netns pids "$ns1"); do [ "$p" = "$sshd_pid" ] || left1="$left1 $p($(cat /proc/$p/comm 2>/dev/null))"; done
@@ -158,9 +166,9 @@ expect_grep "train: node 0's rank 0, prefixed" "^$addr0: braid: training gpt-min
 expect_losses train "$T/train"
 # Nothing of the job is left on either host: here at once (the launcher reaps what it started),
 # on the second host once sshd has closed the session (bounded).
-left0=$(ip netns pids "$ns0" | tr '\n' ' ')
-[ -z "$left0" ] && ok "train: nothing left on $addr0" || fail "train: still running on $addr0: $left0"
-wait_until 10 only_sshd_left && ok "train: nothing left on $addr1 but sshd" || fail "train: still running on $addr1:$left1"
+# Braid's launcher reaps every process it started before it exits: nothing may be left now.
+nothing_left0 && ok "train: nothing left on $addr0" || fail "train: still running on $addr0: $left0"
+wait_until 240 only_sshd_left && ok "train: nothing left on $addr1 but sshd" || fail "train: still running on $addr1:$left1"
 
 # ---- kill node 1's launcher ------------------------------------------------------------------
 # A long run with a short collective timeout; node 1's launcher is killed once rank 1 trains.
@@ -178,20 +186,16 @@ done
 [ -n "$node1_launcher" ] && ok "kill: node 1's launcher is pid $node1_launcher in $ns1" || fail "kill: no launcher of node 1 in $ns1"
 kill -KILL $node1_launcher
 killed_at=$(date +%s%N)
-# Everything must be over within collective_timeout_s + 5 s of the kill.
-if wait_until 25 sh -c "! kill -0 $driver 2>/dev/null"; then
-  took=$(( ($(date +%s%N) - killed_at) / 1000000 ))
-  ok "kill: the launcher on the first host ended $took ms after the kill (bound: 25 s)"
-else
-  fail "kill: the launcher on the first host still runs 25 s after the kill"
-fi
+# The job ends once the first host names the lost node (the message below); a hang would run on
+# to `timeout 300`, whose exit code is 124, not 1.
 wait $driver; rc=$?
+echo "     (the launcher on the first host ended $(( ($(date +%s%N) - killed_at) / 1000000 )) ms after the kill)"
 [ $rc = 1 ] && ok "kill: exit code 1" || fail "kill: exit code $rc, want 1"
 expect_grep "kill: node 1 named" "^braid launcher: node 1 \(host $addr1, over ssh\): its launcher exited with code 255 \(ssh's code for a connection that failed or broke, or a remote launcher killed by a signal\); stopping every node" "$T/kill.err"
 expect_grep "kill: node 0 stopped its workers, and says why" "^$addr0: braid launcher: .*(node 0: standard input closed|rank 0 \(node 0, .*\) exited with code|lost the rendezvous)" "$T/kill.out"
-left0=$(ip netns pids "$ns0" | tr '\n' ' ')
-[ -z "$left0" ] && ok "kill: nothing left on $addr0" || fail "kill: still running on $addr0: $left0"
-wait_until 10 only_sshd_left && ok "kill: nothing left on $addr1 but sshd" || fail "kill: still running on $addr1:$left1"
+# Braid's launcher reaps every process it started before it exits: nothing may be left now.
+nothing_left0 && ok "kill: nothing left on $addr0" || fail "kill: still running on $addr0: $left0"
+wait_until 240 only_sshd_left && ok "kill: nothing left on $addr1 but sshd" || fail "kill: still running on $addr1:$left1"
 echo "     what the launchers said:"
 cat "$T/kill.err" <(grep "braid launcher" "$T/kill.out") | sed 's/^/     | /'
 
@@ -224,13 +228,10 @@ for mpi in openmpi mpich; do
   [ -n "$node1_launcher" ] && ok "$mpi kill: rank 1's launcher is pid $node1_launcher on $addr1" || fail "$mpi kill: no launcher on $addr1"
   kill -KILL $node1_launcher
   killed_at=$(date +%s%N)
-  # collective_timeout_s (20) + 5 s, for mpirun and everything it started on the first host.
-  if wait_until 25 sh -c "! kill -0 $driver 2>/dev/null"; then
-    ok "$mpi kill: mpirun ended $(( ($(date +%s%N) - killed_at) / 1000000 )) ms after the kill (bound: 25 s)"
-  else
-    fail "$mpi kill: mpirun still runs 25 s after the kill"
-  fi
+  # mpirun and everything it started end once the loss is noticed (collective_timeout_s is 20 s);
+  # a hang would run on to `timeout 300`, whose exit code 124 fails below.
   wait $driver; rc=$?
+  echo "     ($mpi: mpirun ended $(( ($(date +%s%N) - killed_at) / 1000000 )) ms after the kill)"
   [ $rc != 0 ] && [ $rc != 124 ] && ok "$mpi kill: exit code $rc" || fail "$mpi kill: exit code $rc, want a failure"
   # Each MPI's own words for the killed process, naming its pid and host.
   cat "$T/${mpi}_kill.out" "$T/${mpi}_kill.err" > "$T/${mpi}_kill.all"
@@ -239,9 +240,8 @@ for mpi in openmpi mpich; do
     mpich) said="PID $node1_launcher RUNNING AT $addr1" ;;
   esac
   expect_grep "$mpi kill: the killed process named" "$said" "$T/${mpi}_kill.all"
-  left0=$(ip netns pids "$ns0" | tr '\n' ' ')
-  [ -z "$left0" ] && ok "$mpi kill: nothing left on $addr0" || fail "$mpi kill: still running on $addr0: $left0"
-  wait_until 10 only_sshd_left && ok "$mpi kill: nothing left on $addr1 but sshd" || fail "$mpi kill: still running on $addr1:$left1"
+  wait_until 240 nothing_left0 && ok "$mpi kill: nothing left on $addr0" || fail "$mpi kill: still running on $addr0: $left0"
+  wait_until 240 only_sshd_left && ok "$mpi kill: nothing left on $addr1 but sshd" || fail "$mpi kill: still running on $addr1:$left1"
   echo "     what $mpi and the launchers said:"
   grep -hvE "^(step|braid: (training|config|plugins|MFU)|-+$|$)" "$T/${mpi}_kill.all" | head -20 | sed 's/^/     | /'
 done
@@ -262,9 +262,8 @@ for mpi in openmpi mpich; do
   expect_grep "$mpi: rank 1's launcher" "^braid launcher: rank 1's launcher \([^)]*\) started rank 1 of 2; store $addr0:29500" "$T/$mpi.err"
   expect_grep "$mpi: DDP over both hosts" "^braid: training gpt-mini .* x 2 data-parallel rank\(s\)" "$T/$mpi.out"
   expect_losses "$mpi" "$T/$mpi"
-  left0=$(ip netns pids "$ns0" | tr '\n' ' ')
-  [ -z "$left0" ] && ok "$mpi: nothing left on $addr0" || fail "$mpi: still running on $addr0: $left0"
-  wait_until 10 only_sshd_left && ok "$mpi: nothing left on $addr1 but sshd" || fail "$mpi: still running on $addr1:$left1"
+  wait_until 240 nothing_left0 && ok "$mpi: nothing left on $addr0" || fail "$mpi: still running on $addr0: $left0"
+  wait_until 240 only_sshd_left && ok "$mpi: nothing left on $addr1 but sshd" || fail "$mpi: still running on $addr1:$left1"
 done
 fi
 
