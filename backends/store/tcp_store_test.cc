@@ -264,8 +264,7 @@ TEST(TcpStoreTest, WaitAndGetBlockUntilAnotherClientSets) {
   EXPECT_TRUE(wait_status.ok()) << wait_status;
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, "zz");
-  EXPECT_GE(SecondsSince(t0), 0.2);
-  EXPECT_LT(SecondsSince(t0), 10);
+  EXPECT_GE(SecondsSince(t0), 0.2);  // (a hang is the test's timeout's to catch)
 }
 
 TEST(TcpStoreTest, TimeoutsNameTheMissingKeys) {
@@ -280,8 +279,7 @@ TEST(TcpStoreTest, TimeoutsNameTheMissingKeys) {
   ASSERT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
   EXPECT_THAT(got.status().message(), HasSubstr("'rank/3/addr'"));
   EXPECT_THAT(got.status().message(), HasSubstr(absl::StrCat("127.0.0.1:", server->port())));
-  EXPECT_GE(took, 0.29);
-  EXPECT_LT(took, 5);
+  EXPECT_GE(took, 0.29);  // not before the deadline; a hang is the test's timeout's to catch
 
   absl::Status st = c->Wait({"present", "missing-one"}, absl::Milliseconds(200));
   ASSERT_EQ(st.code(), absl::StatusCode::kDeadlineExceeded) << st;
