@@ -73,7 +73,6 @@ TEST(FileStoreTest, GetWaitsForAnotherProcess) {
 }
 
 TEST(ForkRanksTest, ReportsExitCodesSignalsAndKillsStragglers) {
-  absl::Time t0 = absl::Now();
   std::vector<ChildExit> exits = ForkRanks(
       4,
       [](int rank) {
@@ -82,7 +81,8 @@ TEST(ForkRanksTest, ReportsExitCodesSignalsAndKillsStragglers) {
         if (rank == 3) absl::SleepFor(absl::Seconds(60));
       },
       absl::Seconds(2));
-  EXPECT_LT(absl::Now() - t0, absl::Seconds(10));
+  // Rank 3 would sleep 60 s: that it was not reaped (it was killed at the 2 s deadline) says the
+  // deadline held, with no bound on the elapsed time a loaded machine could break.
   ASSERT_EQ(exits.size(), 4u);
   EXPECT_TRUE(exits[0].reaped && exits[0].exited && exits[0].code == 0) << exits[0].Describe();
   EXPECT_TRUE(exits[1].reaped && exits[1].exited && exits[1].code == 1) << exits[1].Describe();

@@ -107,12 +107,11 @@ TEST(TcpStoreTest, ClientRecognisesAServiceThatIsNotAStore) {
     ReadUntilClosed(fd);
     close(fd);
   });
-  auto t0 = Clock::now();
   auto c = Connect(port, NewToken(), absl::Seconds(20));
   fake.join();
   close(lfd);
   ASSERT_FALSE(c.ok());
-  EXPECT_LT(SecondsSince(t0), 5);
+  // Recognised at once, not retried until the 20 s deadline (which would end in another message).
   EXPECT_THAT(c.status().message(), HasSubstr("is not a Braid store"));
   EXPECT_THAT(c.status().message(), HasSubstr("MASTER_ADDR/MASTER_PORT"));
 }
@@ -200,7 +199,8 @@ TEST(TcpStoreTest, BadArguments) {
 TEST(TcpStoreTest, StopWithClientsConnectedEndsEveryone) {
   LogSink log;
   std::string token = NewToken();
-  auto server = StartServer(token, &log);
+  // A handshake timeout far past the test's own: only Stop can close the silent stranger below.
+  auto server = StartServer(token, &log, /*port=*/0, absl::Hours(1));
   auto blocked = MustConnect(server->port(), token);
   auto idle = MustConnect(server->port(), token);
   int silent = RawConnect(server->port());  // a stranger mid-handshake
@@ -210,14 +210,11 @@ TEST(TcpStoreTest, StopWithClientsConnectedEndsEveryone) {
   EXPECT_TRUE(WaitUntil([&] { return server->stats().open == 3; }));
   EXPECT_TRUE(WaitUntil([&] { return server->stats().waiting == 1; }));  // the Get is blocked
 
-  auto t0 = Clock::now();
   server->Stop();
-  // Far below the Get's 60 s: Stop ended it rather than letting it time out.
-  EXPECT_LT(SecondsSince(t0), 30);
   getter.join();
-  EXPECT_LT(SecondsSince(t0), 30);
   EXPECT_EQ(server->stats().waiting, 0);
   ASSERT_FALSE(got.ok());
+  // Unavailable, not the DeadlineExceeded of the Get's 60 s: Stop ended it.
   EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable) << got.status();
   EXPECT_THAT(got.status().message(), HasSubstr("'never-set'"));
 
@@ -227,9 +224,7 @@ TEST(TcpStoreTest, StopWithClientsConnectedEndsEveryone) {
   // Once broken, a client fails at once with the same explanation.
   EXPECT_EQ(idle->Get("k", absl::Seconds(30)).status().message(), st.message());
   // The stranger got its greeting and then, at Stop, the end of the connection.
-  t0 = Clock::now();
   std::string greeting = ReadUntilClosed(silent);
-  EXPECT_LT(SecondsSince(t0), 5);  // Stop closed it, before the 10 s handshake timeout would
   EXPECT_TRUE(wire::ParseHello(greeting.substr(wire::kFrameHeaderBytes)).ok());
   close(silent);
   EXPECT_EQ(server->stats().open, 0);

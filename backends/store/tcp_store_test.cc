@@ -297,11 +297,10 @@ TEST(TcpStoreTest, WrongTokenIsRejectedAndTheServerKeepsServing) {
   auto good = MustConnect(server->port(), token);
   ASSERT_TRUE(good->Set("k", "v").ok());
 
-  auto t0 = Clock::now();
   auto bad = Connect(server->port(), NewToken(), absl::Seconds(30));
   ASSERT_FALSE(bad.ok());
-  // No retrying a rejection: the answer is immediate, not after the 30 s connect timeout.
-  EXPECT_LT(SecondsSince(t0), 5);
+  // No retrying a rejection: PermissionDenied, not the connect timeout's DeadlineExceeded after
+  // 30 s.
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(bad.status().message(),
               HasSubstr(absl::StrCat("job token rejected by the store at 127.0.0.1:",
@@ -385,9 +384,9 @@ TEST(TcpStoreTest, StrangersSendingGarbageDoNotDisturbAGoodClient) {
     SCOPED_TRACE(absl::StrCat("stranger ", i));
     int fd = RawConnect(server->port());
     strangers[i](fd);
-    auto t0 = Clock::now();
+    // The server closes it (a connection it never closed would hang here, for the test's timeout
+    // to catch).
     std::string got = ReadUntilClosed(fd);
-    EXPECT_LT(SecondsSince(t0), 4) << "the server did not close the stranger's connection";
     close(fd);
     // It received the greeting and at most an AuthFail: no data.
     auto first = wire::SplitFrame(got, wire::kMaxHandshakeFrameBytes);
