@@ -112,6 +112,25 @@ nothing_left() {  # NAME
   done
 }
 
+# A job of NODES nodes (0..NODES-1) resumed from a copy of JOB's checkpoints up to STEP, to the
+# end; its final weights must equal JOB's bit for bit (WHAT names the check).
+resumed_equals() {  # NAME JOB_DIR STEP NODES WHAT
+  local name=$1 job=$2 step=$3 nodes=$4 what=$5 b="$T/$1" n s
+  mkdir -p "$b"
+  cp -a "$job/ckpt" "$b/ckpt"
+  for s in "$b"/ckpt/step_*; do [ "${s##*_}" -gt "$step" ] && rm -rf "$s"; done
+  config "$b/cfg.pbtxt" "$b/ckpt"
+  for n in $(seq 0 $((nodes - 1))); do start "$name" $n --config="$b/cfg.pbtxt" --save_to="$b/final.safetensors"; done
+  for n in $(seq 0 $((nodes - 1))); do wait "${pid[$n]}"; expect_rc "$name node $n" 0 $?; done
+  nothing_left "$name"
+  expect_grep "$name: from step $step" "resumed from .*/step_$step " "$b/logs0/workerlog.0"
+  if [ -s "$job/final.safetensors" ] && cmp -s "$job/final.safetensors" "$b/final.safetensors"; then
+    ok "$what, bit for bit"
+  else
+    fail "$what: they differ (or are missing)"
+  fi
+}
+
 # ---- loss: three nodes, node 2's launcher killed, two finish -------------------------------
 d="$T/loss"
 mkdir -p "$d"
@@ -140,23 +159,7 @@ if [ -n "$from" ]; then ok "loss: resumed from step $from"; else fail "loss: no 
 expect_grep "loss: the launcher's step is the program's" "from the checkpoint of step $from " "$d/stderr0"
 
 # The same two nodes, resumed from a copy of the checkpoints up to that step.
-b="$T/resumed"
-mkdir -p "$b"
-cp -a "$d/ckpt" "$b/ckpt"
-for s in "$b"/ckpt/step_*; do [ "${s##*_}" -gt "$from" ] && rm -rf "$s"; done
-config "$b/cfg.pbtxt" "$b/ckpt"
-for n in 0 1; do start resumed $n --config="$b/cfg.pbtxt" --save_to="$b/final.safetensors"; done
-wait "${pid[0]}"; rc0=$?
-wait "${pid[1]}"; rc1=$?
-expect_rc "resumed node 0" 0 $rc0
-expect_rc "resumed node 1" 0 $rc1
-nothing_left resumed
-expect_grep "resumed: from step $from" "resumed from .*/step_$from " "$b/logs0/workerlog.0"
-if [ -s "$d/final.safetensors" ] && cmp -s "$d/final.safetensors" "$b/final.safetensors"; then
-  ok "loss: final weights equal the two-node run's from step $from, bit for bit"
-else
-  fail "loss: final weights differ from the two-node run's from step $from (or are missing)"
-fi
+resumed_equals resumed "$d" "$from" 2 "loss: final weights equal the two-node run's from step $from"
 
 # ---- rejoin: node 2 killed, then started again: three again --------------------------------
 j="$T/rejoin"
@@ -190,20 +193,6 @@ if [ -n "$at" ]; then ok "rejoin: three from step $at"; else fail "rejoin: no re
 expect_grep "rejoin: node 2 resumed there" "^braid: resumed from .*/step_$at " "$a/logs2/workerlog.2"
 
 # Three nodes, resumed from a copy of the checkpoints up to the regroup.
-c="$T/rejoin-resumed"
-mkdir -p "$c"
-cp -a "$j/ckpt" "$c/ckpt"
-for s in "$c"/ckpt/step_*; do [ "${s##*_}" -gt "$at" ] && rm -rf "$s"; done
-config "$c/cfg.pbtxt" "$c/ckpt"
-for n in 0 1 2; do start rejoin-resumed $n --config="$c/cfg.pbtxt" --save_to="$c/final.safetensors"; done
-for n in 0 1 2; do wait "${pid[$n]}"; rcs[$n]=$?; done
-for n in 0 1 2; do expect_rc "rejoin-resumed node $n" 0 ${rcs[$n]}; done
-nothing_left rejoin-resumed
-expect_grep "rejoin-resumed: from step $at" "resumed from .*/step_$at " "$c/logs0/workerlog.0"
-if [ -s "$j/final.safetensors" ] && cmp -s "$j/final.safetensors" "$c/final.safetensors"; then
-  ok "rejoin: final weights equal the three-node run's from step $at, bit for bit"
-else
-  fail "rejoin: final weights differ from the three-node run's from step $at (or are missing)"
-fi
+resumed_equals rejoin-resumed "$j" "$at" 3 "rejoin: final weights equal the three-node run's from step $at"
 
 [ "$fails" = 0 ] && echo PASS || { echo "$fails failure(s)"; exit 1; }
