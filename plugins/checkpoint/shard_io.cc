@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/fd_io.h"
-#include "core/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "plugins/checkpoint/fd_io.h"
+#include "plugins/checkpoint/safetensors.h"
 
 namespace braid::checkpoint {
 namespace {
@@ -31,7 +31,7 @@ constexpr size_t kPiece = size_t(4) << 20;
 // Written data is handed to the disk every this many bytes (sync_file_range), so the device
 // writes while the next pieces are checksummed, and the final fsync has little left to wait for.
 constexpr int64_t kWriteBehind = int64_t(64) << 20;
-constexpr uint64_t kMaxHeaderBytes = uint64_t(100) << 20;  // as core/safetensors.h accepts
+constexpr uint64_t kMaxHeaderBytes = uint64_t(100) << 20;  // as safetensors.h accepts
 
 const char* SafetensorsDType(DType t) {
   switch (t) {

@@ -2,7 +2,7 @@
 // read in one pass each: the CRC-32 of the whole file is computed while it is written and checked
 // while it is read, so neither a save nor a load goes over the data a second time.
 //
-// Why not core/safetensors.h: its writer renames a temporary file into place (the checkpoint's
+// Why not safetensors.h: its writer renames a temporary file into place (the checkpoint's
 // folder is already the atomic unit) and cannot report a checksum; its reader validates the
 // header before reading any data, so verifying the bytes would be a second read of the file.
 #ifndef BRAID_PLUGINS_CHECKPOINT_SHARD_IO_H_
@@ -25,7 +25,7 @@ struct ShardWritten {
 
 // Writes `tensors` (host tensors, by key) as a safetensors file at `path` with `metadata`, then
 // flushes it to disk (fsync). Errors name the file; a full disk (ENOSPC, EDQUOT) says so and
-// removes the partial file. Data is laid out largest element size first, as core/safetensors.h
+// removes the partial file. Data is laid out largest element size first, as safetensors.h
 // does, so every tensor is aligned to its element size.
 absl::StatusOr<ShardWritten> WriteShard(const std::string& path,
                                         const std::map<std::string, Tensor>& tensors,

@@ -1,5 +1,5 @@
 // Interleaved comparison of a checkpoint file's save and load, one pass (shard_io.h) against the
-// two-pass way it replaced (core/safetensors.h's writer then a CRC-32 pass over the data in
+// two-pass way it replaced (safetensors.h's writer then a CRC-32 pass over the data in
 // memory; a full read to check the CRC, then a second full read to load). Relative figures on a
 // busy machine: each round runs both, alternating which goes first.
 //   bazel build //plugins/checkpoint:shard_io_bench && bazel-bin/plugins/checkpoint/shard_io_bench [MiB] [rounds] [dir]
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "core/safetensors.h"
+#include "plugins/checkpoint/safetensors.h"
 #include "plugins/checkpoint/shard_io.h"
 
 namespace braid::checkpoint {

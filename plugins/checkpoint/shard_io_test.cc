@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "core/safetensors.h"
 #include "core/testing/test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "plugins/checkpoint/safetensors.h"
 
 namespace braid::checkpoint {
 namespace {

@@ -14,12 +14,15 @@
 #include <vector>
 
 #include "core/autograd.h"
+#include "core/check.h"
 #include "core/ops.h"
 #include "core/optimizer.h"
-#include "core/safetensors.h"
+#include "core/weights_match.h"
 #include "models/llama/hf_checkpoint.h"
 #include "models/llama/hf_config.h"
 #include "models/llama/llama.h"
+#include "plugins/checkpoint/safetensors.h"
+#include "plugins/checkpoint/sharded_safetensors.h"
 
 namespace braid {
 namespace {
@@ -27,6 +30,18 @@ namespace {
 int Fail(const absl::Status& st) {
   std::fprintf(stderr, "llama_parity_tool: %s\n", std::string(st.message()).c_str());
   return 1;
+}
+
+// The checkpoint's weights under the model's names (a tied head's copy dropped), every name and
+// shape checked against `model`, as the training program's init_from does.
+absl::StatusOr<std::map<std::string, Tensor>> LoadHfWeights(const std::string& path,
+                                                            const models::Llama& model) {
+  BRAID_ASSIGN_OR_RETURN(auto weights, LoadSafetensorsWeights(path));
+  models::DropTiedCopies(model.config(), &weights);
+  std::map<std::string, Shape> shapes;
+  for (auto& [name, t] : model.NamedParameters()) shapes[name] = t.shape();
+  BRAID_RETURN_IF_ERROR(CheckWeightsMatch(shapes, weights, path));
+  return weights;
 }
 
 int Main(int argc, char** argv) {
@@ -38,7 +53,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<models::LlamaConfig> cfg = models::ReadHfLlamaConfig(folder);
   if (!cfg.ok()) return Fail(cfg.status());
   models::Llama model(*cfg);
-  absl::StatusOr<std::map<std::string, Tensor>> weights = models::LoadHfWeights(folder, model);
+  absl::StatusOr<std::map<std::string, Tensor>> weights = LoadHfWeights(folder, model);
   if (!weights.ok()) return Fail(weights.status());
   if (absl::Status st = model.LoadStateDict(*weights); !st.ok()) return Fail(st);
 

@@ -7,9 +7,9 @@
 #include <fstream>
 
 #include "core/autograd.h"
-#include "core/safetensors.h"
 #include "gtest/gtest.h"
 #include "plugins/checkpoint/checkpoint_index.h"
+#include "plugins/checkpoint/safetensors.h"
 #include "tools/sample/test_gpt.h"
 
 namespace braid::tools {

@@ -8,9 +8,9 @@
 #include <string>
 
 #include "core/autograd.h"
-#include "core/safetensors.h"
 #include "gtest/gtest.h"
 #include "launcher/config/config.h"
+#include "plugins/checkpoint/safetensors.h"
 #include "tools/sample/test_gpt.h"
 #include "tools/sample/test_llama.h"
 

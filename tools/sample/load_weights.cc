@@ -9,9 +9,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/check.h"
-#include "core/safetensors.h"
-#include "core/sharded_safetensors.h"
 #include "plugins/checkpoint/checkpoint_index.h"
+#include "plugins/checkpoint/safetensors.h"
+#include "plugins/checkpoint/sharded_safetensors.h"
 
 namespace braid::tools {
 namespace {
@@ -88,7 +88,7 @@ absl::StatusOr<LoadedWeights> LoadCheckpoint(const std::string& dir) {
 }
 
 // Hugging Face's layout: a folder of shards and their index, the index itself, or
-// model.safetensors (core/sharded_safetensors.h).
+// model.safetensors (plugins/checkpoint/sharded_safetensors.h).
 absl::StatusOr<LoadedWeights> LoadHuggingFace(const std::string& path) {
   LoadedWeights out;
   BRAID_ASSIGN_OR_RETURN(out.tensors, LoadSafetensorsWeights(path));

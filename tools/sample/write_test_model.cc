@@ -5,7 +5,7 @@
 #include <iostream>
 #include <string>
 
-#include "core/safetensors.h"
+#include "plugins/checkpoint/safetensors.h"
 #include "tools/sample/test_gpt.h"
 #include "tools/sample/test_llama.h"
 

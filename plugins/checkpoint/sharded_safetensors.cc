@@ -1,4 +1,4 @@
-#include "core/sharded_safetensors.h"
+#include "plugins/checkpoint/sharded_safetensors.h"
 
 #include <filesystem>
 #include <fstream>
@@ -11,8 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/check.h"
-#include "core/safetensors.h"
-#include "core/safetensors_internal.h"
+#include "plugins/checkpoint/safetensors.h"
+#include "plugins/checkpoint/safetensors_internal.h"
 
 namespace braid {
 namespace {

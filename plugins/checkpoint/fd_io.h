@@ -1,9 +1,8 @@
 // Whole reads and writes on a file descriptor, and the descriptor's owner: what the safetensors
-// reader/writer (core/safetensors.cc) and the checkpoint shards (plugins/checkpoint/shard_io.cc)
-// both need from POSIX I/O, which may transfer less than asked or be interrupted by a signal.
-// Header-only, so a plugin compiling against core's headers gets it without linking core.
-#ifndef BRAID_CORE_FD_IO_H_
-#define BRAID_CORE_FD_IO_H_
+// reader/writer (safetensors.cc) and the checkpoint shards (shard_io.cc) both need from POSIX
+// I/O, which may transfer less than asked or be interrupted by a signal. Header-only.
+#ifndef BRAID_PLUGINS_CHECKPOINT_FD_IO_H_
+#define BRAID_PLUGINS_CHECKPOINT_FD_IO_H_
 
 #include <errno.h>
 #include <sys/types.h>
@@ -70,4 +69,4 @@ inline bool ReadAll(int fd, void* data, size_t n, int64_t offset = -1) {
 
 }  // namespace braid::fd_io
 
-#endif  // BRAID_CORE_FD_IO_H_
+#endif  // BRAID_PLUGINS_CHECKPOINT_FD_IO_H_

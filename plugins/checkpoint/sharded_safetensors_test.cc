@@ -1,6 +1,6 @@
 // Hugging Face's sharded safetensors (an index and its shards) and the check of weights against a
 // model, with every mismatch and the nearest names in one message.
-#include "core/sharded_safetensors.h"
+#include "plugins/checkpoint/sharded_safetensors.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -8,10 +8,10 @@
 #include <map>
 #include <string>
 
-#include "core/safetensors.h"
 #include "core/weights_match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "plugins/checkpoint/safetensors.h"
 
 namespace braid {
 namespace {

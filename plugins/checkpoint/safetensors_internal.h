@@ -1,8 +1,8 @@
 // What safetensors.cc (laying out, writing and reading files) shares with safetensors_json.cc
 // (the strict JSON a header is parsed with, and the UTF-8 check names go through). Internal to
-// //core: core/safetensors.h stays free of JSON, which none of its users need.
-#ifndef BRAID_CORE_SAFETENSORS_INTERNAL_H_
-#define BRAID_CORE_SAFETENSORS_INTERNAL_H_
+// :safetensors: safetensors.h stays free of JSON, which none of its users need.
+#ifndef BRAID_PLUGINS_CHECKPOINT_SAFETENSORS_INTERNAL_H_
+#define BRAID_PLUGINS_CHECKPOINT_SAFETENSORS_INTERNAL_H_
 
 #include <nlohmann/json.hpp>
 
@@ -38,4 +38,4 @@ std::string Describe(const Json& v);
 
 }  // namespace braid::safetensors_internal
 
-#endif  // BRAID_CORE_SAFETENSORS_INTERNAL_H_
+#endif  // BRAID_PLUGINS_CHECKPOINT_SAFETENSORS_INTERNAL_H_

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/safetensors_internal.h"
+#include "plugins/checkpoint/safetensors_internal.h"
 
 namespace braid::safetensors_internal {
 

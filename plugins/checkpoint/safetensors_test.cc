@@ -1,4 +1,4 @@
-#include "core/safetensors.h"
+#include "plugins/checkpoint/safetensors.h"
 
 #include <dirent.h>
 #include <fcntl.h>

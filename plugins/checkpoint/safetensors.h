@@ -2,8 +2,8 @@
 // header length, a JSON header {"name": {"dtype", "shape", "data_offsets"}, ..., "__metadata__":
 // {string: string}} and one flat byte buffer that the tensors cover without holes or overlaps.
 // Checkpoints and weight exchange with PyTorch go through this format.
-#ifndef BRAID_CORE_SAFETENSORS_H_
-#define BRAID_CORE_SAFETENSORS_H_
+#ifndef BRAID_PLUGINS_CHECKPOINT_SAFETENSORS_H_
+#define BRAID_PLUGINS_CHECKPOINT_SAFETENSORS_H_
 
 #include <map>
 #include <string>
@@ -51,4 +51,4 @@ absl::StatusOr<std::map<std::string, Tensor>> LoadSafetensors(const std::string&
 
 }  // namespace braid
 
-#endif  // BRAID_CORE_SAFETENSORS_H_
+#endif  // BRAID_PLUGINS_CHECKPOINT_SAFETENSORS_H_

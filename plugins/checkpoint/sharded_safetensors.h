@@ -2,8 +2,8 @@
 // (model-00001-of-00003.safetensors, ...) listed by model.safetensors.index.json, whose
 // "weight_map" gives each tensor's shard. Loading reads every shard the index names and checks
 // that each holds exactly the tensors the index gives it.
-#ifndef BRAID_CORE_SHARDED_SAFETENSORS_H_
-#define BRAID_CORE_SHARDED_SAFETENSORS_H_
+#ifndef BRAID_PLUGINS_CHECKPOINT_SHARDED_SAFETENSORS_H_
+#define BRAID_PLUGINS_CHECKPOINT_SHARDED_SAFETENSORS_H_
 
 #include <map>
 #include <string>
@@ -20,4 +20,4 @@ absl::StatusOr<std::map<std::string, Tensor>> LoadSafetensorsWeights(const std::
 
 }  // namespace braid
 
-#endif  // BRAID_CORE_SHARDED_SAFETENSORS_H_
+#endif  // BRAID_PLUGINS_CHECKPOINT_SHARDED_SAFETENSORS_H_

@@ -1,4 +1,4 @@
-#include "core/safetensors.h"
+#include "plugins/checkpoint/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -14,8 +14,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/check.h"
-#include "core/fd_io.h"
-#include "core/safetensors_internal.h"
+#include "plugins/checkpoint/fd_io.h"
+#include "plugins/checkpoint/safetensors_internal.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors data is little-endian and is copied as is: Braid needs a "

@@ -1,11 +1,11 @@
-// libFuzzer target for the safetensors reader (core/safetensors.h): the 8-byte header length,
-// the JSON header and the byte ranges, as a downloaded weights file or a checkpoint shard holds
+// libFuzzer target for the safetensors reader (safetensors.h): the 8-byte header length, the
+// JSON header and the byte ranges, as a downloaded weights file or a checkpoint shard holds
 // them. The input is the whole file, handed to ReadSafetensors through an in-memory file.
 //
 // Beyond "no crash": a file that reads must survive a round trip: laid out again by
 // LayOutSafetensors (the writer's own layout) and read back, it gives the same names, dtypes,
-// shapes, bytes and metadata. Replayed by //core:safetensors_fuzzer_corpus_test; fuzzed by
-// tools/fuzz/run.sh.
+// shapes, bytes and metadata. Replayed by //plugins/checkpoint:safetensors_fuzzer_corpus_test;
+// fuzzed by tools/fuzz/run.sh.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -16,7 +16,7 @@
 #include <cstring>
 #include <string>
 
-#include "core/safetensors.h"
+#include "plugins/checkpoint/safetensors.h"
 
 namespace {
 
