@@ -34,6 +34,7 @@ using internal::CheckScheduler;
 using internal::Checker;
 using internal::CheckParallel;
 using internal::Has;
+using internal::SetFields;
 using internal::JoinWords;
 using internal::Num;
 using internal::Quoted;
@@ -52,20 +53,6 @@ std::vector<std::string> QuotedAll(const std::vector<std::string>& words) {
   return out;
 }
 
-// The fields of `message` that are set: present (optional scalars, messages) or non-empty
-// (repeated). `skip` are left out.
-std::vector<const pb::FieldDescriptor*> SetFields(const pb::Message& message,
-                                                  const std::vector<std::string>& skip) {
-  std::vector<const pb::FieldDescriptor*> set;
-  const pb::Descriptor* d = message.GetDescriptor();
-  const pb::Reflection* r = message.GetReflection();
-  for (int i = 0; i < d->field_count(); ++i) {
-    const pb::FieldDescriptor* f = d->field(i);
-    if (std::find(skip.begin(), skip.end(), f->name()) != skip.end()) continue;
-    if (f->is_repeated() ? r->FieldSize(message, f) > 0 : r->HasField(message, f)) set.push_back(f);
-  }
-  return set;
-}
 
 void CheckBatch(Checker& c, TrainConfig* cfg, int dp) {
   bool has_total = cfg->has_train_batch_size();
@@ -545,5 +532,22 @@ absl::Status ValidateConfigWith(TrainConfig* cfg, int data_parallel_size,
   for (std::string& problem : all) placed.Error(std::move(problem));
   return placed.Status();
 }
+
+namespace internal {
+
+std::vector<const pb::FieldDescriptor*> SetFields(const pb::Message& message,
+                                                  const std::vector<std::string>& skip) {
+  std::vector<const pb::FieldDescriptor*> set;
+  const pb::Descriptor* d = message.GetDescriptor();
+  const pb::Reflection* r = message.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const pb::FieldDescriptor* f = d->field(i);
+    if (Has(skip, f->name())) continue;
+    if (f->is_repeated() ? r->FieldSize(message, f) > 0 : r->HasField(message, f)) set.push_back(f);
+  }
+  return set;
+}
+
+}  // namespace internal
 
 }  // namespace braid::config

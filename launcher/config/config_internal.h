@@ -21,7 +21,9 @@
 #include "absl/strings/str_join.h"
 #include "launcher/config/config.h"
 #include "core/config/train_config.pb.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/map.h"
+#include "google/protobuf/message.h"
 
 namespace braid::config::internal {
 
@@ -117,6 +119,11 @@ int CheckParallel(Checker& c, TrainConfig* cfg, int world, bool* layout_ok);
 // Feature sections (fp16, zero_optimization, ...) against what `state_holder` declares.
 void CheckFeatures(Checker& c, TrainConfig* cfg, const StrategyCatalog& catalog,
                    const std::string& state_holder);
+// The fields of `message` that are set: present (optional scalars, messages) or non-empty
+// (repeated); those named in `skip` left out (config.cc).
+std::vector<const google::protobuf::FieldDescriptor*> SetFields(
+    const google::protobuf::Message& message, const std::vector<std::string>& skip);
+
 // The optimizer and scheduler sections (config_optim.cc); CheckScheduler after CheckOptimizer
 // (the warm-up peak is the optimizer's rate).
 void CheckOptimizer(Checker& c, TrainConfig* cfg);

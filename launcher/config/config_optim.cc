@@ -75,19 +75,6 @@ const std::vector<SchedulerSpec>& Schedulers() {
   return *specs;
 }
 
-// The fields of `message` that are set (present, or non-empty when repeated or a string).
-std::vector<const pb::FieldDescriptor*> SetFieldsOf(const pb::Message& message,
-                                                    const std::vector<std::string>& skip) {
-  std::vector<const pb::FieldDescriptor*> set;
-  const pb::Descriptor* d = message.GetDescriptor();
-  const pb::Reflection* r = message.GetReflection();
-  for (int i = 0; i < d->field_count(); ++i) {
-    const pb::FieldDescriptor* f = d->field(i);
-    if (Has(skip, f->name())) continue;
-    if (f->is_repeated() ? r->FieldSize(message, f) > 0 : r->HasField(message, f)) set.push_back(f);
-  }
-  return set;
-}
 
 // The peak rate of the warm-up schedules that name it (WarmupCosine, WarmupLR, WarmupDecayLR):
 // it and optimizer.params.lr are one number (ValidateConfigWith already copied a peak given
@@ -232,7 +219,7 @@ void CheckOptimizer(Checker& c, TrainConfig* cfg) {
   c.PositiveReal("optimizer.params.lr", p->lr());
   if (p->has_weight_decay()) c.NonNegativeReal("optimizer.params.weight_decay", p->weight_decay());
   // Every optimizer takes lr and weight_decay; the other params belong to those that name them.
-  for (const pb::FieldDescriptor* f : SetFieldsOf(*p, {"lr", "weight_decay"})) {
+  for (const pb::FieldDescriptor* f : SetFields(*p, {"lr", "weight_decay"})) {
     if (Has(spec->params, f->name())) continue;
     std::vector<std::string> takers;
     for (const std::string& name : known) {
@@ -265,7 +252,7 @@ void CheckScheduler(Checker& c, TrainConfig* cfg) {
     if (sp.type == type) spec = &sp;
   }
   bool foreign = false;
-  for (const pb::FieldDescriptor* f : SetFieldsOf(*p, spec->params)) {
+  for (const pb::FieldDescriptor* f : SetFields(*p, spec->params)) {
     std::vector<std::string> takers;
     for (const SchedulerSpec& sp : Schedulers()) {
       if (Has(sp.params, f->name())) takers.push_back(Quoted(sp.type));
