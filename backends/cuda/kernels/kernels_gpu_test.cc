@@ -418,5 +418,79 @@ TEST_F(CudaKernelsGpuTest, LinearGeluBackwardMatchesTheUnfusedPath) {
   }
 }
 
+
+// The Llama-family slots (llama.cu) against the CPU backend. Elementwise ones (SwiGLU, RoPE) to
+// the elementwise tolerance, dropout exactly (the same mask, one multiply); RMSNorm to the row
+// tolerance (its sums in the GPU's tree order); the grouped-query attention (4 query heads over
+// 2 K/V heads, T = 37) to the row tolerance, its probabilities to 1e-6 absolute.
+TEST_F(CudaKernelsGpuTest, LlamaOpsMatchTheCpu) {
+  for (int64_t c : {96, 1500}) {
+    const Tensor x = RandomTensor({13, c}, rng_, -3.f, 3.f), w = RandomTensor({c}, rng_, .5f, 1.5f);
+    const Tensor dy = RandomTensor({13, c}, rng_);
+    Tensor o = Tensor::Empty({13, c}), rs = Tensor::Empty({13}), go = ToGpu(o), grs = ToGpu(rs);
+    kernels::rmsnorm_forward.Get(Device::CPU())(x, w, 1e-5f, o, rs);
+    kernels::rmsnorm_forward.Get(Device::CUDA(0))(ToGpu(x), ToGpu(w), 1e-5f, go, grs);
+    EXPECT_TRUE(AllClose(ToCpu(go), o, kRowAtol, kRowRtol)) << c;
+    EXPECT_TRUE(AllClose(ToCpu(grs), rs, 0, kRowRtol)) << c;
+    Tensor dx = Tensor::Empty({13, c}), dw = Tensor::Full({c}, 0.5f);
+    Tensor gdx = ToGpu(dx), gdw = ToGpu(dw);
+    kernels::rmsnorm_backward.Get(Device::CPU())(dy, x, w, rs, dx, dw);
+    kernels::rmsnorm_backward.Get(Device::CUDA(0))(ToGpu(dy), ToGpu(x), ToGpu(w), ToGpu(rs), gdx,
+                                                   gdw);
+    EXPECT_TRUE(AllClose(ToCpu(gdx), dx, kRowAtol, kRowRtol)) << c;
+    EXPECT_TRUE(AllClose(ToCpu(gdw), dw, kRowAtol, kRowRtol)) << c;  // added into 0.5
+  }
+  const Tensor gate = RandomTensor({33, 65}, rng_, -12.f, 12.f), up = RandomTensor({33, 65}, rng_);
+  const Tensor d = RandomTensor({33, 65}, rng_);
+  for (bool with_up : {true, false}) {
+    const Tensor u = with_up ? up : Tensor(), gu = with_up ? ToGpu(up) : Tensor();
+    Tensor o = Tensor::Empty(gate.shape()), go = ToGpu(o);
+    kernels::swiglu_forward.Get(Device::CPU())(gate, u, o);
+    kernels::swiglu_forward.Get(Device::CUDA(0))(ToGpu(gate), gu, go);
+    EXPECT_TRUE(AllClose(ToCpu(go), o, kEwAtol, kEwRtol)) << with_up;
+    Tensor dg = Tensor::Empty(gate.shape()), du = with_up ? Tensor::Empty(gate.shape()) : Tensor();
+    Tensor gdg = ToGpu(dg), gdu = with_up ? ToGpu(du) : Tensor();
+    kernels::swiglu_backward.Get(Device::CPU())(d, gate, u, dg, du);
+    kernels::swiglu_backward.Get(Device::CUDA(0))(ToGpu(d), ToGpu(gate), gu, gdg, gdu);
+    EXPECT_TRUE(AllClose(ToCpu(gdg), dg, kEwAtol, kEwRtol)) << with_up;
+    if (with_up) {
+      EXPECT_TRUE(AllClose(ToCpu(gdu), du, kEwAtol, kEwRtol));
+    }
+  }
+  const Tensor rx = RandomTensor({2, 9, 3, 16}, rng_, -2.f, 2.f);
+  for (kernels::RopeParams p : {kernels::RopeParams{10000.f, 1.f, 0, false},
+                                kernels::RopeParams{500000.f, 2.f, 9000, true}}) {
+    Tensor o = Tensor::Empty(rx.shape()), go = ToGpu(o);
+    kernels::rope.Get(Device::CPU())(rx, p, o);
+    kernels::rope.Get(Device::CUDA(0))(ToGpu(rx), p, go);
+    EXPECT_TRUE(AllClose(ToCpu(go), o, kEwAtol, kEwRtol)) << p.inverse;
+  }
+  Tensor dr = Tensor::Empty({10007}), gdr = ToGpu(dr);
+  const Tensor dx = RandomTensor({10007}, rng_);
+  kernels::dropout.Get(Device::CPU())(dx, 0.3f, 42, dr);
+  kernels::dropout.Get(Device::CUDA(0))(ToGpu(dx), 0.3f, 42, gdr);
+  EXPECT_TRUE(AllClose(ToCpu(gdr), dr, 0, 0));
+
+  const int64_t B = 2, T = 37, H = 4, Hkv = 2, D = 16;
+  const Tensor q = RandomTensor({B, T, H, D}, rng_, -2.f, 2.f);
+  const Tensor k = RandomTensor({B, T, Hkv, D}, rng_, -2.f, 2.f);
+  const Tensor v = RandomTensor({B, T, Hkv, D}, rng_), dout = RandomTensor({B, T, H, D}, rng_);
+  Tensor o = Tensor::Empty({B, T, H, D}), att = Tensor::Empty({B, H, T, T});
+  Tensor go = ToGpu(o), gatt = ToGpu(att);
+  kernels::gqa_forward.Get(Device::CPU())(q, k, v, o, att);
+  kernels::gqa_forward.Get(Device::CUDA(0))(ToGpu(q), ToGpu(k), ToGpu(v), go, gatt);
+  EXPECT_TRUE(AllClose(ToCpu(gatt), att, 1e-6f, kRowRtol));
+  EXPECT_TRUE(AllClose(ToCpu(go), o, kRowAtol, kRowRtol));
+  Tensor dq = Tensor::Empty(q.shape()), dk = Tensor::Empty(k.shape());
+  Tensor dv = Tensor::Empty(v.shape());
+  Tensor gdq = ToGpu(dq), gdk = ToGpu(dk), gdv = ToGpu(dv);
+  kernels::gqa_backward.Get(Device::CPU())(dout, q, k, v, att, dq, dk, dv);
+  kernels::gqa_backward.Get(Device::CUDA(0))(ToGpu(dout), ToGpu(q), ToGpu(k), ToGpu(v), ToGpu(att),
+                                             gdq, gdk, gdv);
+  EXPECT_TRUE(AllClose(ToCpu(gdq), dq, kRowAtol, kRowRtol));
+  EXPECT_TRUE(AllClose(ToCpu(gdk), dk, kRowAtol, kRowRtol));
+  EXPECT_TRUE(AllClose(ToCpu(gdv), dv, kRowAtol, kRowRtol));
+}
+
 }  // namespace
 }  // namespace braid::cuda

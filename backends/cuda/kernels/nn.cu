@@ -19,12 +19,6 @@ namespace {
 
 using namespace braid::cuda::math;  // NOLINT: the per-element functions
 
-// The row this thread works on, or -1 past the end (a whole warp at once: warp-per-row only).
-__device__ __forceinline__ int64_t ThisRow(int64_t rows) {
-  const int64_t r = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
-  return r < rows ? r : -1;
-}
-
 template <Format F>
 __global__ void LayerNormForwardKernel(const Stored<F>* x, const Stored<F>* w,
                                        const Stored<F>* b, float eps, int64_t rows, int64_t c,
@@ -195,8 +189,6 @@ __global__ void EmbeddingBackwardSortedKernel(const Stored<F>* dout, const int32
     w = EmbeddingGradColumn<F>(w, dout, order, k, end, c, i);
   }
 }
-
-dim3 Block(const RowGeometry& g) { return dim3(unsigned(g.threads_per_row), unsigned(g.rows_per_block)); }
 
 // One block: each thread counts a strided share, the block adds the counts (integers: exact in
 // any order), thread 0 writes 1 / count.

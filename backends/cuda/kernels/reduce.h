@@ -5,11 +5,23 @@
 #ifndef BRAID_BACKENDS_CUDA_KERNELS_REDUCE_H_
 #define BRAID_BACKENDS_CUDA_KERNELS_REDUCE_H_
 
+#include "backends/cuda/kernels/geometry.h"
 #include "backends/cuda/math/rows.h"
 
 namespace braid::cuda {
 
 constexpr unsigned kFullMask = 0xffffffffu;
+
+// A row-wise launch's block: threads_per_row x rows_per_block (RowwiseGeometry).
+inline dim3 Block(const RowGeometry& g) {
+  return dim3(unsigned(g.threads_per_row), unsigned(g.rows_per_block));
+}
+
+// The row this thread works on, or -1 past the end (a whole warp at once: warp-per-row only).
+__device__ __forceinline__ int64_t ThisRow(int64_t rows) {
+  const int64_t r = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  return r < rows ? r : -1;
+}
 
 __device__ __forceinline__ float WarpSum(float v) {
   for (int off = 16; off >= 1; off >>= 1) v += __shfl_xor_sync(kFullMask, v, off);
