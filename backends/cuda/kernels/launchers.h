@@ -97,6 +97,16 @@ cudaError_t LaunchAttentionForward(const float* qkv, int64_t B, int64_t T, int64
 cudaError_t LaunchAttentionBackward(const float* dout, const float* qkv, const float* att,
                                     int64_t B, int64_t T, int64_t C, int64_t H, float* ds_scratch,
                                     float* dqkv, cudaStream_t s);
+// The same kernels for grouped-query attention (the gqa_* slots): q [B, T, H, D]; k, v [B, T,
+// Hkv, D], query head h reading K/V head h / (H / Hkv); att [B, H, T, T]. dq, dk, dv are written;
+// `ds_scratch` as above.
+cudaError_t LaunchGqaForward(const float* q, const float* k, const float* v, int64_t B,
+                             int64_t T, int64_t H, int64_t Hkv, int64_t D, float* out, float* att,
+                             cudaStream_t s);
+cudaError_t LaunchGqaBackward(const float* dout, const float* q, const float* k, const float* v,
+                              const float* att, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                              int64_t D, float* ds_scratch, float* dq, float* dk, float* dv,
+                              cudaStream_t s);
 
 }  // namespace braid::cuda
 

@@ -1,14 +1,10 @@
 // The Llama-family CUDA kernels (f32; bf16/f16 go through the table's up-cast fallbacks):
-// RMSNorm, SiLU/SwiGLU, the rotary embedding, dropout, grouped-query attention. The per-element
-// math is backends/cuda/math/llama.h's, the source llama_math_test.cc checks on the CPU against
-// the CPU backend. Every sum has a fixed order and no atomics, so results are deterministic:
-// RMSNorm's row sums in reduce.h's tree, its weight gradient one thread per column adding rows in
-// order (as sum_rows), the attention's K/V gradients one thread per (K/V head, position, channel)
-// adding its group's query heads, then positions, in order.
-//
-// The attention is the probability-saving reference (att [B, H, T, T] is the slot's contract, as
-// attention_forward's): one block per query row, quadratic in T in memory. It is what makes
-// llama run on a GPU at all; a fused (flash) path for grouped K/V heads is left for later.
+// RMSNorm, SiLU/SwiGLU, the rotary embedding, dropout (grouped-query attention is attention.cu's
+// reference kernels, which serve multi-head attention as the case of one query head per K/V
+// head). The per-element math is backends/cuda/math/llama.h's, the source llama_math_test.cc
+// checks on the CPU against the CPU backend. Every sum has a fixed order and no atomics, so
+// results are deterministic: RMSNorm's row sums in reduce.h's tree, its weight gradient one thread
+// per column adding rows in order (as sum_rows).
 #include "backends/cuda/kernels/geometry.h"
 #include "backends/cuda/kernels/llama_launch.h"
 #include "backends/cuda/kernels/reduce.h"
@@ -115,116 +111,6 @@ __global__ void RopeKernel(const float* x, const float* cs, const float* sn, int
   }
 }
 
-// ---- Grouped-query attention -----------------------------------------------------------------
-//
-// q, out, dq, dout: [B, T, H, D]; k, v, dk, dv: [B, T, Hkv, D]; att, ds: [B, H, T, T]. Query
-// head h reads K/V head h / (H / Hkv).
-
-struct GqaShape {
-  int64_t b, t, h, hkv, d;
-  float scale;
-};
-
-// One block per (b, h, query position): the scores of keys 0..tq into att's row, the row's max
-// and sum (reduce.h's order), the probabilities (zero above the diagonal), then out's D channels.
-__global__ void GqaForwardKernel(const float* q, const float* k, const float* v, GqaShape s,
-                                 float* out, float* att) {
-  __shared__ float shared[64];
-  const int64_t row = blockIdx.x;  // (b * H + h) * T + tq
-  const int64_t tq = row % s.t, bh = row / s.t, h = bh % s.h, b = bh / s.h;
-  const int64_t g = h / (s.h / s.hkv);
-  const float* qr = q + ((b * s.t + tq) * s.h + h) * s.d;
-  float* ar = att + row * s.t;
-  float m = -INFINITY;
-  for (int64_t u = threadIdx.x; u < s.t; u += blockDim.x) {
-    if (u > tq) {
-      ar[u] = 0.0f;
-      continue;
-    }
-    const float* kr = k + ((b * s.t + u) * s.hkv + g) * s.d;
-    float dot = 0;
-    for (int64_t i = 0; i < s.d; ++i) dot += qr[i] * kr[i];
-    const float sc = dot * s.scale;
-    ar[u] = sc;
-    m = fmaxf(m, sc);
-  }
-  m = RowMax(m, shared);
-  float sum = 0;
-  for (int64_t u = threadIdx.x; u <= tq; u += blockDim.x) {
-    const float e = expf(ar[u] - m);
-    ar[u] = e;
-    sum += e;
-  }
-  const float inv = 1.0f / RowSum(sum, shared);
-  for (int64_t u = threadIdx.x; u <= tq; u += blockDim.x) ar[u] *= inv;
-  __syncthreads();  // the row's probabilities, written by every thread, read by every thread
-  float* orow = out + ((b * s.t + tq) * s.h + h) * s.d;
-  for (int64_t i = threadIdx.x; i < s.d; i += blockDim.x) {
-    float acc = 0;
-    for (int64_t u = 0; u <= tq; ++u) acc += ar[u] * v[((b * s.t + u) * s.hkv + g) * s.d + i];
-    orow[i] = acc;
-  }
-}
-
-// One block per (b, h, query position): dP = dout . v, dS = att (dP - sum(att dP)) into ds's
-// row, then dq = scale dS k.
-__global__ void GqaDsDqKernel(const float* dout, const float* k, const float* v, const float* att,
-                              GqaShape s, float* ds, float* dq) {
-  __shared__ float shared[64];
-  const int64_t row = blockIdx.x;
-  const int64_t tq = row % s.t, bh = row / s.t, h = bh % s.h, b = bh / s.h;
-  const int64_t g = h / (s.h / s.hkv);
-  const float* gr = dout + ((b * s.t + tq) * s.h + h) * s.d;
-  const float* ar = att + row * s.t;
-  float* dr = ds + row * s.t;
-  float dot = 0;
-  for (int64_t u = threadIdx.x; u < s.t; u += blockDim.x) {
-    if (u > tq) {
-      dr[u] = 0.0f;
-      continue;
-    }
-    const float* vr = v + ((b * s.t + u) * s.hkv + g) * s.d;
-    float dp = 0;
-    for (int64_t i = 0; i < s.d; ++i) dp += gr[i] * vr[i];
-    dr[u] = dp;
-    dot += ar[u] * dp;
-  }
-  dot = RowSum(dot, shared);
-  for (int64_t u = threadIdx.x; u <= tq; u += blockDim.x) dr[u] = ar[u] * (dr[u] - dot);
-  __syncthreads();
-  float* dqr = dq + ((b * s.t + tq) * s.h + h) * s.d;
-  for (int64_t i = threadIdx.x; i < s.d; i += blockDim.x) {
-    float acc = 0;
-    for (int64_t u = 0; u <= tq; ++u) acc += dr[u] * k[((b * s.t + u) * s.hkv + g) * s.d + i];
-    dqr[i] = acc * s.scale;
-  }
-}
-
-// One thread per (b, K/V head, key position, channel): dk = scale sum dS q and dv = sum att
-// dout over the group's query heads (in order) and the query positions at or after the key.
-__global__ void GqaDkDvKernel(const float* dout, const float* q, const float* att, const float* ds,
-                             GqaShape s, float* dk, float* dv) {
-  const int64_t group = s.h / s.hkv;
-  BRAID_GRID_STRIDE(j, s.b * s.t * s.hkv * s.d) {
-    const int64_t i = j % s.d, g = (j / s.d) % s.hkv, u = (j / (s.d * s.hkv)) % s.t;
-    const int64_t b = j / (s.d * s.hkv * s.t);
-    float acc_k = 0, acc_v = 0;
-    for (int64_t h = g * group; h < (g + 1) * group; ++h) {
-      for (int64_t tq = u; tq < s.t; ++tq) {
-        const int64_t a = ((b * s.h + h) * s.t + tq) * s.t + u;
-        const int64_t o = ((b * s.t + tq) * s.h + h) * s.d + i;
-        acc_k += ds[a] * q[o];
-        acc_v += att[a] * dout[o];
-      }
-    }
-    dk[j] = acc_k * s.scale;
-    dv[j] = acc_v;
-  }
-}
-
-// The block of a one-row-per-block kernel: a warp for short rows, up to 256 threads.
-int RowBlock(int64_t cols) { return cols <= 32 ? 32 : cols <= 64 ? 64 : cols <= 128 ? 128 : 256; }
-
 }  // namespace
 
 cudaError_t LaunchRmsNormForward(const float* x, const float* w, float eps, int64_t rows,
@@ -283,28 +169,6 @@ cudaError_t LaunchRope(const float* x, const RopeLaunch& p, float* table, float*
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const Launch1D g = ElementwiseGeometry(rows * half);
   RopeKernel<<<g.grid, g.block, 0, s>>>(x, cs, sn, p.t, p.h, p.d, rows * half, out);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchGqaForward(const float* q, const float* k, const float* v, int64_t b,
-                             int64_t t, int64_t h, int64_t hkv, int64_t d, float* out, float* att,
-                             cudaStream_t s) {
-  if (b * h * t == 0) return cudaSuccess;
-  const GqaShape shape{b, t, h, hkv, d, float(1.0 / sqrt(double(d)))};
-  GqaForwardKernel<<<unsigned(b * h * t), RowBlock(t), 0, s>>>(q, k, v, shape, out, att);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchGqaBackward(const float* dout, const float* q, const float* k, const float* v,
-                              const float* att, int64_t b, int64_t t, int64_t h, int64_t hkv,
-                              int64_t d, float* ds_scratch, float* dq, float* dk, float* dv,
-                              cudaStream_t s) {
-  if (b * h * t == 0) return cudaSuccess;
-  const GqaShape shape{b, t, h, hkv, d, float(1.0 / sqrt(double(d)))};
-  GqaDsDqKernel<<<unsigned(b * h * t), RowBlock(t), 0, s>>>(dout, k, v, att, shape, ds_scratch, dq);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  const Launch1D g = ElementwiseGeometry(b * t * hkv * d);
-  GqaDkDvKernel<<<g.grid, g.block, 0, s>>>(dout, q, att, ds_scratch, shape, dk, dv);
   return cudaGetLastError();
 }
 

@@ -1,7 +1,8 @@
 // Launchers of the Llama-family CUDA kernels (llama.cu) on raw device pointers, for
 // register_llama.cc, which adapts the kernel table's Tensor signatures (core/kernels.h gives each
 // slot's contract). Each enqueues on `s` and returns the launch's error. f32 only. Nothing here
-// includes core, so nvcc never parses absl.
+// includes core, so nvcc never parses absl. Grouped-query attention's are in launchers.h, beside
+// the multi-head attention whose kernels they share.
 #ifndef BRAID_BACKENDS_CUDA_KERNELS_LLAMA_LAUNCH_H_
 #define BRAID_BACKENDS_CUDA_KERNELS_LLAMA_LAUNCH_H_
 
@@ -37,16 +38,6 @@ struct RopeLaunch {
 };
 cudaError_t LaunchRope(const float* x, const RopeLaunch& p, float* table, float* out,
                        cudaStream_t s);
-
-// q [b, t, h, d]; k, v [b, t, hkv, d]; att [b, h, t, t]. `ds_scratch` (backward): b * h * t * t
-// floats of device scratch, as `table` above. dq, dk, dv are written.
-cudaError_t LaunchGqaForward(const float* q, const float* k, const float* v, int64_t b,
-                             int64_t t, int64_t h, int64_t hkv, int64_t d, float* out, float* att,
-                             cudaStream_t s);
-cudaError_t LaunchGqaBackward(const float* dout, const float* q, const float* k, const float* v,
-                              const float* att, int64_t b, int64_t t, int64_t h, int64_t hkv,
-                              int64_t d, float* ds_scratch, float* dq, float* dk, float* dv,
-                              cudaStream_t s);
 
 }  // namespace braid::cuda
 

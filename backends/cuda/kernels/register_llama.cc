@@ -1,8 +1,10 @@
 // The kernel table's Llama-family CUDA slots (f32): RMSNorm, SiLU/SwiGLU, the rotary
 // embedding, grouped-query attention, dropout. As register.cc: the device check, the slot's
 // shape and dtype checks (core/kernel_checks.h, shared with the CPU backend), then the launchers
-// of llama_launch.h on the device's kernel stream. bf16/f16 tensors reach these through the
-// table's up-cast fallbacks (kernels::RegisterHalfFallbacks), as the CPU's do.
+// of llama_launch.h (the attention's: launchers.h) on the device's kernel stream. bf16/f16
+// tensors reach these through the table's up-cast fallbacks (kernels::RegisterHalfFallbacks), as
+// the CPU's do.
+#include "backends/cuda/kernels/launchers.h"
 #include "backends/cuda/kernels/llama_launch.h"
 #include "backends/cuda/kernels/register_util.h"
 #include "backends/cuda/launch.h"

@@ -251,21 +251,30 @@ TEST_F(RowsMath, CrossEntropyForwardAndBackward) {
 
 // The documented CUDA attention (kernels/attention.cu), per (batch, head, query row): scores by
 // sequential dot products over D, the softmax's max and sum by `sum` (sequential or tree), the
-// output and gradients by sequential sums over keys or queries.
-void AttentionMath(const Tensor& qkv, int n_head, const Tensor& dout, bool tree, Tensor& out,
-                   Tensor& att, Tensor& dqkv) {
-  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_head, D = C / H;
+// output and gradients by sequential sums over keys or queries; dk and dv per (K/V head, key
+// row), adding the group's query heads in order. Operands as the kernels take them: element
+// (b, t, head, d) of q/dq at q[(b T + t) q_ld + head D + d], of k/v/dk/dv with kv_ld, of
+// out/dout with o_ld; query head h reads K/V head h / (H / Hkv).
+struct AttnLayout {
+  int64_t B, T, H, Hkv, D, q_ld, kv_ld, o_ld;
+};
+
+void AttentionKernelMath(const AttnLayout& l, const float* q_all, const float* k_all,
+                         const float* v_all, const float* dout, bool tree, float* out, float* att,
+                         float* dq, float* dk_all, float* dv_all) {
+  const int64_t T = l.T, D = l.D, group = l.H / l.Hkv;
   const float scale = float(1.0 / std::sqrt(double(D)));
-  const float* pq = qkv.data<float>();
   auto sum = [&](int64_t n, const Term& f) { return tree ? TreeSum(n, 128, f) : SeqSum(n, f); };
-  std::vector<float> ds(size_t(T * T));
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {
-      auto q = [&](int64_t t, int64_t d) { return pq[(b * T + t) * 3 * C + h * D + d]; };
-      auto k = [&](int64_t t, int64_t d) { return pq[(b * T + t) * 3 * C + C + h * D + d]; };
-      auto v = [&](int64_t t, int64_t d) { return pq[(b * T + t) * 3 * C + 2 * C + h * D + d]; };
-      auto go = [&](int64_t t, int64_t d) { return dout.data<float>()[(b * T + t) * C + h * D + d]; };
-      float* a = att.data<float>() + (b * H + h) * T * T;
+  std::vector<float> ds(size_t(l.B * l.H * T * T));
+  for (int64_t b = 0; b < l.B; ++b) {
+    for (int64_t h = 0; h < l.H; ++h) {
+      const int64_t g = h / group;
+      auto q = [&](int64_t t, int64_t d) { return q_all[(b * T + t) * l.q_ld + h * D + d]; };
+      auto k = [&](int64_t t, int64_t d) { return k_all[(b * T + t) * l.kv_ld + g * D + d]; };
+      auto v = [&](int64_t t, int64_t d) { return v_all[(b * T + t) * l.kv_ld + g * D + d]; };
+      auto go = [&](int64_t t, int64_t d) { return dout[(b * T + t) * l.o_ld + h * D + d]; };
+      float* a = att + (b * l.H + h) * T * T;
+      float* dsh = ds.data() + (b * l.H + h) * T * T;
       for (int64_t i = 0; i < T; ++i) {
         float* row = a + i * T;
         float m = -INFINITY;
@@ -281,7 +290,7 @@ void AttentionMath(const Tensor& qkv, int n_head, const Tensor& dout, bool tree,
         const float s = sum(i + 1, [&](int64_t j) { return row[j]; });
         for (int64_t j = 0; j <= i; ++j) row[j] *= 1.0f / s;
         for (int64_t d = 0; d < D; ++d) {
-          out.data<float>()[(b * T + i) * C + h * D + d] =
+          out[(b * T + i) * l.o_ld + h * D + d] =
               SeqSum(i + 1, [&](int64_t j) { return row[j] * v(j, d); });
         }
         // Backward, first kernel: ds row and dq.
@@ -291,27 +300,45 @@ void AttentionMath(const Tensor& qkv, int n_head, const Tensor& dout, bool tree,
         }
         const float dot = sum(i + 1, [&](int64_t j) { return row[j] * dp[size_t(j)]; });
         for (int64_t j = 0; j < T; ++j) {
-          ds[size_t(i * T + j)] = j <= i ? AttentionDScore(row[j], dp[size_t(j)], dot, scale) : 0.f;
+          dsh[i * T + j] = j <= i ? AttentionDScore(row[j], dp[size_t(j)], dot, scale) : 0.f;
         }
         for (int64_t d = 0; d < D; ++d) {
-          dqkv.data<float>()[(b * T + i) * 3 * C + h * D + d] =
-              SeqSum(i + 1, [&](int64_t j) { return ds[size_t(i * T + j)] * k(j, d); });
+          dq[(b * T + i) * l.q_ld + h * D + d] =
+              SeqSum(i + 1, [&](int64_t j) { return dsh[i * T + j] * k(j, d); });
         }
       }
-      // Second kernel: dk and dv per key row j, over queries i >= j.
+    }
+    // Second kernel: dk and dv per (K/V head, key row j), over the group's heads, then queries
+    // i >= j.
+    for (int64_t g = 0; g < l.Hkv; ++g) {
       for (int64_t j = 0; j < T; ++j) {
         for (int64_t d = 0; d < D; ++d) {
           float dk = 0, dv = 0;
-          for (int64_t i = j; i < T; ++i) {
-            dk += ds[size_t(i * T + j)] * q(i, d);
-            dv += a[i * T + j] * go(i, d);
+          for (int64_t h = g * group; h < (g + 1) * group; ++h) {
+            const float* a = att + (b * l.H + h) * T * T;
+            const float* dsh = ds.data() + (b * l.H + h) * T * T;
+            for (int64_t i = j; i < T; ++i) {
+              dk += dsh[i * T + j] * q_all[(b * T + i) * l.q_ld + h * D + d];
+              dv += a[i * T + j] * dout[(b * T + i) * l.o_ld + h * D + d];
+            }
           }
-          dqkv.data<float>()[(b * T + j) * 3 * C + C + h * D + d] = dk;
-          dqkv.data<float>()[(b * T + j) * 3 * C + 2 * C + h * D + d] = dv;
+          dk_all[(b * T + j) * l.kv_ld + g * D + d] = dk;
+          dv_all[(b * T + j) * l.kv_ld + g * D + d] = dv;
         }
       }
     }
   }
+}
+
+// GPT's packed qkv [B, T, 3C]: q, k, v at offsets 0, C, 2C, rows 3C apart.
+void AttentionMath(const Tensor& qkv, int n_head, const Tensor& dout, bool tree, Tensor& out,
+                   Tensor& att, Tensor& dqkv) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, H = n_head;
+  const float* p = qkv.data<float>();
+  float* d = dqkv.data<float>();
+  AttentionKernelMath({B, T, H, H, C / H, 3 * C, 3 * C, C}, p, p + C, p + 2 * C,
+                      dout.data<float>(), tree, out.data<float>(), att.data<float>(), d, d + C,
+                      d + 2 * C);
 }
 
 TEST_F(RowsMath, AttentionForwardAndBackward) {
@@ -341,6 +368,35 @@ TEST_F(RowsMath, AttentionForwardAndBackward) {
       EXPECT_TRUE(AllClose(mout, out, 1e-5f, 1e-4f)) << "simd=" << simd << " tree=" << tree;
       EXPECT_TRUE(AllClose(mdqkv, dqkv, 1e-5f, 1e-4f)) << "simd=" << simd << " tree=" << tree;
     }
+  }
+}
+
+// The same kernels as the gqa_* slots run them (4 query heads over 2 K/V heads, q [B, T, H, D],
+// k and v [B, T, Hkv, D]) against the CPU's grouped-query attention, to the tolerances above.
+TEST_F(RowsMath, GroupedQueryAttentionForwardAndBackward) {
+  const int64_t B = 2, T = 19, H = 4, Hkv = 2, D = 8;
+  const Tensor q = RandomTensor({B, T, H, D}, rng_, -2.f, 2.f);
+  const Tensor k = RandomTensor({B, T, Hkv, D}, rng_, -2.f, 2.f);
+  const Tensor v = RandomTensor({B, T, Hkv, D}, rng_);
+  const Tensor dout = RandomTensor({B, T, H, D}, rng_);
+  Tensor out = Tensor::Empty({B, T, H, D}), att = Tensor::Empty({B, H, T, T});
+  Tensor dq = Tensor::Empty(q.shape()), dk = Tensor::Empty(k.shape());
+  Tensor dv = Tensor::Empty(v.shape());
+  kernels::gqa_forward.Get(Device::CPU())(q, k, v, out, att);
+  kernels::gqa_backward.Get(Device::CPU())(dout, q, k, v, att, dq, dk, dv);
+  for (bool tree : {false, true}) {
+    Tensor mout = Tensor::Empty(out.shape()), matt = Tensor::Empty(att.shape());
+    Tensor mdq = Tensor::Empty(q.shape()), mdk = Tensor::Empty(k.shape());
+    Tensor mdv = Tensor::Empty(v.shape());
+    AttentionKernelMath({B, T, H, Hkv, D, H * D, Hkv * D, H * D}, q.data<float>(),
+                        k.data<float>(), v.data<float>(), dout.data<float>(), tree,
+                        mout.data<float>(), matt.data<float>(), mdq.data<float>(),
+                        mdk.data<float>(), mdv.data<float>());
+    EXPECT_TRUE(AllClose(matt, att, 1e-6f, 1e-5f)) << "tree=" << tree;
+    EXPECT_TRUE(AllClose(mout, out, 1e-5f, 1e-4f)) << "tree=" << tree;
+    EXPECT_TRUE(AllClose(mdq, dq, 1e-5f, 1e-4f)) << "tree=" << tree;
+    EXPECT_TRUE(AllClose(mdk, dk, 1e-5f, 1e-4f)) << "tree=" << tree;
+    EXPECT_TRUE(AllClose(mdv, dv, 1e-5f, 1e-4f)) << "tree=" << tree;
   }
 }
 
