@@ -85,6 +85,25 @@ inline ::testing::AssertionResult BitEqual(const Tensor& a, const Tensor& b) {
   return ::testing::AssertionSuccess();
 }
 
+// Bitwise equality of two floats, where any NaN matches any NaN (the CPU and glibc may differ in
+// a NaN's sign): for code written to give another path's results bit for bit.
+inline ::testing::AssertionResult SameFloatBits(float got, float want) {
+  if (std::isnan(got) && std::isnan(want)) return ::testing::AssertionSuccess();
+  uint32_t g, w;
+  std::memcpy(&g, &got, 4);
+  std::memcpy(&w, &want, 4);
+  if (g == w) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "got " << got << " (0x" << std::hex << g << "), want "
+                                       << want << " (0x" << w << ")";
+}
+
+// A fixture for tests against the portable (non-AVX2) paths: SIMD off for the test, on after.
+class PortablePathTest : public ::testing::Test {
+ protected:
+  void SetUp() override { SetSimdEnabled(false); }
+  void TearDown() override { SetSimdEnabled(true); }
+};
+
 // A kernel-test configuration: AVX2 paths on or off, and the thread count.
 struct Config {
   bool simd;

@@ -33,16 +33,32 @@ struct Dims {
   float scale;
 };
 
+// The query row of a block of the forward and dq kernels (blockIdx.x = (b * H + h) * T + i):
+// its batch entry, head, K/V head and where that K/V head's keys and values start.
+struct QueryRow {
+  int64_t task, i, b, h;
+  const float* k0;
+  const float* v0;
+  __device__ QueryRow(const Dims& s, const float* k_all, const float* v_all)
+      : task(blockIdx.x), i(task % s.T) {
+    const int64_t bh = task / s.T;
+    h = bh % s.H;
+    b = bh / s.H;
+    const int64_t g = h / (s.H / s.Hkv);
+    k0 = k_all + b * s.T * s.kv_ld + g * s.D;
+    v0 = v_all + b * s.T * s.kv_ld + g * s.D;
+  }
+};
+
 __global__ void AttentionForwardKernel(const float* q_all, const float* k_all, const float* v_all,
                                        Dims s, float* out, float* att) {
   __shared__ float shared[64];
-  const int64_t task = blockIdx.x;  // (b * H + h) * T + i
-  const int64_t i = task % s.T, bh = task / s.T, h = bh % s.H, b = bh / s.H;
-  const int64_t g = h / (s.H / s.Hkv);
+  const QueryRow r(s, k_all, v_all);
+  const int64_t i = r.i, b = r.b, h = r.h;
+  const float* k0 = r.k0;
+  const float* v0 = r.v0;
   const float* q = q_all + (b * s.T + i) * s.q_ld + h * s.D;
-  const float* k0 = k_all + b * s.T * s.kv_ld + g * s.D;
-  const float* v0 = v_all + b * s.T * s.kv_ld + g * s.D;
-  float* row = att + task * s.T;
+  float* row = att + r.task * s.T;
   float mx = -INFINITY;
   for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
     const float* k = k0 + j * s.kv_ld;
@@ -75,14 +91,13 @@ __global__ void AttentionForwardKernel(const float* q_all, const float* k_all, c
 __global__ void AttentionDqKernel(const float* dout, const float* k_all, const float* v_all,
                                   const float* att, Dims s, float* ds_all, float* dq) {
   __shared__ float shared[64];
-  const int64_t task = blockIdx.x;
-  const int64_t i = task % s.T, bh = task / s.T, h = bh % s.H, b = bh / s.H;
-  const int64_t g = h / (s.H / s.Hkv);
+  const QueryRow r(s, k_all, v_all);
+  const int64_t i = r.i, b = r.b, h = r.h;
+  const float* k0 = r.k0;
+  const float* v0 = r.v0;
   const float* go = dout + (b * s.T + i) * s.o_ld + h * s.D;
-  const float* k0 = k_all + b * s.T * s.kv_ld + g * s.D;
-  const float* v0 = v_all + b * s.T * s.kv_ld + g * s.D;
-  const float* p = att + task * s.T;
-  float* ds = ds_all + task * s.T;
+  const float* p = att + r.task * s.T;
+  float* ds = ds_all + r.task * s.T;
   float dot = 0;
   for (int64_t j = threadIdx.x; j <= i; j += blockDim.x) {
     const float* v = v0 + j * s.kv_ld;

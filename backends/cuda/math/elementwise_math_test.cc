@@ -21,6 +21,7 @@
 namespace braid::cuda::math {
 namespace {
 
+using cpu::testing::SameFloatBits;
 using kernels::BinaryOp;
 using kernels::UnaryOp;
 
@@ -61,19 +62,7 @@ Tensor FromFloats(const std::vector<float>& v) {
   return Tensor::FromVector(v, {int64_t(v.size())});
 }
 
-// Bitwise equality, where any NaN matches any NaN (the CPU and glibc may differ in NaN sign).
-::testing::AssertionResult SameBits(float got, float want) {
-  if (std::isnan(got) && std::isnan(want)) return ::testing::AssertionSuccess();
-  if (FloatBits(got) == FloatBits(want)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "got " << got << " (0x" << std::hex << FloatBits(got)
-                                       << "), want " << want << " (0x" << FloatBits(want) << ")";
-}
-
-class SimdOff : public ::testing::Test {
- protected:
-  void SetUp() override { cpu::SetSimdEnabled(false); }
-  void TearDown() override { cpu::SetSimdEnabled(true); }
-};
+using SimdOff = cpu::testing::PortablePathTest;
 
 TEST_F(SimdOff, UnaryIsBitIdenticalToCpuPortablePath) {
   const std::vector<float> x = Inputs();
@@ -83,7 +72,7 @@ TEST_F(SimdOff, UnaryIsBitIdenticalToCpuPortablePath) {
     kernels::unary.Get(Device::CPU())(op, a, 0.37f, out);
     const float* o = out.data<float>();
     for (size_t i = 0; i < x.size(); ++i) {
-      ASSERT_TRUE(SameBits(ApplyUnary(Unary(int(op)), x[i], 0.37f), o[i]))
+      ASSERT_TRUE(SameFloatBits(ApplyUnary(Unary(int(op)), x[i], 0.37f), o[i]))
           << "op " << int(op) << " x=" << x[i];
     }
   }
@@ -102,7 +91,7 @@ TEST_F(SimdOff, UnaryGradIsBitIdenticalToCpuPortablePath) {
     kernels::unary_backward.Get(Device::CPU())(op, a, go, gi);
     const float* o = gi.data<float>();
     for (size_t i = 0; i < x.size(); ++i) {
-      ASSERT_TRUE(SameBits(ApplyUnaryGrad(Unary(int(op)), x[i], g[i]), o[i]))
+      ASSERT_TRUE(SameFloatBits(ApplyUnaryGrad(Unary(int(op)), x[i], g[i]), o[i]))
           << "op " << int(op) << " x=" << x[i] << " g=" << g[i];
     }
   }
@@ -171,7 +160,7 @@ TEST_F(SimdOff, BinaryAndAxpbyAreBitIdenticalToCpu) {
       kernels::binary.Get(Device::CPU())(op, a, *b, out);
       const int64_t nb = b->numel();
       for (int64_t i = 0; i < a.numel(); ++i) {
-        ASSERT_TRUE(SameBits(ApplyBinary(Binary(int(op)), a.data<float>()[i],
+        ASSERT_TRUE(SameFloatBits(ApplyBinary(Binary(int(op)), a.data<float>()[i],
                                          b->data<float>()[i % nb]),
                              out.data<float>()[i]))
             << "op " << int(op) << " nb=" << nb << " i=" << i;
@@ -184,7 +173,7 @@ TEST_F(SimdOff, BinaryAndAxpbyAreBitIdenticalToCpu) {
     const std::vector<float> y0 = y.ToFloatVector();
     kernels::axpby.Get(Device::CPU())(alpha, a, beta, y);
     for (int64_t i = 0; i < a.numel(); ++i) {
-      ASSERT_TRUE(SameBits(Axpby(alpha, a.data<float>()[i], beta, y0[size_t(i)]),
+      ASSERT_TRUE(SameFloatBits(Axpby(alpha, a.data<float>()[i], beta, y0[size_t(i)]),
                            y.data<float>()[i]))
           << "alpha=" << alpha << " beta=" << beta << " i=" << i;
     }
@@ -206,7 +195,7 @@ void CheckHalfMathAgainstCpu(DType dt) {
   const auto* pa = static_cast<const Stored<F>*>(a.raw_data());
   const auto* pg = static_cast<const Stored<F>*>(g.raw_data());
   auto same = [](Stored<F> got, Stored<F> want) {
-    return SameBits(Elem<F>::Get(got), Elem<F>::Get(want));
+    return SameFloatBits(Elem<F>::Get(got), Elem<F>::Get(want));
   };
   for (UnaryOp op : kAllUnary) {
     Tensor out = Tensor::Empty({a.numel()}, dt);
@@ -240,7 +229,7 @@ void CheckHalfMathAgainstCpu(DType dt) {
   kernels::axpby.Get(Device::CPU(), dt)(-1.5f, acc, 0.25f, y16);
   const auto* p16 = static_cast<const Stored<F>*>(y16.raw_data());
   for (int64_t i = 0; i < a.numel(); ++i) {
-    ASSERT_TRUE(SameBits(AxpbyMixed<F, Format::kF32>(0.5f, pg[i], 1.0f, gv[size_t(i)]),
+    ASSERT_TRUE(SameFloatBits(AxpbyMixed<F, Format::kF32>(0.5f, pg[i], 1.0f, gv[size_t(i)]),
                          y32.data<float>()[i]))
         << DTypeName(dt) << " axpby into f32, i=" << i;
     ASSERT_TRUE(same(AxpbyMixed<Format::kF32, F>(-1.5f, gv[size_t(i)], 0.25f, pg[i]), p16[i]))

@@ -26,6 +26,7 @@ namespace braid::cuda::math {
 namespace {
 
 using cpu::testing::RandomTensor;
+using cpu::testing::SameFloatBits;
 
 // [-12, 12], near 0, past exp's overflow for e^-g (g < -88.7), and specials.
 std::vector<float> Gates() {
@@ -51,22 +52,12 @@ std::vector<float> Uniform(size_t n, unsigned seed, float lo, float hi) {
 
 Tensor Vec(const std::vector<float>& v) { return Tensor::FromVector(v, {int64_t(v.size())}); }
 
-::testing::AssertionResult SameBits(float got, float want) {
-  if (std::isnan(got) && std::isnan(want)) return ::testing::AssertionSuccess();
-  if (FloatBits(got) == FloatBits(want)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "got " << got << " (0x" << std::hex << FloatBits(got)
-                                       << "), want " << want << " (0x" << FloatBits(want) << ")";
-}
 
 bool Near(float got, float want, float atol, float rtol) {
   return std::fabs(got - want) <= atol + rtol * std::fabs(want);
 }
 
-class SimdOff : public ::testing::Test {
- protected:
-  void SetUp() override { cpu::SetSimdEnabled(false); }
-  void TearDown() override { cpu::SetSimdEnabled(true); }
-};
+using SimdOff = cpu::testing::PortablePathTest;
 
 TEST_F(SimdOff, SwiGluAndSiluAreBitIdenticalToTheCpu) {
   const std::vector<float> g = Gates();
@@ -79,12 +70,12 @@ TEST_F(SimdOff, SwiGluAndSiluAreBitIdenticalToTheCpu) {
     kernels::swiglu_forward.Get(Device::CPU())(tg, up, out);
     kernels::swiglu_backward.Get(Device::CPU())(td, tg, up, dgate, dup);
     for (size_t i = 0; i < g.size(); ++i) {
-      ASSERT_TRUE(SameBits(SwiGlu(g[i], with_up ? &u[i] : nullptr), out.data<float>()[i]))
+      ASSERT_TRUE(SameFloatBits(SwiGlu(g[i], with_up ? &u[i] : nullptr), out.data<float>()[i]))
           << "forward, up " << with_up << ", g=" << g[i];
-      ASSERT_TRUE(SameBits(SwiGluDgate(d[i], g[i], with_up ? u[i] : 1.0f), dgate.data<float>()[i]))
+      ASSERT_TRUE(SameFloatBits(SwiGluDgate(d[i], g[i], with_up ? u[i] : 1.0f), dgate.data<float>()[i]))
           << "dgate, up " << with_up << ", g=" << g[i];
       if (with_up) {
-        ASSERT_TRUE(SameBits(SwiGluDup(d[i], g[i]), dup.data<float>()[i])) << g[i];
+        ASSERT_TRUE(SameFloatBits(SwiGluDup(d[i], g[i]), dup.data<float>()[i])) << g[i];
       }
     }
   }
@@ -105,7 +96,7 @@ TEST(LlamaMath, DropoutMaskIsCoresAndTheOutputTheCpus) {
     kernels::dropout.Get(Device::CPU())(Vec(x), p, 99, out);
     for (size_t i = 0; i < x.size(); ++i) {
       const float want = DropoutKeep(99, i, p) ? x[i] * DropoutScale(p) : 0.0f;
-      ASSERT_TRUE(SameBits(want, out.data<float>()[i])) << "p " << p << " i " << i;
+      ASSERT_TRUE(SameFloatBits(want, out.data<float>()[i])) << "p " << p << " i " << i;
     }
   }
 }
@@ -128,8 +119,8 @@ TEST(LlamaMath, RopeIsBitIdenticalToTheCpu) {
         float c, s, o1, o2;
         RopeCosSin(pos, i, D, double(p.theta), p.inverse, &c, &s);
         RopeRotate(px[r * D + i], px[r * D + i + half], c, s, &o1, &o2);
-        ASSERT_TRUE(SameBits(o1, po[r * D + i])) << "row " << r << " i " << i;
-        ASSERT_TRUE(SameBits(o2, po[r * D + i + half])) << "row " << r << " i " << i;
+        ASSERT_TRUE(SameFloatBits(o1, po[r * D + i])) << "row " << r << " i " << i;
+        ASSERT_TRUE(SameFloatBits(o2, po[r * D + i + half])) << "row " << r << " i " << i;
       }
     }
   }
@@ -163,7 +154,7 @@ TEST(LlamaMath, RmsNormInTheKernelsOrderMatchesTheCpu) {
           order::TreeSum(c, threads, [&](int64_t i) { return (gr[i] * pw[i]) * xr[i]; });
       const float k = RmsNormK(rs_cpu, dot, c);
       for (int64_t i = 0; i < c; ++i) {
-        ASSERT_TRUE(SameBits(RmsNormOut(xr[i], rs_cpu, pw[i]), out.data<float>()[r * c + i]));
+        ASSERT_TRUE(SameFloatBits(RmsNormOut(xr[i], rs_cpu, pw[i]), out.data<float>()[r * c + i]));
         ASSERT_TRUE(Near(RmsNormDx(gr[i] * pw[i], xr[i], rs_cpu, k), dx.data<float>()[r * c + i],
                          1e-5f, 1e-5f))
             << "dx row " << r << " col " << i << ", c " << c;
