@@ -129,7 +129,8 @@ RunEnd ReportRunSummary(Reporter& rep, const RunSummaryInputs& in, const StepTot
   getrusage(RUSAGE_SELF, &usage);
   RunEnd end;
   end.peak_rss = int64_t(usage.ru_maxrss) * 1024;  // the whole process, like `ps`
-  end.wall = absl::ToDoubleSeconds(absl::Now() - in.start);
+  end.wall = absl::ToDoubleSeconds(
+      (in.end == absl::InfinitePast() ? absl::Now() : in.end) - in.start);
   auto pct = [&](double x) { return totals.total > 0 ? 100.0 * x / totals.total : 0.0; };
   rep.Line(absl::StrFormat(
       "braid: done: %d steps%s in %s, loss %.4f -> %.4f, median %.0f %s/s, peak tensor memory "
@@ -147,11 +148,17 @@ RunEnd ReportRunSummary(Reporter& rep, const RunSummaryInputs& in, const StepTot
   if (in.flops_per_token > 0 && in.peak_flops > 0) {
     end.flops_per_token = in.flops_per_token;
     end.peak_flops = in.peak_flops;
+    end.start_peak_flops = in.start_peak_flops;
     end.mfu = Mfu(in.flops_per_token, result.median_tokens_per_s, in.processes, in.peak_flops);
-    const std::string basis =
-        in.peak_basis.empty()
-            ? absl::StrFormat("the f32 matmul ceiling measured at start on %d thread(s)", in.threads)
-            : in.peak_basis;
+    std::string basis = in.peak_basis;
+    if (basis.empty() && in.start_peak_flops > 0) {
+      basis = absl::StrFormat(
+          "the f32 matmul ceiling on %d thread(s): the faster of its measurements at the start "
+          "(%.1f GFLOP/s, each step's MFU) and at the end",
+          in.threads, in.start_peak_flops / 1e9);
+    } else if (basis.empty()) {
+      basis = absl::StrFormat("the f32 matmul ceiling measured at start on %d thread(s)", in.threads);
+    }
     rep.Line(absl::StrFormat(
         "braid: MFU %.1f%%: %.4g FLOP per %s (the model's formula, forward and backward) x median "
         "%.0f %s/s = %.2f GFLOP/s, of %d process(es) x %.1f GFLOP/s (%s)",
@@ -252,8 +259,12 @@ std::string SummaryMetricJson(const std::string& eval, int steps, const TrainRes
       eval, steps, result.first_loss, result.final_loss, result.median_tokens_per_s,
       result.peak_bytes, end.peak_rss, end.wall,
       end.mfu >= 0 ? absl::StrFormat(", \"mfu\": %.6f, \"flops_per_token\": %.6g, "
-                                     "\"peak_flops_per_s\": %.6g",
-                                     end.mfu, end.flops_per_token, end.peak_flops)
+                                     "\"peak_flops_per_s\": %.6g%s",
+                                     end.mfu, end.flops_per_token, end.peak_flops,
+                                     end.start_peak_flops > 0
+                                         ? absl::StrFormat(", \"start_peak_flops_per_s\": %.6g",
+                                                           end.start_peak_flops)
+                                         : std::string())
                    : std::string(),
       mp == nullptr ? std::string()
                     : absl::StrFormat(", \"precision\": \"%s\", \"loss_scale\": %g, \"skipped_steps\": %d",

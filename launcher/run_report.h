@@ -119,6 +119,8 @@ struct RunSummaryInputs {
   const char* unit = "";  // "tok" or "samples"
   Device device;
   absl::Time start;  // when the steps began
+  // When they ended (the summary's wall time); InfinitePast: now, when the summary is made.
+  absl::Time end = absl::InfinitePast();
   const Strategy* strategy = nullptr;
   const MixedPrecision* mp = nullptr;  // null without mixed precision
   // The checkpoints this run saved (checkpointer is null without a checkpoint section).
@@ -130,6 +132,10 @@ struct RunSummaryInputs {
   // For the MFU line (none when either is 0: a model without a FLOPs formula, a device without a
   // measured peak, a rank other than 0).
   double flops_per_token = 0, peak_flops = 0;
+  // On the CPU, the ceiling measured at the start, which each step's MFU used; peak_flops is the
+  // faster of it and a second measurement at the end (a machine busy at the start measures a low
+  // ceiling). 0: peak_flops is the only one.
+  double start_peak_flops = 0;
   int processes = 1, threads = 1;
   // Where a CUDA device's peak came from (launcher/peak_flops.h); empty: the CPU's measured one.
   std::string peak_basis;
@@ -141,6 +147,7 @@ struct RunEnd {
   double wall = 0;       // seconds since RunSummaryInputs::start
   double mfu = -1;       // at the median throughput; < 0: unknown
   double flops_per_token = 0, peak_flops = 0;
+  double start_peak_flops = 0;  // as RunSummaryInputs's
 };
 
 // Fills `result`'s steady-state throughput and peak memory, then prints the summary lines.
