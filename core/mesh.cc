@@ -1,8 +1,10 @@
 #include "core/mesh.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/check.h"
 
 namespace braid {
@@ -26,6 +28,7 @@ absl::StatusOr<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(Communicator& wor
   auto rank_of = [&](int ti, int pi, int di) { return (di * p + pi) * t + ti; };
   auto mesh = std::unique_ptr<DeviceMesh>(new DeviceMesh());
   mesh->shape_ = shape;
+  mesh->world_ = &world;
   const int r = world.rank();
   mesh->tensor_rank_ = r % t;
   mesh->pipeline_rank_ = (r / t) % p;
@@ -74,6 +77,25 @@ absl::StatusOr<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(Communicator& wor
   BRAID_RETURN_IF_ERROR(build(data, &mesh->data_));
   BRAID_RETURN_IF_ERROR(build(replica, &mesh->replica_));
   return mesh;
+}
+
+absl::StatusOr<Communicator*> DeviceMesh::GroupOf(const std::vector<std::string>& axes) const {
+  auto has = [&](const char* a) { return std::find(axes.begin(), axes.end(), a) != axes.end(); };
+  const bool t = has(kAxisTensor), p = has(kAxisPipeline), d = has(kAxisData);
+  Communicator* g = nullptr;
+  if (size_t(t) + size_t(p) + size_t(d) == axes.size()) {  // nothing but known axes
+    if (t && !p && !d) g = tensor_.get();
+    if (!t && p && !d) g = pipeline_.get();
+    if (!t && !p && d) g = data_.get();
+    if (!t && p && d) g = replica_.get();
+    if (t && p && d) g = world_;
+  }
+  if (g == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no group of the mesh (", shape_.ToString(), ") spans the axes {", absl::StrJoin(axes, ", "),
+        "}: a layer serves tensor, pipeline or data, or pipeline and data together"));
+  }
+  return g->size() == world_->size() ? world_ : g;
 }
 
 }  // namespace braid

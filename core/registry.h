@@ -24,6 +24,7 @@
 #include "core/checkpointer.h"
 #include "core/communicator.h"
 #include "core/device.h"
+#include "core/mesh.h"  // kAxis*
 #include "core/module.h"
 #include "core/optimizer.h"
 #include "core/strategy.h"
@@ -36,11 +37,6 @@ class ModelConfig;      // core/config/train_config.proto
 class OptimizerConfig;  // core/config/train_config.proto
 class TrainConfig;      // core/config/train_config.proto
 }  // namespace config
-
-// The mesh axes (core/mesh.h) a strategy can serve as one layer of a composed stack.
-inline constexpr char kAxisTensor[] = "tensor";
-inline constexpr char kAxisPipeline[] = "pipeline";
-inline constexpr char kAxisData[] = "data";
 
 // What a strategy implements beyond plain training, declared when it registers; the training
 // program composes its stack of layers from these, never from names.

@@ -47,7 +47,18 @@ using OptimizerFactory =
 using ModuleFactory = std::function<std::unique_ptr<Module>(Device device)>;
 
 struct StrategyContext {
-  Communicator* comm = nullptr;  // world group; size 1 for single-process runs
+  // The group of ranks this layer works over, handed by the composer (launcher/compose.h): the
+  // group of the mesh axes the layer serves (DeviceMesh::GroupOf): a data-axis strategy's
+  // data-parallel ranks, a pipeline's stages of this replica, a tensor-parallel layer's tensor
+  // group; the world for a stack of one layer. Size 1 for single-process runs.
+  Communicator* comm = nullptr;
+  // The groups of the layers below this one, nearest first (empty for the innermost):
+  // WrappingStrategy::ContextBelow hands the first to the layer below as its `comm`.
+  std::vector<Communicator*> groups_below;
+  // The groups of the layers above, nearest first (ContextBelow adds the handing layer's), for
+  // a decision every rank of the model must share: the pipeline's cut by measured time is stage
+  // 0's of replica 0, broadcast over its stages, its replicas and the tensor group above.
+  std::vector<Communicator*> groups_above;
   Device device = Device::CPU();
   // Free-form options from the config's strategy section ("bucket_cap_mb" -> "25").
   std::map<std::string, std::string> options;
@@ -65,7 +76,8 @@ struct StrategyContext {
   // //core/config:train_config_headers, never by linking the config library.
   const config::TrainConfig* config = nullptr;
   // The tensor × pipeline × data layout (core/mesh.h) when the config has a `parallel` section;
-  // null otherwise (a data-axis strategy then trains over `comm`; the pipeline needs a mesh).
+  // null otherwise. For what a layer reports (this rank's place in the world); the groups a
+  // layer works over are `comm` and `groups_below`, never looked up here.
   const DeviceMesh* mesh = nullptr;
   // What the layers above add to the step's scalars before the strategy's one read
   // (ReadStepScalarsAndClip), on this rank's device, where NCCL moves them (all-reduces, no host
@@ -80,6 +92,25 @@ struct StrategyContext {
   // the model at Setup (the pipeline's cut by measured time); null when the caller has none.
   std::function<Batch()> sample_batch;
 };
+
+// Hands `ctx` the groups of a stack of layers serving `layer_axes` on `mesh`, outermost first
+// (DeviceMesh::GroupOf each): the first in `comm`, the rest in `groups_below`. What the composer
+// does for a run; tests and programs that stack layers by hand call it too.
+inline absl::Status HandMeshGroups(const DeviceMesh& mesh,
+                                   const std::vector<std::vector<std::string>>& layer_axes,
+                                   StrategyContext* ctx) {
+  BRAID_CHECK(!layer_axes.empty()) << "HandMeshGroups: no layers";
+  std::vector<Communicator*> groups;
+  for (const std::vector<std::string>& axes : layer_axes) {
+    absl::StatusOr<Communicator*> g = mesh.GroupOf(axes);
+    if (!g.ok()) return g.status();
+    groups.push_back(*g);
+  }
+  ctx->comm = groups.front();
+  ctx->groups_below.assign(groups.begin() + 1, groups.end());
+  ctx->groups_above.clear();
+  return absl::OkStatus();
+}
 
 struct StepStats {
   float loss = 0;           // mean over micro-batches (this rank)

@@ -98,12 +98,20 @@ class WrappingStrategy : public Strategy {
   // The options this layer reads itself; the layer below gets the others (ContextBelow), so
   // strategy.options reach every layer of the stack and each takes its own.
   virtual bool OwnsOption(const std::string& key) const { return false; }
-  // `ctx` as the layer below gets it by default: this layer's options removed. A layer sets
-  // `comm` (the group the layer below serves), its sums and its criterion on the copy.
+  // `ctx` as the layer below gets it: this layer's options removed, the composer's group for
+  // the layer below (the first of groups_below) as its `comm` (null when none was handed: the
+  // layer below then says it has no communicator), and this layer's group first among its
+  // groups_above. A layer sets its sums and its criterion on the copy.
   StrategyContext ContextBelow(const StrategyContext& ctx) const {
     StrategyContext below = ctx;
     for (auto it = below.options.begin(); it != below.options.end();) {
       it = OwnsOption(it->first) ? below.options.erase(it) : std::next(it);
+    }
+    if (ctx.comm != nullptr) below.groups_above.insert(below.groups_above.begin(), ctx.comm);
+    below.comm = nullptr;
+    if (!below.groups_below.empty()) {
+      below.comm = below.groups_below.front();
+      below.groups_below.erase(below.groups_below.begin());
     }
     return below;
   }

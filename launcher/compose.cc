@@ -260,4 +260,22 @@ absl::StatusOr<std::unique_ptr<Strategy>> BuildStack(const Stack& stack) {
   return inner;
 }
 
+absl::Status HandGroups(const Stack& stack, const DeviceMesh* mesh, Communicator& world,
+                        StrategyContext* ctx) {
+  BRAID_CHECK(!stack.layers.empty()) << "an empty stack";
+  ctx->groups_below.clear();
+  if (mesh == nullptr) {
+    BRAID_CHECK(stack.layers.size() == 1) << "a stack of " << stack.layers.size()
+                                          << " layers without a mesh: " << stack.Describe();
+    ctx->comm = &world;
+    return absl::OkStatus();
+  }
+  std::vector<std::vector<std::string>> axes;
+  for (const Layer& l : stack.layers) axes.push_back(l.axes);
+  if (absl::Status st = HandMeshGroups(*mesh, axes, ctx); !st.ok()) {
+    return Invalid(absl::StrCat("stack ", stack.Describe(), ": ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace braid::launcher

@@ -67,6 +67,13 @@ absl::StatusOr<Stack> ComposeStack(int tensor, int pipeline, int data, const std
 // take the one below (its Wrap refuses: it is no WrappingStrategy).
 absl::StatusOr<std::unique_ptr<Strategy>> BuildStack(const Stack& stack);
 
+// Hands each layer of `stack` the group of the mesh axes it serves (DeviceMesh::GroupOf):
+// the outermost's in ctx->comm, the others' in ctx->groups_below (WrappingStrategy::ContextBelow
+// passes them down), so a layer works over what it is handed and looks no group up. Without a
+// mesh (no parallel section: one data layer) the one layer gets `world`.
+absl::Status HandGroups(const Stack& stack, const DeviceMesh* mesh, Communicator& world,
+                        StrategyContext* ctx);
+
 }  // namespace braid::launcher
 
 #endif  // BRAID_LAUNCHER_COMPOSE_H_

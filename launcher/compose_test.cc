@@ -10,8 +10,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "backends/in_process/run_ranks.h"
 #include "core/check.h"
+#include "core/mesh.h"
 #include "core/registry.h"
+#include "core/tensor.h"
 #include "core/wrapping_strategy.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -293,6 +296,82 @@ TEST(BuildStack, ALayerThatDoesNotWrapIsRefusedNamingBothLayers) {
             "not stack: \"compose_test_alone\" did not take the layer below (compose_test_alone "
             "does not wrap another strategy); a strategy serving the tensor axis wraps the one below "
             "it: derive it from WrappingStrategy (core/wrapping_strategy.h)");
+}
+
+// The sum of the world ranks of `g`'s members: which ranks a group holds, seen from inside it.
+float SumOfWorldRanks(Communicator& g, int world_rank) {
+  Tensor t = Tensor::Full({1}, float(world_rank));
+  absl::Status st = g.AllReduce(t, ReduceOp::kSum)->Wait();
+  BRAID_CHECK(st.ok()) << st.ToString();
+  return t.ToFloatVector()[0];
+}
+
+// A layer that only shows what it hands the layer below.
+class Peek final : public WrappingStrategy {
+ public:
+  std::string name() const override { return "peek"; }
+  absl::Status Setup(Module&, const OptimizerFactory&, const StrategyContext&) override {
+    return absl::OkStatus();
+  }
+  StrategyContext Below(const StrategyContext& ctx) const { return ContextBelow(ctx); }
+};
+
+// On the 2 x 2 x 2 mesh (rank = (data * 2 + pipeline) * 2 + tensor) each layer of the stack
+// tensor > pipeline > data is handed its axis' group: the outermost in comm, the others in
+// groups_below, nearest first; ContextBelow hands the next one down as the layer below's comm.
+TEST(HandGroups, EachLayerGetsTheGroupOfItsAxis) {
+  const Stack stack{{{"tensor_parallel", {kAxisTensor}}, {"pipeline", {kAxisPipeline}}, {"ddp", {kAxisData}}}};
+  testing::RunRanks(8, [&](int rank, Communicator* world) {
+    absl::StatusOr<std::unique_ptr<DeviceMesh>> mesh = DeviceMesh::Create(*world, {2, 2, 2});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    StrategyContext ctx;
+    ASSERT_TRUE(HandGroups(stack, mesh->get(), *world, &ctx).ok());
+    ASSERT_NE(ctx.comm, nullptr);
+    ASSERT_EQ(ctx.groups_below.size(), 2u);
+    const int t = rank % 2, p = (rank / 2) % 2, d = rank / 4;
+    auto world_rank = [](int ti, int pi, int di) { return float((di * 2 + pi) * 2 + ti); };
+    Communicator& tensor = *ctx.comm;
+    Communicator& pipe = *ctx.groups_below[0];
+    Communicator& data = *ctx.groups_below[1];
+    EXPECT_EQ(tensor.rank(), t);
+    EXPECT_EQ(pipe.rank(), p);
+    EXPECT_EQ(data.rank(), d);
+    EXPECT_EQ(SumOfWorldRanks(tensor, rank), world_rank(0, p, d) + world_rank(1, p, d));
+    EXPECT_EQ(SumOfWorldRanks(pipe, rank), world_rank(t, 0, d) + world_rank(t, 1, d));
+    EXPECT_EQ(SumOfWorldRanks(data, rank), world_rank(t, p, 0) + world_rank(t, p, 1));
+    // What each layer hands the one below: the next group as its comm, the rest after it,
+    // and the groups above, nearest first.
+    EXPECT_TRUE(ctx.groups_above.empty());
+    const StrategyContext below = Peek().Below(ctx);
+    EXPECT_EQ(below.comm, &pipe);
+    EXPECT_EQ(below.groups_below, std::vector<Communicator*>{&data});
+    EXPECT_EQ(below.groups_above, std::vector<Communicator*>{&tensor});
+    const StrategyContext bottom = Peek().Below(below);
+    EXPECT_EQ(bottom.comm, &data);
+    EXPECT_TRUE(bottom.groups_below.empty());
+    EXPECT_EQ(bottom.groups_above, (std::vector<Communicator*>{&pipe, &tensor}));
+  });
+}
+
+// A single layer serving every rank trains over the world itself, mesh or none; a layer
+// serving axes no group spans is refused naming the stack.
+TEST(HandGroups, OneLayerGetsTheWorldAndAnUnspannedSetIsRefused) {
+  testing::RunRanks(2, [&](int rank, Communicator* world) {
+    StrategyContext ctx;
+    ASSERT_TRUE(HandGroups(Stack{{{"ddp", {kAxisData}}}}, nullptr, *world, &ctx).ok());
+    EXPECT_EQ(ctx.comm, world);
+    absl::StatusOr<std::unique_ptr<DeviceMesh>> mesh = DeviceMesh::Create(*world, {1, 1, 2});
+    ASSERT_TRUE(mesh.ok()) << mesh.status();
+    StrategyContext ctx2;
+    ASSERT_TRUE(HandGroups(Stack{{{"ddp", {kAxisData}}}}, mesh->get(), *world, &ctx2).ok());
+    EXPECT_EQ(ctx2.comm, world);
+    EXPECT_TRUE(ctx2.groups_below.empty());
+    absl::Status st = HandGroups(Stack{{{"odd", {kAxisTensor, kAxisData}}}}, mesh->get(), *world, &ctx2);
+    EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+    EXPECT_THAT(std::string(st.message()),
+                AllOf(HasSubstr("stack odd [tensor, data]"), HasSubstr("spans the axes {tensor, data}")));
+    (void)rank;
+  });
 }
 
 }  // namespace

@@ -182,7 +182,7 @@ absl::Status Run::Compose() {
                            config::RequestedFeatures(cfg_)));
   BRAID_ASSIGN_OR_RETURN(strategy_, BuildStack(stack_));
   ctx_.mesh = mesh_.get();
-  ctx_.comm = group_[0].get();
+  BRAID_RETURN_IF_ERROR(HandGroups(stack_, mesh_.get(), *group_[0], &ctx_));
   ctx_.device = device_;
   for (auto& [k, v] : cfg_.strategy().options()) ctx_.options[k] = v;
   ctx_.max_grad_norm = float(cfg_.gradient_clipping());

@@ -87,7 +87,7 @@ class PartitionActivationsTest : public ::testing::Test {
       ASSERT_TRUE(tp.ok() && single.ok());
       ASSERT_TRUE((*tp)->Wrap(std::move(*single)).ok());
       StrategyContext ctx;
-      ctx.comm = comm;
+      ASSERT_TRUE(HandMeshGroups(**mesh, {{kAxisTensor}, {kAxisData}}, &ctx).ok());
       ctx.mesh = mesh->get();
       ctx.options["plan"] = "gpt-mini";
       ctx.criterion = [](const Tensor& o, const Batch& b) { return ops::CrossEntropy(o, b.targets); };

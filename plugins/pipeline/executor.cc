@@ -407,7 +407,7 @@ void PipelineStrategy::WriteTrace() const {
   std::string path = opts_.trace_file;
   const std::string key = "{rank}";
   if (auto at = path.find(key); at != std::string::npos) {
-    path.replace(at, key.size(), std::to_string(world_->rank()));
+    path.replace(at, key.size(), std::to_string(world_rank_));
   }
   std::vector<std::string> items;
   items.push_back(absl::StrFormat(

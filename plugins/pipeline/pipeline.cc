@@ -57,7 +57,9 @@ absl::StatusOr<std::vector<int64_t>> PipelineStrategy::TimeLayers(Module& model,
   model.ZeroGrad();
   // On the model's device: NCCL moves device memory only (a copy there and back, at Setup).
   Tensor t = Tensor::FromVector(cost, {int64_t(cost.size())}).To(device_);
-  BRAID_RETURN_IF_ERROR(world_->Broadcast(t, 0)->Wait());
+  // Stage 0's measurement on replica 0 (and tensor rank 0), so every rank of the model cuts
+  // alike: each broadcast from the group's first rank, which holds it after the previous one.
+  for (Communicator* g : groups_) BRAID_RETURN_IF_ERROR(g->Broadcast(t, 0)->Wait());
   return t.ToVector<int64_t>();
 }
 
@@ -74,32 +76,27 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
   for (auto& [k, v] : ctx.options) {
     if (OwnsOption(k)) mine[k] = v;
   }
-  // The mesh is the one description of the layout (core/mesh.h): the stage count, this rank's
-  // stage and replica, and the groups it built once for every layer (this replica's stages in
-  // stage order, this stage's replicas in replica order). The pipeline builds no groups.
-  if (ctx.mesh == nullptr) {
-    return Invalid("the strategy context has no device mesh: the pipeline takes its stage count and "
-                   "groups from the mesh; give the layout as parallel { pipeline: N } (in a test, "
-                   "DeviceMesh::Create)");
+  // The composer hands the pipeline its group (this replica's stages, in stage order) and the
+  // data-axis layer below its own (this stage's replicas, in replica order): the stage count and
+  // this rank's place come from them. The pipeline builds no groups and looks none up.
+  if (ctx.groups_below.empty()) {
+    return Invalid("no data-parallel group for the layer below in the strategy context: the "
+                   "composer hands each layer its group; give the layout as parallel { pipeline: N "
+                   "data: M } (in a test, DeviceMesh::GroupOf for each layer)");
   }
-  const DeviceMesh& mesh = *ctx.mesh;
-  BRAID_ASSIGN_OR_RETURN(opts_, ParseOptions(mine, mesh.shape().pipeline));
-  world_ = ctx.comm;
+  pipe_ = ctx.comm;
+  data_ = ctx.groups_below.front();
+  groups_ = {pipe_, data_};
+  groups_.insert(groups_.end(), ctx.groups_above.begin(), ctx.groups_above.end());
+  BRAID_ASSIGN_OR_RETURN(opts_, ParseOptions(mine, pipe_->size()));
   device_ = ctx.device;
   criterion_ = ctx.criterion;
   max_grad_norm_ = ctx.max_grad_norm;
   stages_ = opts_.stages;
-  dp_size_ = mesh.shape().data;
-  stage_ = mesh.pipeline_rank();
-  dp_ = mesh.data_rank();
-  pipe_ = &mesh.pipeline();
-  data_ = &mesh.data();
-  if (world_->size() != stages_ * dp_size_) {
-    // The layer above hands down the ranks of one model replica (pipeline x data).
-    return Error(absl::StatusCode::kInternal,
-                 absl::StrCat("the communicator handed to the pipeline has ", world_->size(),
-                              " ranks, but the mesh's pipeline x data is ", stages_, " x ", dp_size_));
-  }
+  dp_size_ = data_->size();
+  stage_ = pipe_->rank();
+  dp_ = data_->rank();
+  world_rank_ = ctx.mesh != nullptr ? ctx.mesh->rank() : dp_ * stages_ + stage_;
   std::vector<PipelineLayer> layers = model.PipelineLayers();
   if (layers.empty()) {
     return Invalid(absl::StrCat("model ", model.type_name(), " lists no pipeline layers (Module::",
@@ -135,7 +132,7 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
     unit = "us forward+backward";
   }
   BRAID_ASSIGN_OR_RETURN(ranges_, Partition(cost, parts, how));
-  if (world_->rank() == 0) {
+  if (stage_ == 0 && dp_ == 0) {
     std::vector<std::string> desc;
     for (int vs = 0; vs < parts; ++vs) {
       int64_t n = 0;
@@ -194,8 +191,7 @@ absl::Status PipelineStrategy::Setup(Module& model, const OptimizerFactory& make
   // The data-axis layer trains the view over this stage's replicas. The norm it clips by sums
   // over the stages too (a tied weight counts once: on its owner), then over what the layer
   // above adds (tensor parallelism's group); the loss it reads is the last stage's.
-  StrategyContext inner_ctx = ContextBelow(ctx);
-  inner_ctx.comm = data_;
+  StrategyContext inner_ctx = ContextBelow(ctx);  // data_ as its comm
   // The squared norm summed over the stages on the device, where NCCL moves it, before the
   // inner strategy's one read, and the loss with it: only the last stage computed it (there the
   // data-axis layer's mean of its tokens is the mean loss; elsewhere that mean is of surrogates,

@@ -137,13 +137,14 @@ class PipelineStrategy final : public WrappingStrategy {
 
   Options opts_;
   Module* model_ = nullptr;
-  Communicator* world_ = nullptr;
+  int world_rank_ = 0;  // for the trace file's name
   Device device_;
   int stage_ = 0, stages_ = 1, dp_ = 0, dp_size_ = 1;
   float max_grad_norm_ = 0;
   CriterionFn criterion_;
   Communicator* pipe_ = nullptr;   // this replica's stages
   Communicator* data_ = nullptr;   // this stage's replicas
+  std::vector<Communicator*> groups_;  // pipe_, data_, then the layers' above: the whole model
   std::unique_ptr<StageView> view_;   // what the data-axis layer (inner()) trains
   std::vector<Tie> ties_;
   // At the next forward, owners send their tied weights' values and copies receive them.

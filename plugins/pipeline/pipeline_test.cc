@@ -52,6 +52,14 @@ std::unique_ptr<DeviceMesh> MeshOf(Communicator& comm, int stages) {
   return std::move(mesh).value();
 }
 
+// The groups the composer hands a pipeline over a data-axis layer: its stages, then the layer
+// below's replicas.
+void HandGroups(const DeviceMesh& mesh, StrategyContext* ctx) {
+  absl::Status st = HandMeshGroups(mesh, {{kAxisPipeline}, {kAxisData}}, ctx);
+  BRAID_CHECK(st.ok()) << st.ToString();
+  ctx->mesh = &mesh;
+}
+
 // 4 blocks: 6 layers (embedding, h.0..h.3, head), so 2, 3 and 4 stages all have work.
 std::unique_ptr<Module> MakeGpt() {
   models::GptConfig c;
@@ -168,8 +176,7 @@ class PipelineTest : public ::testing::Test {
       ASSERT_TRUE(pipe->Wrap(std::move(data_layer).value()).ok());
       std::unique_ptr<DeviceMesh> mesh = MeshOf(*comm, spec.stages);
       StrategyContext ctx;
-      ctx.comm = comm;
-      ctx.mesh = mesh.get();
+      HandGroups(*mesh, &ctx);
       ctx.options["schedule"] = spec.schedule;
       ctx.options["virtual_stages"] = std::to_string(spec.virtual_stages);
       ctx.max_grad_norm = spec.max_grad_norm;
@@ -494,8 +501,7 @@ TEST_F(PipelineTest, EvaluateRunsTheWholeModelOnEveryStage) {
     auto pipe = std::move(MakePipeline()).value();
     std::unique_ptr<DeviceMesh> mesh = MeshOf(*comm, 3);
     StrategyContext ctx;
-    ctx.comm = comm;
-    ctx.mesh = mesh.get();
+    HandGroups(*mesh, &ctx);
     ctx.criterion = CrossEntropyCriterion();
     std::unique_ptr<Module> model;
     {
@@ -551,8 +557,7 @@ TEST_F(PipelineTest, LayoutsThatCannotWorkAreRefusedAtSetup) {
     auto pipe = MakePipeline();
     ASSERT_TRUE(pipe.ok());
     StrategyContext ctx;
-    ctx.comm = group[0].get();
-    ctx.mesh = mesh.get();
+    HandGroups(*mesh, &ctx);
     ctx.options = options;
     ctx.criterion = CrossEntropyCriterion();
     std::unique_ptr<Module> model = MakeGpt();
@@ -563,8 +568,8 @@ TEST_F(PipelineTest, LayoutsThatCannotWorkAreRefusedAtSetup) {
       EXPECT_THAT(std::string(st.message()), HasSubstr(want));
     }
   }
-  // Without a mesh there is no layout to follow, not even with the stage count as an option:
-  // the pipeline builds no groups of its own.
+  // Without the groups the composer hands there is no layout to follow, not even with the stage
+  // count as an option: the pipeline builds no groups of its own.
   {
     auto pipe = MakePipeline();
     ASSERT_TRUE(pipe.ok());
@@ -574,7 +579,7 @@ TEST_F(PipelineTest, LayoutsThatCannotWorkAreRefusedAtSetup) {
     ctx.criterion = CrossEntropyCriterion();
     std::unique_ptr<Module> model = MakeGpt();
     absl::Status st = (*pipe)->Setup(*model, Optim(false), ctx);
-    EXPECT_THAT(std::string(st.message()), HasSubstr("give the layout as parallel { pipeline: N }"));
+    EXPECT_THAT(std::string(st.message()), HasSubstr("no data-parallel group for the layer below"));
   }
   std::vector<std::thread> threads;
   // 1F1B with fewer micro-batches than stages: refused at the step, saying what to change.
@@ -584,8 +589,7 @@ TEST_F(PipelineTest, LayoutsThatCannotWorkAreRefusedAtSetup) {
       auto pipe = MakePipeline();
       std::unique_ptr<DeviceMesh> mesh2 = MeshOf(*two[size_t(r)], 2);
       StrategyContext ctx;
-      ctx.comm = two[size_t(r)].get();
-      ctx.mesh = mesh2.get();
+      HandGroups(*mesh2, &ctx);
       ctx.criterion = CrossEntropyCriterion();
       std::unique_ptr<Module> model = MakeGpt();
       ASSERT_TRUE((*pipe)->Setup(*model, Optim(false), ctx).ok());

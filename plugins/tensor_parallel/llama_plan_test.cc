@@ -129,7 +129,7 @@ class LlamaStrategyTest : public ::testing::Test {
       ASSERT_TRUE(tp.ok() && in.ok());
       ASSERT_TRUE((*tp)->Wrap(std::move(*in)).ok());
       StrategyContext ctx;
-      ctx.comm = comm;
+      ASSERT_TRUE(HandMeshGroups(**mesh, {{kAxisTensor}, {kAxisData}}, &ctx).ok());
       ctx.mesh = mesh->get();
       ctx.config = &cfg;
       ctx.criterion = [](const Tensor& o, const Batch& b) { return ops::CrossEntropy(o, b.targets); };

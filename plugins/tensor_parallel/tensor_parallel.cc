@@ -1,7 +1,7 @@
 // The "tensor_parallel" strategy: Megatron-style tensor parallelism around another strategy.
-// Setup splits the model's layers by a plan (plan.h) over the mesh's tensor group, then hands
-// the model, now this rank's slices, to the wrapped strategy (single, DDP, ZeRO 1/2 or
-// pipeline) over the mesh's model-replica group (pipeline × data). That one drives the steps and
+// Setup splits the model's layers by a plan (plan.h) over the tensor group the composer hands it
+// (StrategyContext::comm), then hands the model, now this rank's slices, to the wrapped strategy
+// (single, DDP, ZeRO 1/2/3 or the pipeline), which works over its own group. That one drives the steps and
 // owns the optimizer; this one adds the vocabulary-parallel loss, the gradient norm's sum over
 // the tensor group, and turns slices back into full tensors for FullStateDict (and full weights
 // into slices for LoadFullStateDict). A model never knows: the same seed gives the same full
@@ -53,9 +53,10 @@ class TensorParallelStrategy : public WrappingStrategy {
   absl::Status Setup(Module& model, const OptimizerFactory& make_optimizer,
                      const StrategyContext& ctx) override {
     BRAID_RETURN_IF_ERROR(RequireWrapped());
-    if (ctx.mesh == nullptr) {
+    if (ctx.comm == nullptr) {
       return Error(absl::StatusCode::kInvalidArgument,
-                   "needs the rank layout: add `parallel { tensor: N }` to the config");
+                   "no tensor-parallel group in the strategy context: give the layout as "
+                   "`parallel { tensor: N }` (the composer hands the layer its group)");
     }
     // From the config's parallel section; tests without a config give strategy options.
     for (auto& [k, v] : ctx.options) {
@@ -69,7 +70,7 @@ class TensorParallelStrategy : public WrappingStrategy {
     absl::StatusOr<Plan> plan = plan_spec_.empty() ? PlanFor(ctx) : LoadPlan(plan_spec_);
     if (!plan.ok()) return Error(plan.status().code(), std::string(plan.status().message()));
     plan_ = std::move(*plan);
-    group_ = &ctx.mesh->tensor();
+    group_ = ctx.comm;  // the tensor group the composer handed this layer
     if (ctx.config != nullptr) {
       const auto& m = ctx.config->model();
       // The vocabulary-parallel cross-entropy takes the place of the model's loss; a model that
@@ -114,8 +115,9 @@ class TensorParallelStrategy : public WrappingStrategy {
     shards_ = std::move(*shards);
     local_parameters_ = model.NumParameters();
 
-    StrategyContext inner_ctx = ContextBelow(ctx);  // without plan and sequence_parallel
-    inner_ctx.comm = &ctx.mesh->model_replica();
+    // Without plan and sequence_parallel; the layer below works over its own group (a
+    // pipeline's stages, a data-axis strategy's replicas), handed by the composer.
+    StrategyContext inner_ctx = ContextBelow(ctx);
     Communicator* g = group_;
     // The gradient norm's squares of the other slices added on the device, where NCCL moves
     // them, before the inner strategy's one read (every rank of the group computes the same

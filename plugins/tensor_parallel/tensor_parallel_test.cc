@@ -415,7 +415,7 @@ double TrainAndCompare(const TpRun& run, const std::string& inner) {
     ASSERT_TRUE(tp.ok() && in.ok());
     ASSERT_TRUE((*tp)->Wrap(std::move(*in)).ok());
     StrategyContext ctx;
-    ctx.comm = comm;
+    ASSERT_TRUE(HandMeshGroups(**mesh, {{kAxisTensor}, {kAxisData}}, &ctx).ok());
     ctx.mesh = mesh->get();
     ctx.max_grad_norm = run.max_grad_norm;
     if (run.sequence_parallel) ctx.options["sequence_parallel"] = "true";
@@ -530,7 +530,7 @@ TEST_F(StrategyTest, LoadingFullWeightsKeepsEachRanksSliceAndFullStateDictGather
     auto tp = Registry::Get().MakeStrategy("tensor_parallel");
     ASSERT_TRUE((*tp)->Wrap(*Registry::Get().MakeStrategy("single")).ok());
     StrategyContext ctx;
-    ctx.comm = comm;
+    ASSERT_TRUE(HandMeshGroups(**mesh, {{kAxisTensor}, {kAxisData}}, &ctx).ok());
     ctx.mesh = mesh->get();
     ctx.options["plan"] = "gpt-mini";
     models::Gpt model(SmallGpt());
@@ -558,7 +558,7 @@ TEST_F(StrategyTest, HeadsTheTensorSizeDoesNotDivideAreRefusedAtStart) {
     auto tp = Registry::Get().MakeStrategy("tensor_parallel");
     ASSERT_TRUE((*tp)->Wrap(*Registry::Get().MakeStrategy("single")).ok());
     StrategyContext ctx;
-    ctx.comm = comm;
+    ASSERT_TRUE(HandMeshGroups(**mesh, {{kAxisTensor}, {kAxisData}}, &ctx).ok());
     ctx.mesh = mesh->get();
     ctx.config = &cfg;
     models::Gpt model(SmallGpt());
@@ -606,7 +606,7 @@ TEST_F(StrategyTest, AModelsOwnLossUnderAVocabShardedOutputIsRefusedAtStart) {
       auto tp = Registry::Get().MakeStrategy("tensor_parallel");
       ASSERT_TRUE((*tp)->Wrap(*Registry::Get().MakeStrategy("single")).ok());
       StrategyContext ctx;
-      ctx.comm = comm;
+      ASSERT_TRUE(HandMeshGroups(**mesh, {{kAxisTensor}, {kAxisData}}, &ctx).ok());
       ctx.mesh = mesh->get();
       ctx.config = &cfg;
       models::Gpt model(SmallGpt());

@@ -71,7 +71,7 @@ RankRun TrainRank(const Spec& spec, int rank, Communicator* comm, Device device,
       DeviceMesh::Create(*comm, {1, kStages, comm->size() / kStages});
   BRAID_CHECK(mesh.ok()) << mesh.status();
   StrategyContext ctx;
-  ctx.comm = comm;
+  BRAID_CHECK(HandMeshGroups(**mesh, {{kAxisPipeline}, {kAxisData}}, &ctx).ok());
   ctx.mesh = mesh->get();
   ctx.device = device;
   ctx.max_grad_norm = spec.max_grad_norm;

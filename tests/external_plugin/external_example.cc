@@ -46,8 +46,8 @@ class ExternalExampleStrategy final : public Strategy {
     for (const auto& [n, p] : model.NamedParameters()) p.MoveTo(ctx.device);
     for (const auto& [n, b] : model.NamedBuffers()) b.MoveTo(ctx.device);
     // Rank 0's initial values everywhere, so replicas start equal whatever their seeds. The
-    // group is the world alone, or the one a layer above hands over (tensor parallelism: this
-    // rank's replicas of its slices).
+    // group is the one the composer hands this layer: the world alone, or under tensor
+    // parallelism or the pipeline the replicas of this rank's slices or stage.
     if (ctx.comm != nullptr) BRAID_RETURN_IF_ERROR(BroadcastModuleState(model, *ctx.comm, /*root=*/0));
     BRAID_RETURN_IF_ERROR(Adopt(model, make_optimizer(model.NamedParameters()), ctx.comm));
     std::printf("external_example: set up on %lld parameters, %d data-parallel rank(s)\n",
