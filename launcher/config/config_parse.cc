@@ -274,44 +274,64 @@ bool IsUtf8(const std::string& s) {
   return true;
 }
 
-// What text format lets through that a config must not hold, or "" when there is none:
-//  - string fields that are not UTF-8: its escapes ("\\261") can put any bytes in a string, JSON
-//    cannot carry them, and no name or path Braid reads is meant to hold them;
-//  - a map key given twice (strategy.options): the parser keeps both entries and the last one
-//    wins, so one of two values the user wrote would be dropped without a word.
-std::string ProblemInStrings(const pb::Message& m, const std::string& prefix) {
+// Calls visit(field, path, index) on every value of `m`'s set fields, in ListFields' order: once
+// for a singular field (index -1), once per element of a repeated one; `path` is the field's
+// ("optimizer.params.lr" under prefix "optimizer.params"). Stops at the first non-empty answer
+// and returns it.
+template <typename Visit>
+std::string ForEachSetValue(const pb::Message& m, const std::string& prefix, Visit visit) {
   const pb::Reflection* r = m.GetReflection();
   std::vector<const pb::FieldDescriptor*> fields;
   r->ListFields(m, &fields);
   for (const pb::FieldDescriptor* f : fields) {
     const std::string path = prefix.empty() ? f->name() : absl::StrCat(prefix, ".", f->name());
     const int n = f->is_repeated() ? r->FieldSize(m, f) : 1;
-    std::set<std::string> keys;
     for (int i = 0; i < n; ++i) {
-      if (f->type() == pb::FieldDescriptor::TYPE_STRING) {
-        std::string scratch;
-        const std::string& v = f->is_repeated() ? r->GetRepeatedStringReference(m, f, i, &scratch)
-                                                : r->GetStringReference(m, f, &scratch);
-        if (!IsUtf8(v)) {
-          return absl::StrCat("field ", path, " holds bytes that are not UTF-8 (an escape such as "
-                              "\\261?); write names and paths as UTF-8 text");
-        }
-      } else if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
-        const pb::Message& sub = f->is_repeated() ? r->GetRepeatedMessage(m, f, i) : r->GetMessage(m, f);
-        std::string problem = ProblemInStrings(sub, path);
-        if (!problem.empty()) return problem;
-        if (f->is_map()) {
-          const pb::FieldDescriptor* key = f->message_type()->map_key();
-          std::string k;
-          pb::TextFormat::PrintFieldValueToString(sub, key, -1, &k);
-          if (!keys.insert(k).second) {
-            return absl::StrCat(path, " has the key ", k, " twice; keep the one you mean");
-          }
-        }
-      }
+      std::string answer = visit(f, path, f->is_repeated() ? i : -1);
+      if (!answer.empty()) return answer;
     }
   }
   return "";
+}
+
+// The message value `index` of message field f (-1: the singular field).
+const pb::Message& Element(const pb::Message& m, const pb::FieldDescriptor* f, int index) {
+  const pb::Reflection* r = m.GetReflection();
+  return index >= 0 ? r->GetRepeatedMessage(m, f, index) : r->GetMessage(m, f);
+}
+
+// What text format lets through that a config must not hold, or "" when there is none:
+//  - string fields that are not UTF-8: its escapes ("\\261") can put any bytes in a string, JSON
+//    cannot carry them, and no name or path Braid reads is meant to hold them;
+//  - a map key given twice (strategy.options): the parser keeps both entries and the last one
+//    wins, so one of two values the user wrote would be dropped without a word.
+std::string ProblemInStrings(const pb::Message& m, const std::string& prefix) {
+  std::map<const pb::FieldDescriptor*, std::set<std::string>> keys;  // a map field's keys so far
+  return ForEachSetValue(m, prefix, [&](const pb::FieldDescriptor* f, const std::string& path,
+                                        int index) -> std::string {
+    const pb::Reflection* r = m.GetReflection();
+    if (f->type() == pb::FieldDescriptor::TYPE_STRING) {
+      std::string scratch;
+      const std::string& v = index >= 0 ? r->GetRepeatedStringReference(m, f, index, &scratch)
+                                        : r->GetStringReference(m, f, &scratch);
+      if (!IsUtf8(v)) {
+        return absl::StrCat("field ", path, " holds bytes that are not UTF-8 (an escape such as "
+                            "\\261?); write names and paths as UTF-8 text");
+      }
+    } else if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      const pb::Message& sub = Element(m, f, index);
+      std::string problem = ProblemInStrings(sub, path);
+      if (!problem.empty()) return problem;
+      if (f->is_map()) {
+        std::string k;
+        pb::TextFormat::PrintFieldValueToString(sub, f->message_type()->map_key(), -1, &k);
+        if (!keys[f].insert(k).second) {
+          return absl::StrCat(path, " has the key ", k, " twice; keep the one you mean");
+        }
+      }
+    }
+    return "";
+  });
 }
 
 // Where each field of a text config is, from the parser's ParseInfoTree: "<origin>:<line>:
@@ -320,26 +340,18 @@ std::string ProblemInStrings(const pb::Message& m, const std::string& prefix) {
 void TextKeyPositions(const pb::Message& m, const pb::TextFormat::ParseInfoTree& tree,
                       const std::string& origin, const std::string& prefix,
                       pb::Map<std::string, std::string>* out) {
-  const pb::Reflection* r = m.GetReflection();
-  std::vector<const pb::FieldDescriptor*> fields;
-  r->ListFields(m, &fields);
-  for (const pb::FieldDescriptor* f : fields) {
-    const std::string path = prefix.empty() ? f->name() : absl::StrCat(prefix, ".", f->name());
-    const int n = f->is_repeated() ? r->FieldSize(m, f) : 1;
-    for (int i = 0; i < n; ++i) {
-      const int index = f->is_repeated() ? i : -1;
-      const pb::TextFormat::ParseLocationRange at = tree.GetLocationRange(f, index);
-      if (at.start.line >= 0 && out->find(path) == out->end()) {
-        // Counted as the parser's own errors count (a tab to the next multiple of 8).
-        (*out)[path] = absl::StrCat(origin, ":", at.start.line + 1, ":", at.start.column + 1);
-      }
-      if (f->cpp_type() != pb::FieldDescriptor::CPPTYPE_MESSAGE || f->is_map()) continue;
-      const pb::TextFormat::ParseInfoTree* nested = tree.GetTreeForNested(f, index);
-      if (nested == nullptr) continue;
-      TextKeyPositions(f->is_repeated() ? r->GetRepeatedMessage(m, f, i) : r->GetMessage(m, f),
-                       *nested, origin, path, out);
+  ForEachSetValue(m, prefix, [&](const pb::FieldDescriptor* f, const std::string& path, int index) {
+    const pb::TextFormat::ParseLocationRange at = tree.GetLocationRange(f, index);
+    if (at.start.line >= 0 && out->find(path) == out->end()) {
+      // Counted as the parser's own errors count (a tab to the next multiple of 8).
+      (*out)[path] = absl::StrCat(origin, ":", at.start.line + 1, ":", at.start.column + 1);
     }
-  }
+    if (f->cpp_type() != pb::FieldDescriptor::CPPTYPE_MESSAGE || f->is_map()) return std::string();
+    if (const pb::TextFormat::ParseInfoTree* nested = tree.GetTreeForNested(f, index)) {
+      TextKeyPositions(Element(m, f, index), *nested, origin, path, out);
+    }
+    return std::string();
+  });
 }
 
 }  // namespace
