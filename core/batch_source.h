@@ -14,7 +14,7 @@
 namespace braid {
 
 namespace config {
-class TrainConfig;  // core/config/train_config.proto
+class Sections;  // core/config/sections.proto
 }  // namespace config
 
 class BatchSource {
@@ -32,7 +32,7 @@ class BatchSource {
 
 // What a dataset's loader is opened with.
 struct BatchSourceRequest {
-  const config::TrainConfig* config = nullptr;  // validated; its data section names the dataset
+  const config::Sections* config = nullptr;  // validated; its data section names the dataset
   int64_t batch = 1;    // samples per micro-batch (train_micro_batch_size_per_gpu)
   int64_t context = 1;  // tokens per sample (ModelSpec::context); 1 for a model of samples
   int dp_rank = 0;      // this rank's place in the data-parallel group (the strategy says)

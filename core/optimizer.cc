@@ -401,7 +401,7 @@ float ClipGradNormFromSquared(Optimizer& optimizer, double local_squared, float 
 // program find "AdamW", "Adam" and "SGD" by name in the registry, as they will find plugins' optimizers.
 // (Kept apart, with its own includes, from the optimizers above.)
 
-#include "core/config/train_config.pb.h"
+#include "core/config/sections.pb.h"
 #include "core/optimizer_params.h"
 #include "core/registry.h"
 

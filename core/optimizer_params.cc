@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/config/train_config.pb.h"
+#include "core/config/sections.pb.h"
 
 namespace braid {
 

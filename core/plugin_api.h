@@ -11,7 +11,7 @@
 
 #include <stdint.h>
 
-#define BRAID_PLUGIN_ABI_VERSION 7u
+#define BRAID_PLUGIN_ABI_VERSION 8u
 
 #ifdef __cplusplus
 namespace braid {

@@ -33,9 +33,9 @@
 namespace braid {
 
 namespace config {
-class ModelConfig;      // core/config/train_config.proto
-class OptimizerConfig;  // core/config/train_config.proto
-class TrainConfig;      // core/config/train_config.proto
+class ModelConfig;      // core/config/sections.proto
+class OptimizerConfig;  // core/config/sections.proto
+class Sections;         // core/config/sections.proto
 }  // namespace config
 
 // What a strategy implements beyond plain training, declared when it registers; the training
@@ -101,7 +101,7 @@ struct DatasetSpec {
       validation;
   // Optional: checks the data against a model's vocabulary of `vocab_size` ids before the model
   // is built (a prepared data set reads the largest id from its manifest); one line naming both.
-  std::function<absl::Status(const config::TrainConfig& config, int64_t vocab_size)> check_vocab;
+  std::function<absl::Status(const config::Sections& config, int64_t vocab_size)> check_vocab;
 };
 
 // One of a model's own hyper-parameters, set as model.options { key: NAME value: "..." }: the

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "core/config/train_config.pb.h"
+#include "core/config/sections.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -27,7 +27,7 @@
 namespace braid {
 
 namespace config {
-class TrainConfig;  // core/config/train_config.proto
+class Sections;  // core/config/sections.proto
 }  // namespace config
 
 // Computes the mean loss of `batch` under `model` (forward + loss), as a scalar.
@@ -70,11 +70,12 @@ struct StrategyContext {
   ModuleFactory make_replica;
   // The loss from the model's output (set by the training program; null in tests that give none).
   CriterionFn criterion;
-  // The whole validated training config (core/config/train_config.proto), for the sections a
-  // strategy implements (zero_optimization, fp16, ...: the features it declares in
-  // StrategyTraits). Null when the caller has none (tests). A plugin reads it through
-  // //core/config:train_config_headers, never by linking the config library.
-  const config::TrainConfig* config = nullptr;
+  // The validated training config's sections a plugin reads (core/config/sections.proto: model,
+  // optimizer, data, eval, parallel, zero_optimization, communication_data_type), for the ones a
+  // strategy implements (the features it declares in StrategyTraits). Null when the caller has
+  // none (tests). A plugin reads it through //core/config:sections_headers, never by linking
+  // the config library.
+  const config::Sections* config = nullptr;
   // The tensor × pipeline × data layout (core/mesh.h) when the config has a `parallel` section;
   // null otherwise. For what a layer reports (this rank's place in the world); the groups a
   // layer works over are `comm` and `groups_below`, never looked up here.

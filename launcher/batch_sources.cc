@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/check.h"
 #include "core/registry.h"
+#include "launcher/config/config.h"
 
 namespace braid::launcher {
 
@@ -16,8 +17,9 @@ absl::StatusOr<std::unique_ptr<BatchSource>> BuildData(const config::TrainConfig
   }
   // The model's context, as its registration says (ModelSpec::context); 1 for a model of samples.
   absl::StatusOr<ModelSpec> model = Registry::Get().GetModel(cfg.model().name());
+  const config::Sections sections = config::SectionsOf(cfg);  // read while opening, not kept
   BatchSourceRequest request;
-  request.config = &cfg;
+  request.config = &sections;
   request.batch = cfg.train_micro_batch_size_per_gpu();
   request.context = model.ok() && model->context ? model->context(cfg.model()) : 1;
   request.dp_rank = dp_rank;

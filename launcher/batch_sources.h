@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/batch_source.h"
-#include "core/config/train_config.pb.h"
+#include "launcher/config/train_config.pb.h"
 #include "core/module.h"
 
 namespace braid::launcher {

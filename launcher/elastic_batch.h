@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "core/config/train_config.pb.h"
+#include "launcher/config/train_config.pb.h"
 #include "core/store.h"
 
 namespace braid::launcher {

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/check.h"
+#include "launcher/config/config.h"
 #include "launcher/mixed_precision/mixed_precision.h"
 #include "core/ops.h"
 #include "core/registry.h"
@@ -23,8 +24,9 @@ absl::StatusOr<std::unique_ptr<Evaluation>> Evaluation::Create(const config::Tra
         "eval needs a validation split, which data.dataset \"", cfg.data().dataset(),
         "\" does not provide: remove the eval section"));
   }
+  const config::Sections sections = config::SectionsOf(cfg);  // read while loading, not kept
   BatchSourceRequest request;
-  request.config = &cfg;
+  request.config = &sections;
   request.batch = cfg.train_micro_batch_size_per_gpu();
   request.context = model.context ? model.context(cfg.model()) : 1;
   request.device = device;

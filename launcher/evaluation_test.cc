@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/autograd.h"
-#include "core/config/train_config.pb.h"
+#include "launcher/config/train_config.pb.h"
 #include "core/ops.h"
 #include "core/registry.h"
 #include "gmock/gmock.h"

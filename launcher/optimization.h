@@ -8,7 +8,7 @@
 #include <memory>
 #include <utility>
 
-#include "core/config/train_config.pb.h"
+#include "launcher/config/train_config.pb.h"
 #include "core/optimizer.h"
 #include "core/strategy.h"
 

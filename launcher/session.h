@@ -22,7 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/config/train_config.pb.h"
+#include "launcher/config/train_config.pb.h"
 #include "core/module.h"
 #include "launcher/spawn.h"
 

@@ -185,7 +185,7 @@ absl::Status PrepareConfig(config::TrainConfig* cfg, int world_size, int rank,
   // opened).
   absl::StatusOr<DatasetSpec> data = Registry::Get().GetDataset(cfg->data().dataset());
   if (data.ok() && data->check_vocab && cfg->model().vocab_size() > 0) {
-    BRAID_RETURN_IF_ERROR(data->check_vocab(*cfg, cfg->model().vocab_size()));
+    BRAID_RETURN_IF_ERROR(data->check_vocab(config::SectionsOf(*cfg), cfg->model().vocab_size()));
   }
   // What validation resolved or accepted without effect ("auto" values, DeepSpeed's own tuning
   // keys), once per job.

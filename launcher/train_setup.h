@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "core/config/train_config.pb.h"
+#include "launcher/config/train_config.pb.h"
 
 namespace braid::launcher {
 

@@ -186,7 +186,8 @@ absl::Status Run::Compose() {
   ctx_.device = device_;
   for (auto& [k, v] : cfg_.strategy().options()) ctx_.options[k] = v;
   ctx_.max_grad_norm = float(cfg_.gradient_clipping());
-  ctx_.config = &cfg_;  // the sections the strategy implements (zero_optimization, ...)
+  sections_ = config::SectionsOf(cfg_);
+  ctx_.config = &sections_;  // the sections the strategy implements (zero_optimization, ...)
   ctx_.criterion = ModelLoss(cfg_);
   // Strategies that keep several copies of the model (dp) build them with the same config.
   ctx_.make_replica = [&cfg = cfg_](Device d) -> std::unique_ptr<Module> {

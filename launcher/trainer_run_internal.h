@@ -73,6 +73,7 @@ class Run {
   absl::Status SaveCheckpoint(int done_steps);
 
   const TrainConfig& cfg_;
+  config::Sections sections_;  // what the strategy reads of cfg_ (StrategyContext::config)
   const TrainerEnv& env_;
   Device device_ = Device::CPU();
   std::unique_ptr<Reporter> rep_;

@@ -47,7 +47,7 @@
 namespace braid {
 
 namespace config {
-class ActivationCheckpointingConfig;  // core/config/train_config.proto
+class ActivationCheckpointingConfig;  // launcher/config/train_config.proto
 }
 class KeptInputs;  // kept_inputs.h
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/allocator.h"
-#include "core/config/train_config.pb.h"
+#include "launcher/config/train_config.pb.h"
 #include "core/ops.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -1,4 +1,4 @@
-// Reading and checking a training configuration (core/config/train_config.proto).
+// Reading and checking a training configuration (launcher/config/train_config.proto).
 //
 // Two steps, because the second needs facts only the launcher knows:
 //   1. Parse*/LoadConfigFile: syntax, unknown fields and wrong types. Errors name the origin
@@ -20,7 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/config/train_config.pb.h"
+#include "launcher/config/train_config.pb.h"
 
 namespace braid::config {
 
@@ -53,6 +53,10 @@ absl::StatusOr<TrainConfig> LoadConfigFile(const std::string& path,
 // The config as text format / JSON (e.g. to record the effective config of a run).
 std::string ConfigToText(const TrainConfig& cfg);
 std::string ConfigToJson(const TrainConfig& cfg);
+
+// What plugins and models read of `cfg` (core/config/sections.proto): its fields of the same
+// names and numbers, copied (StrategyContext::config, BatchSourceRequest::config).
+Sections SectionsOf(const TrainConfig& cfg);
 
 // One line per field a JSON config gave as "auto" (TrainConfig.auto_fields): its value after
 // ValidateConfig and where that came from, e.g. `gradient_clipping = 1 ("auto": 1.0, Hugging

@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "launcher/config/config.h"
-#include "core/config/train_config.pb.h"
+#include "launcher/config/train_config.pb.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/map.h"
 #include "google/protobuf/message.h"

@@ -507,6 +507,29 @@ absl::StatusOr<TrainConfig> LoadConfigFile(const std::string& path, const ReadOp
               : ParseTextConfig(contents.str(), path, read);
 }
 
+Sections SectionsOf(const TrainConfig& cfg) {
+  Sections s;
+  const pb::Reflection* from = cfg.GetReflection();
+  const pb::Reflection* to = s.GetReflection();
+  const pb::Descriptor* d = Sections::descriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const pb::FieldDescriptor* f = d->field(i);
+    const pb::FieldDescriptor* t = TrainConfig::descriptor()->FindFieldByName(f->name());
+    // The two .proto files agree on each section's name, number and type (sections.proto says
+    // so; config_test checks it too): a mismatch is a broken build, not a user's mistake.
+    BRAID_CHECK(t != nullptr && t->number() == f->number() && t->type() == f->type() &&
+                t->message_type() == f->message_type() && !f->is_repeated())
+        << "Sections." << f->name() << " is not TrainConfig's field of that name and number";
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (from->HasField(cfg, t)) to->MutableMessage(&s, f)->CopyFrom(from->GetMessage(cfg, t));
+    } else {
+      BRAID_CHECK(f->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING) << f->name() << ": a section or text";
+      to->SetString(&s, f, from->GetString(cfg, t));
+    }
+  }
+  return s;
+}
+
 std::string ConfigToText(const TrainConfig& cfg) {
   std::string out;
   pb::TextFormat::PrintToString(cfg, &out);

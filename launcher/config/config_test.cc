@@ -69,6 +69,43 @@ constexpr char kFullText[] = R"pb(
   seed: 42
 )pb";
 
+// What plugins are handed (core/config/sections.proto) is the training config's fields of the
+// same names, numbers and types, and SectionsOf copies each one given, and only those: a section
+// the config leaves out stays absent (has_parallel() decides tensor parallelism's plan).
+TEST(Sections, AreTheTrainConfigsFieldsOfTheSameNamesAndNumbers) {
+  const auto* sections = Sections::descriptor();
+  const auto* train = TrainConfig::descriptor();
+  ASSERT_GT(sections->field_count(), 0);
+  for (int i = 0; i < sections->field_count(); ++i) {
+    const auto* f = sections->field(i);
+    const auto* t = train->FindFieldByName(f->name());
+    ASSERT_NE(t, nullptr) << f->name();
+    EXPECT_EQ(t->number(), f->number()) << f->name();
+    EXPECT_EQ(t->type(), f->type()) << f->name();
+    EXPECT_EQ(t->message_type(), f->message_type()) << f->name();
+  }
+  absl::StatusOr<TrainConfig> cfg = ParseTextConfig(
+      "model { name: \"gpt-mini\" n_layer: 2 } optimizer { type: \"SGD\" params { lr: 0.5 } } "
+      "zero_optimization { stage: 2 } parallel { tensor: 2 } communication_data_type: \"fp32\" "
+      "data { seed: 7 } eval { batches: 3 } steps: 9 log { quiet: true }",
+      "test");
+  ASSERT_TRUE(cfg.ok()) << cfg.status();
+  const Sections s = SectionsOf(*cfg);
+  EXPECT_TRUE(MessageDifferencer::Equals(s.model(), cfg->model()));
+  EXPECT_TRUE(MessageDifferencer::Equals(s.optimizer(), cfg->optimizer()));
+  EXPECT_TRUE(MessageDifferencer::Equals(s.zero_optimization(), cfg->zero_optimization()));
+  EXPECT_TRUE(MessageDifferencer::Equals(s.parallel(), cfg->parallel()));
+  EXPECT_TRUE(MessageDifferencer::Equals(s.data(), cfg->data()));
+  EXPECT_TRUE(MessageDifferencer::Equals(s.eval(), cfg->eval()));
+  EXPECT_EQ(s.communication_data_type(), "fp32");
+  EXPECT_EQ(s.model().n_layer(), 2);
+  EXPECT_EQ(s.eval().batches(), 3);
+  const Sections none = SectionsOf(TrainConfig());
+  EXPECT_FALSE(none.has_model() || none.has_optimizer() || none.has_zero_optimization() ||
+               none.has_parallel() || none.has_data() || none.has_eval());
+  EXPECT_EQ(none.ByteSizeLong(), 0u);
+}
+
 TEST(ConfigParse, TextRoundTrip) {
   TrainConfig cfg = Text(kFullText);
   EXPECT_EQ(cfg.train_micro_batch_size_per_gpu(), 8);

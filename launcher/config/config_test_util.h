@@ -10,7 +10,7 @@
 
 #include "absl/status/status.h"
 
-#include "core/config/train_config.pb.h"
+#include "launcher/config/train_config.pb.h"
 
 namespace braid::config::test_util {
 

@@ -1,6 +1,6 @@
 // DeepSpeed's config keys that have no field of Braid's own, each with what Braid does with it.
 //
-// A DeepSpeed JSON is read as a TrainConfig (core/config/train_config.proto), whose fields carry
+// A DeepSpeed JSON is read as a TrainConfig (launcher/config/train_config.proto), whose fields carry
 // DeepSpeed's names where they mean the same (kind 1, implemented). Every other key of
 // DeepSpeed's config reference (its docs/_pages/config-json.md and the keys its runtime reads)
 // is in this table, as one of:

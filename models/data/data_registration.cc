@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/check.h"
-#include "core/config/train_config.pb.h"
+#include "core/config/sections.pb.h"
 #include "core/registry.h"
 #include "models/data/find_data.h"
 #include "models/data/mnist_batches.h"
@@ -70,7 +70,7 @@ const bool kRegistered = [] {
   tokens.open = [](const BatchSourceRequest& r) { return OpenTokenBatches(r, ""); };
   tokens.validation = TokenValidationBatches;
   // A prepared data set's manifest says its largest id; a flat file is checked as it is read.
-  tokens.check_vocab = [](const config::TrainConfig& c, int64_t vocab_size) {
+  tokens.check_vocab = [](const config::Sections& c, int64_t vocab_size) {
     return IsTokenDatasetPath(c.data().path()) ? CheckTokenDatasetVocab(c.data().path(), vocab_size)
                                                : absl::OkStatus();
   };

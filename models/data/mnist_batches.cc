@@ -7,7 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "core/autograd.h"
 #include "core/check.h"
-#include "core/config/train_config.pb.h"
+#include "core/config/sections.pb.h"
 #include "models/data/distributed_sampler.h"
 #include "models/data/mnist.h"
 

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/check.h"
-#include "core/config/train_config.pb.h"
+#include "core/config/sections.pb.h"
 #include "models/data/find_data.h"
 #include "models/data/token_data.h"
 #include "models/data/token_manifest.h"
@@ -40,7 +40,7 @@ class Sequential : public BatchSource {
 absl::StatusOr<std::unique_ptr<BatchSource>> OpenTokenBatches(const BatchSourceRequest& request,
                                                               const std::string& standard) {
   BRAID_CHECK(request.config != nullptr);
-  const config::TrainConfig& cfg = *request.config;
+  const config::Sections& cfg = *request.config;
   const auto& d = cfg.data();
   std::string path = d.path();
   if (path.empty() && !standard.empty()) {

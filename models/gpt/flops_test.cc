@@ -2,7 +2,7 @@
 // hand for one small shape, and through the model's registration.
 #include <memory>
 
-#include "core/config/train_config.pb.h"
+#include "core/config/sections.pb.h"
 #include "core/registry.h"
 #include "gtest/gtest.h"
 #include "models/gpt/gpt.h"

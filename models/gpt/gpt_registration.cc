@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/autograd.h"
 #include "core/check.h"
-#include "core/config/train_config.pb.h"
+#include "core/config/sections.pb.h"
 #include "core/registry.h"
 #include "models/gpt/gpt.h"
 

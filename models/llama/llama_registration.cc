@@ -14,7 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "core/autograd.h"
 #include "core/check.h"
-#include "core/config/train_config.pb.h"
+#include "core/config/sections.pb.h"
 #include "core/registry.h"
 #include "models/llama/hf_checkpoint.h"
 #include "models/llama/hf_config.h"

@@ -3,7 +3,7 @@
 // (EnsureOptimizer in core/plugin.h) before it validates the config.
 #include <utility>
 
-#include "core/config/train_config.pb.h"
+#include "core/config/sections.pb.h"
 #include "core/optimizer_params.h"
 #include "core/plugin_api.h"
 #include "core/registry.h"

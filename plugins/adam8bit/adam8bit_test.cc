@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
-#include "core/config/train_config.pb.h"
+#include "core/config/sections.pb.h"
 #include "core/ops.h"
 #include "core/optimizer.h"
 #include "core/plugin.h"

@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "core/config/train_config.pb.h"
+#include "core/config/sections.pb.h"
 #include "core/optimizer_params.h"
 #include "core/plugin_api.h"
 #include "core/registry.h"

@@ -35,7 +35,7 @@
 #include "plugins/pipeline/partition.h"
 #include "plugins/pipeline/schedule.h"
 #include "plugins/pipeline/stage_view.h"
-#include "core/config/train_config.pb.h"
+#include "core/config/sections.pb.h"
 
 namespace braid::pipeline {
 

@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends/in_process/in_process_communicator.h"
 #include "backends/in_process/run_ranks.h"
-#include "core/config/train_config.pb.h"
+#include "core/config/sections.pb.h"
 #include "core/deferred_init.h"
 #include "core/mesh.h"
 #include "core/micro_batches.h"

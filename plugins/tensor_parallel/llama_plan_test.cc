@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "backends/in_process/run_ranks.h"
-#include "core/config/train_config.pb.h"
+#include "core/config/sections.pb.h"
 #include "core/mesh.h"
 #include "core/ops.h"
 #include "core/plugin.h"
@@ -119,7 +119,7 @@ class LlamaStrategyTest : public ::testing::Test {
   }
   // Setup of tensor_parallel(single) over `t` ranks with the config's model section; each rank's
   // status.
-  static std::vector<absl::Status> Setup(int t, const config::TrainConfig& cfg) {
+  static std::vector<absl::Status> Setup(int t, const config::Sections& cfg) {
     std::vector<absl::Status> out(static_cast<size_t>(t), absl::OkStatus());
     testing::RunRanks(t, [&](int rank, Communicator* comm) {
       auto mesh = DeviceMesh::Create(*comm, {t, 1, 1});
@@ -150,7 +150,7 @@ class LlamaStrategyTest : public ::testing::Test {
 };
 
 TEST_F(LlamaStrategyTest, TheModelsPlanIsUsedAndKvHeadsMustDivide) {
-  config::TrainConfig cfg;
+  config::Sections cfg;
   cfg.mutable_model()->set_name("llama");
   cfg.mutable_model()->set_n_head(4);
   (*cfg.mutable_model()->mutable_options())["n_kv_head"] = "2";

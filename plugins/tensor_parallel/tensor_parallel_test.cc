@@ -17,7 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "backends/in_process/run_ranks.h"
 #include "core/autograd.h"
-#include "core/config/train_config.pb.h"
+#include "core/config/sections.pb.h"
 #include "core/deferred_init.h"
 #include "core/mesh.h"
 #include "core/micro_batches.h"
@@ -549,7 +549,7 @@ TEST_F(StrategyTest, LoadingFullWeightsKeepsEachRanksSliceAndFullStateDictGather
 
 // A head count the tensor size does not divide is refused at Setup, before any step, naming it.
 TEST_F(StrategyTest, HeadsTheTensorSizeDoesNotDivideAreRefusedAtStart) {
-  config::TrainConfig cfg;
+  config::Sections cfg;
   cfg.mutable_model()->set_name("gpt-mini");  // whose registration carries the plan
   cfg.mutable_model()->set_n_head(3);
   testing::RunRanks(2, [&](int rank, Communicator* comm) {
@@ -596,7 +596,7 @@ TEST_F(StrategyTest, AModelsOwnLossUnderAVocabShardedOutputIsRefusedAtStart) {
     std::ofstream out(plan_file);
     out << whole_output;
   }
-  config::TrainConfig cfg;
+  config::Sections cfg;
   cfg.mutable_model()->set_name("gpt-own-loss");
   for (bool with_plan_file : {false, true}) {
     if (with_plan_file) cfg.mutable_parallel()->set_tensor_plan(plan_file);

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "core/config/train_config.pb.h"
+#include "core/config/sections.pb.h"
 
 namespace braid::zero {
 

@@ -16,7 +16,7 @@
 #include "backends/in_process/in_process_communicator.h"
 #include "backends/in_process/run_ranks.h"
 #include "core/autograd.h"
-#include "core/config/train_config.pb.h"
+#include "core/config/sections.pb.h"
 #include "core/deferred_init.h"
 #include "core/micro_batches.h"
 #include "core/ops.h"
@@ -620,7 +620,7 @@ TEST_F(ZeroTest, BadOptionsAreRefusedNamingThem) {
     EXPECT_THAT(std::string(st.message()), HasSubstr(want));
   }
   // DeepSpeed settings Braid lacks are errors, not ignored.
-  config::TrainConfig cfg;
+  config::Sections cfg;
   cfg.mutable_zero_optimization()->set_stage(2);
   cfg.mutable_zero_optimization()->set_reduce_scatter(false);
   auto zero = Registry::Get().MakeStrategy("zero");

@@ -18,7 +18,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "core/config/train_config.pb.h"
+#include "core/config/sections.pb.h"
 #include "core/deferred_init.h"
 #include "core/module.h"
 #include "core/ops.h"

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/config/train_config.pb.h"
+#include "launcher/config/train_config.pb.h"
 #include "core/module.h"
 #include "core/token_decoder.h"
 
