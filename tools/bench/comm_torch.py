@@ -10,7 +10,10 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
+
+from gpt_mini_torch import spawn_ranks  # noqa: E402  (one process per rank)
 
 
 def worker(rank, args):
@@ -66,13 +69,7 @@ def main():
     p.add_argument("--port", type=int, default=29541)
     p.add_argument("--ops", default="allreduce,reduce_scatter,allgather")
     a = p.parse_args()
-    import multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=worker, args=(r, a)) for r in range(a.world_size)]
-    for q in procs:
-        q.start()
-    for q in procs:
-        q.join()
+    sys.exit(spawn_ranks(worker, a, a.world_size))
 
 
 if __name__ == "__main__":

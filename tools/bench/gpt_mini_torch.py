@@ -248,14 +248,19 @@ def main():
     if args.world_size == 1:
         run(0, args)
         return
+    sys.exit(spawn_ranks(run, args, args.world_size))
+
+
+def spawn_ranks(target, args, world_size):
+    """target(rank, args) in one spawned process per rank; the largest exit code."""
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=run, args=(r, args)) for r in range(args.world_size)]
+    procs = [ctx.Process(target=target, args=(r, args)) for r in range(world_size)]
     for p in procs:
         p.start()
     for p in procs:
         p.join()
-    sys.exit(max(p.exitcode for p in procs))
+    return max(p.exitcode for p in procs)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train_bench  # noqa: E402  (run_torch: one run of a PyTorch twin)
 
 
 def kernel_limit(bin_dir, model, threads, clock="wall"):
@@ -95,15 +97,7 @@ def cpu_tokens_per_s(model, threads, steps, tmp, i, bin_dir):
 
 
 def run_torch(threads, steps):
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
-    cmd = ["/usr/bin/python3", os.path.join(ROOT, "tools/bench/llama_mini_torch.py"),
-           f"--steps={steps}", f"--threads={threads}", "--quiet"]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if r.returncode != 0:
-        sys.exit(f"the PyTorch twin failed: {r.stderr}")
-    s = json.loads(r.stdout.strip().splitlines()[-1])
-    return {"model": "torch-llama-mini", "tokens_per_s": s["tokens_per_s"],
-            "final_loss": s["final_loss"], "peak_rss_mib": s["peak_rss_mib"]}
+    return dict(train_bench.run_torch(threads, steps, "llama_mini_torch.py"), model="torch-llama-mini")
 
 
 def main():

@@ -37,13 +37,14 @@ def run_braid(threads, steps, tmp):
             "peak_rss_mib": round(s["peak_rss_bytes"] / 2**20, 1)}
 
 
-def run_torch(threads, steps):
+def run_torch(threads, steps, script="gpt_mini_torch.py"):
+    """One run of a PyTorch twin (tools/bench/<script>) on `threads` threads: its summary."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
-    cmd = ["/usr/bin/python3", os.path.join(ROOT, "tools/bench/gpt_mini_torch.py"),
+    cmd = ["/usr/bin/python3", os.path.join(ROOT, "tools/bench", script),
            f"--steps={steps}", f"--threads={threads}", "--quiet"]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
-        sys.exit(f"torch failed: {r.stderr}")
+        sys.exit(f"the PyTorch twin {script} failed: {r.stderr}")
     s = json.loads(r.stdout.strip().splitlines()[-1])
     return {"tokens_per_s": s["tokens_per_s"], "final_loss": s["final_loss"],
             "peak_rss_mib": s["peak_rss_mib"]}
