@@ -19,7 +19,9 @@ class ConvertTest : public ::testing::TestWithParam<bool> {
     SetSimdEnabled(GetParam());
     // The Simd cases run in convert_test_avx2, which Bazel skips on a CPU without these
     // instructions (third_party/host): here their absence is a failure.
-    if (GetParam()) ASSERT_TRUE(SimdEnabled()) << "this CPU has no AVX2/FMA/F16C";
+    if (GetParam()) {
+      ASSERT_TRUE(SimdEnabled()) << "this CPU has no AVX2/FMA/F16C";
+    }
   }
   void TearDown() override { SetSimdEnabled(true); }
 };
